@@ -1,0 +1,34 @@
+# The README's first two commands: `make demo` and `make test`. Both create .venv when missing and
+# (re)install the project when setup.cfg changes. pip's cache (~/.cache/pip) lives outside the clone,
+# so a fresh clone installs from it in about a minute.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.recpipe-installed
+PYTEST_ARGS ?=
+
+.PHONY: install demo test bench clean
+
+$(BIN)/python:
+	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "recpipe needs Python 3.11 (TensorFlow 2.21 stack); set PYTHON=python3.11")'
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): setup.cfg pyproject.toml | $(BIN)/python
+	@echo "installing recpipe and its pinned stack into $(VENV) (log: $(VENV)/pip-install.log)"
+	@$(BIN)/pip install -e '.[dev]' > $(VENV)/pip-install.log 2>&1 || { tail -40 $(VENV)/pip-install.log; exit 1; }
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/recpipe demo
+
+test: install
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/recpipe bench
+
+clean:
+	rm -rf $(VENV) demo_out .pytest_cache
