@@ -1,0 +1,98 @@
+"""The transform artifact: everything the analysis pass learnt, as files in one folder.
+
+It is the interface between the Beam job (which writes it), the trainer (embedding sizes) and
+the serving export (lookup tables inside the graph). Layout of ``DIR``:
+
+    config.yaml        the config the job ran with
+    transform.json     raw schema, ID-space sizes, dense statistics, split, row counts, versions
+    vocab/NAME.json    {"values": [...], "counts": [...]} in ID order, one per vocabulary owner
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from features.config import Config, SparseFeature, dump_config, parse_config
+from features import fsio
+
+__all__ = ["RAW_KINDS", "TransformArtifact", "ArtifactError", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+# How a raw log column is represented; the serving signature and the Beam reader both key on it.
+RAW_KINDS = ("string", "int", "float", "list<string>", "list<int>")
+
+
+class ArtifactError(ValueError):
+    """A transform artifact is missing, incomplete or from another format version."""
+
+
+@dataclass
+class TransformArtifact:
+    config: Config
+    raw_schema: dict[str, str]
+    vocabularies: dict[str, list[str]] = field(default_factory=dict)
+    vocab_counts: dict[str, list[int]] = field(default_factory=dict)
+    dense_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    split: dict[str, Any] = field(default_factory=dict)
+    row_counts: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    # ------------------------------------------------------------ ID spaces
+    def id_space_size(self, feature: SparseFeature) -> int:
+        """Number of distinct IDs the feature (or the table it shares) can produce."""
+        owner = self.config.table_owner(feature)
+        if owner.hash_buckets is not None:
+            return owner.hash_buckets
+        assert owner.vocab is not None
+        return len(self.vocabularies[owner.name]) + owner.vocab.oov_buckets
+
+    def table_sizes(self) -> dict[str, int]:
+        """Embedding table name (the owning feature) -> number of rows."""
+        return {f.name: self.id_space_size(f) for f in self.config.features.sparse
+                if f.share_embedding_with is None}
+
+    # ------------------------------------------------------------ files
+    def write(self, directory: str) -> None:
+        fsio.makedirs(directory)
+        fsio.makedirs(fsio.join(directory, "vocab"))
+        fsio.write_text(fsio.join(directory, "config.yaml"), dump_config(self.config))
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "raw_schema": self.raw_schema,
+            "id_space_sizes": {f.name: self.id_space_size(f) for f in self.config.features.sparse},
+            "dense_stats": self.dense_stats,
+            "split": self.split,
+            "row_counts": self.row_counts,
+            "versions": self.versions,
+        }
+        for name, values in self.vocabularies.items():
+            body = {"values": values, "counts": self.vocab_counts.get(name, [])}
+            fsio.write_text(fsio.join(directory, "vocab", f"{name}.json"), json.dumps(body))
+        # transform.json last: its presence marks a complete artifact.
+        fsio.write_text(fsio.join(directory, "transform.json"), json.dumps(meta, indent=1, sort_keys=True))
+
+    @classmethod
+    def read(cls, directory: str) -> "TransformArtifact":
+        meta_path = fsio.join(directory, "transform.json")
+        if not fsio.exists(meta_path):
+            raise ArtifactError(f"{directory}: not a transform artifact (no transform.json)")
+        meta = json.loads(fsio.read_text(meta_path))
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise ArtifactError(f"{meta_path}: format_version {meta.get('format_version')} "
+                                f"is not {FORMAT_VERSION}")
+        config = parse_config(yaml.safe_load(fsio.read_text(fsio.join(directory, "config.yaml"))))
+        vocabularies, counts = {}, {}
+        for f in config.features.sparse:
+            if f.vocab is not None and f.share_embedding_with is None:
+                path = fsio.join(directory, "vocab", f"{f.name}.json")
+                if not fsio.exists(path):
+                    raise ArtifactError(f"{path}: vocabulary file missing")
+                body = json.loads(fsio.read_text(path))
+                vocabularies[f.name] = body["values"]
+                counts[f.name] = body.get("counts", [])
+        return cls(config=config, raw_schema=meta["raw_schema"], vocabularies=vocabularies,
+                   vocab_counts=counts, dense_stats=meta["dense_stats"], split=meta["split"],
+                   row_counts=meta["row_counts"], versions=meta.get("versions", {}))

@@ -1,0 +1,167 @@
+"""Raw Arrow record batches -> validated, canonical columns (pure, vectorised, no TF, no Beam).
+
+Canonical form, keyed by FEATURE name (two features may read one column):
+  sparse scalar      pa.string, no nulls (null -> "")
+  sparse multivalent pa.list_(pa.string()), no nulls (null -> []), empty tokens dropped
+  dense              pa.float32, missing -> NaN (the transform fills it)
+  LABEL_KEY          pa.float32 0/1
+The TF transform (features.transform) maps canonical columns to IDs; the serving graph builds
+the same canonical tensors from request tensors (features.transform.canonicalize_request).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.config import Config, SparseFeature
+
+__all__ = ["LABEL_KEY", "SchemaError", "raw_kind", "check_schema", "validate_batch", "canonicalize",
+           "dense_prenorm", "DEFAULT_SEPARATOR", "BadRows"]
+
+LABEL_KEY = "target.label"  # not a valid feature name, so it cannot collide
+DEFAULT_SEPARATOR = "|"
+
+
+class SchemaError(ValueError):
+    """A log file's columns do not fit the config; the message names file, column and feature."""
+
+
+def raw_kind(tp: pa.DataType) -> str | None:
+    """The artifact's name for an Arrow type, or None when no feature can read it."""
+    if pa.types.is_string(tp) or pa.types.is_large_string(tp):
+        return "string"
+    if pa.types.is_integer(tp) or pa.types.is_boolean(tp):
+        return "int"
+    if pa.types.is_floating(tp):
+        return "float"
+    if pa.types.is_list(tp) or pa.types.is_large_list(tp):
+        inner = raw_kind(tp.value_type)
+        if inner in ("string", "int"):
+            return f"list<{inner}>"
+    return None
+
+
+def check_schema(schema: pa.Schema, cfg: Config, source: str) -> dict[str, str]:
+    """Check a file's schema against the config; return {column: raw kind} for the columns used."""
+    kinds: dict[str, str] = {}
+    for col in cfg.raw_columns():
+        idx = schema.get_field_index(col)
+        if idx < 0:
+            raise SchemaError(f"{source}: column {col!r} required by the config is missing "
+                              f"(file has: {', '.join(schema.names[:12])}{'...' if len(schema.names) > 12 else ''})")
+        kind = raw_kind(schema.field(idx).type)
+        if kind is None:
+            raise SchemaError(f"{source}: column {col!r} has unsupported type {schema.field(idx).type}")
+        kinds[col] = kind
+
+    def need(col: str, allowed: tuple[str, ...], what: str) -> None:
+        if kinds[col] not in allowed:
+            raise SchemaError(f"{source}: column {col!r} ({kinds[col]}) cannot feed {what}; "
+                              f"expected {' or '.join(allowed)}")
+
+    need(cfg.label.column, ("int", "float"), "the label")
+    if cfg.input.timestamp:
+        need(cfg.input.timestamp, ("int", "float"), "the timestamp")
+    for f in cfg.features.sparse:
+        if f.multivalent:
+            need(f.column, ("list<string>", "list<int>", "string"), f"multivalent feature {f.name!r}")
+        else:
+            need(f.column, ("string", "int"), f"sparse feature {f.name!r}")
+    for d in cfg.features.dense:
+        need(d.column, ("int", "float"), f"dense feature {d.name!r}")
+    return kinds
+
+
+@dataclass
+class BadRows:
+    """Row indices (into the batch) that cannot be used, with a reason and the field at fault."""
+    indices: np.ndarray
+    reasons: list[str]
+    fields: list[str]
+
+
+def validate_batch(batch: pa.RecordBatch | pa.Table, cfg: Config) -> tuple[np.ndarray, BadRows]:
+    """Return (good-row mask, bad rows). The first failing check of a row names its reason."""
+    n = batch.num_rows
+    reason = np.full(n, "", dtype=object)
+
+    def flag(mask: np.ndarray, why: str, col: str) -> None:
+        fresh = mask & (reason == "")
+        reason[fresh] = f"{why}:{col}"
+
+    label = batch.column(cfg.label.column)
+    flag(_np_bool(label.is_null()), "null_label", cfg.label.column)
+    lv = pc.cast(label, pa.float64(), safe=False).fill_null(0.0).to_numpy(zero_copy_only=False)
+    flag(~np.isin(lv, (0.0, 1.0)), "label_not_0_1", cfg.label.column)
+    if cfg.input.timestamp:
+        ts = batch.column(cfg.input.timestamp)
+        flag(_np_bool(ts.is_null()), "null_timestamp", cfg.input.timestamp)
+    for d in cfg.features.dense:
+        v = pc.cast(batch.column(d.column), pa.float64(), safe=False).fill_null(0.0).to_numpy(zero_copy_only=False)
+        flag(np.isinf(v), "dense_infinite", d.column)
+    bad = np.flatnonzero(reason != "")
+    reasons = [str(reason[i]).split(":", 1)[0] for i in bad]
+    fields = [str(reason[i]).split(":", 1)[1] for i in bad]
+    return reason == "", BadRows(bad, reasons, fields)
+
+
+def _np_bool(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _as_string(arr: pa.Array) -> pa.Array:
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        if pa.types.is_boolean(arr.type):
+            arr = pc.cast(arr, pa.int64())
+        arr = pc.cast(arr, pa.string())
+    return pc.cast(arr, pa.string())
+
+
+def _tokens(arr: pa.Array, f: SparseFeature) -> pa.Array:
+    """A multivalent column as list<string>, nulls -> [], empty tokens dropped."""
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        lists = arr
+        values = _as_string(pc.list_flatten(arr))
+        offsets_src = pc.list_value_length(arr).fill_null(0)
+    else:
+        lists = pc.split_pattern(_as_string(arr), f.separator or DEFAULT_SEPARATOR)
+        values = pc.list_flatten(lists)
+        offsets_src = pc.list_value_length(lists).fill_null(0)
+    del lists
+    lengths = offsets_src.to_numpy(zero_copy_only=False).astype(np.int64)
+    keep = pc.not_equal(values.fill_null(""), "").to_numpy(zero_copy_only=False)
+    if not keep.all():
+        row_of = np.repeat(np.arange(len(lengths)), lengths)
+        lengths = np.bincount(row_of[keep], minlength=len(lengths)).astype(np.int64)
+        values = values.filter(pa.array(keep))
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), values.fill_null(""))
+
+
+def canonicalize(batch: pa.RecordBatch | pa.Table, cfg: Config) -> dict[str, pa.Array]:
+    """Valid rows of a raw batch -> canonical columns keyed by feature name (+ LABEL_KEY)."""
+    def col(name: str) -> pa.Array:
+        c = batch.column(name)
+        return c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
+
+    out: dict[str, pa.Array] = {}
+    for f in cfg.features.sparse:
+        raw = col(f.column)
+        out[f.name] = _tokens(raw, f) if f.multivalent else _as_string(raw).fill_null("")
+    for d in cfg.features.dense:
+        v = pc.cast(col(d.column), pa.float32(), safe=False)
+        out[d.name] = pa.array(v.to_numpy(zero_copy_only=False).astype(np.float32), pa.float32()) \
+            if v.null_count == 0 else pc.fill_null(v, float("nan"))
+    out[LABEL_KEY] = pc.cast(col(cfg.label.column), pa.float32(), safe=False)
+    return out
+
+
+def dense_prenorm(values: np.ndarray, transform: str, fill: float) -> np.ndarray:
+    """The value a dense feature's statistics are computed on (mirrors FeatureTransform)."""
+    x = np.where(np.isnan(values), np.float32(fill), values).astype(np.float32)
+    if transform == "log_zscore":
+        x = np.log1p(np.maximum(x, np.float32(0))).astype(np.float32)
+    return x

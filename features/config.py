@@ -1,0 +1,330 @@
+"""The pipeline config: typed dataclasses, loaded from YAML and validated once at the edge.
+
+Every error names the offending key as a dotted path (``features.sparse[2].vocab.min_count``)
+so a user can fix a config without reading code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+__all__ = [
+    "ConfigError", "VocabSpec", "SparseFeature", "DenseFeature", "FeaturesSpec", "InputSpec",
+    "SplitSpec", "LabelSpec", "ModelSpec", "TrainSpec", "Config", "load_config", "parse_config",
+    "config_to_dict", "dump_config",
+]
+
+
+class ConfigError(ValueError):
+    """A config is invalid; the message names the key."""
+
+
+@dataclass(frozen=True)
+class VocabSpec:
+    min_count: int = 1
+    max_size: Optional[int] = None
+    oov_buckets: int = 1
+
+
+@dataclass(frozen=True)
+class SparseFeature:
+    name: str
+    column: str
+    vocab: Optional[VocabSpec] = None
+    hash_buckets: Optional[int] = None
+    embedding_dim: Optional[int] = None
+    multivalent: bool = False
+    separator: Optional[str] = None
+    combiner: Literal["mean", "sum"] = "mean"
+    share_embedding_with: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class DenseFeature:
+    name: str
+    column: str
+    transform: Literal["zscore", "log_zscore", "bucketize"] = "zscore"
+    fill: float = 0.0
+    num_buckets: int = 10
+
+
+@dataclass(frozen=True)
+class FeaturesSpec:
+    sparse: list[SparseFeature] = field(default_factory=list)
+    dense: list[DenseFeature] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    timestamp: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    eval_fraction: float = 0.1
+
+
+@dataclass(frozen=True)
+class LabelSpec:
+    column: str = "label"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    task: Literal["ranking", "retrieval"] = "ranking"
+    type: Literal["dcn_v2", "dlrm", "two_tower"] = "dcn_v2"
+    cross_layers: int = 2
+    low_rank: Optional[int] = None
+    deep_layers: list[int] = field(default_factory=lambda: [256, 128])
+    bottom_layers: list[int] = field(default_factory=lambda: [64])
+    query_features: list[str] = field(default_factory=list)
+    candidate_features: list[str] = field(default_factory=list)
+    tower_layers: list[int] = field(default_factory=lambda: [64, 32])
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    batch_size: int = 1024
+    learning_rate: float = 0.05
+    optimizer: Literal["adagrad", "adam", "sgd"] = "adagrad"
+    steps: int = 2000
+    checkpoint_every: int = 500
+    seed: int = 42
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    features: FeaturesSpec
+    input: InputSpec = field(default_factory=InputSpec)
+    split: SplitSpec = field(default_factory=SplitSpec)
+    label: LabelSpec = field(default_factory=LabelSpec)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+
+    @property
+    def sparse_by_name(self) -> dict[str, SparseFeature]:
+        return {f.name: f for f in self.features.sparse}
+
+    def table_owner(self, feature: SparseFeature) -> SparseFeature:
+        """The feature whose ID space and embedding table `feature` uses."""
+        if feature.share_embedding_with:
+            return self.sparse_by_name[feature.share_embedding_with]
+        return feature
+
+    def raw_columns(self) -> list[str]:
+        """Every log column the config reads, label and timestamp included, in a stable order."""
+        cols = [self.label.column]
+        if self.input.timestamp:
+            cols.append(self.input.timestamp)
+        for f in [*self.features.sparse, *self.features.dense]:
+            if f.column not in cols:
+                cols.append(f.column)
+        return cols
+
+
+DEFAULT_EMBEDDING_DIM = 16
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+# ---------------------------------------------------------------- generic typed loading
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp) if a is not type(None))
+    if origin is list:
+        return f"a list of {_describe(typing.get_args(tp)[0])}"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true/false"}.get(tp, str(tp))
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(args[0], value, path)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{path}: {value!r} is not one of {_describe(tp)}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected {_describe(tp)}, got {type(value).__name__}")
+        (item_tp,) = typing.get_args(tp)
+        return [_coerce(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true/false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{path}: expected a non-empty string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config type {tp!r}")
+
+
+def _build(cls: type, data: Any, path: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{path}." if path else ""
+        raise ConfigError(f"{where}{unknown[0]}: unknown key (known keys: {', '.join(fields)})")
+    kwargs = {}
+    for name, f in fields.items():
+        key_path = f"{path}.{name}" if path else name
+        if name in data:
+            kwargs[name] = _coerce(hints[name], data[name], key_path)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{key_path}: required key is missing")
+    return cls(**kwargs)
+
+
+# ---------------------------------------------------------------- semantic checks
+def _positive(value: Optional[float], path: str, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def _validate(cfg: Config) -> Config:
+    names: dict[str, str] = {}
+    for kind in ("sparse", "dense"):
+        for i, f in enumerate(getattr(cfg.features, kind)):
+            path = f"features.{kind}[{i}]"
+            if f.name in names:
+                raise ConfigError(f"{path}.name: {f.name!r} is already used by {names[f.name]}")
+            if not _NAME.match(f.name):
+                raise ConfigError(f"{path}.name: {f.name!r} must be letters, digits and '_', starting with a letter")
+            names[f.name] = path
+    if not cfg.features.sparse and not cfg.features.dense:
+        raise ConfigError("features: declare at least one sparse or dense feature")
+
+    sparse = cfg.sparse_by_name
+    dims: set[int] = set()
+    for i, f in enumerate(cfg.features.sparse):
+        path = f"features.sparse[{i}]"
+        modes = [m for m in ("vocab", "hash_buckets", "share_embedding_with") if getattr(f, m) is not None]
+        if len(modes) != 1:
+            raise ConfigError(f"{path}: give exactly one of vocab, hash_buckets, share_embedding_with "
+                              f"(got {', '.join(modes) or 'none'})")
+        _positive(f.hash_buckets, f"{path}.hash_buckets")
+        _positive(f.embedding_dim, f"{path}.embedding_dim")
+        if f.vocab is not None:
+            _positive(f.vocab.min_count, f"{path}.vocab.min_count")
+            _positive(f.vocab.max_size, f"{path}.vocab.max_size")
+            _positive(f.vocab.oov_buckets, f"{path}.vocab.oov_buckets")
+        if f.separator is not None and not f.multivalent:
+            raise ConfigError(f"{path}.separator: only multivalent features take a separator")
+        if f.share_embedding_with is not None:
+            owner = sparse.get(f.share_embedding_with)
+            if owner is None:
+                raise ConfigError(f"{path}.share_embedding_with: no sparse feature named {f.share_embedding_with!r}")
+            if owner.share_embedding_with is not None:
+                raise ConfigError(f"{path}.share_embedding_with: {owner.name!r} itself shares another table; "
+                                  f"point at the owning feature")
+            if f.embedding_dim is not None and f.embedding_dim != embedding_dim(cfg, owner):
+                raise ConfigError(f"{path}.embedding_dim: a shared table has the owner's dimension "
+                                  f"({embedding_dim(cfg, owner)})")
+        dims.add(embedding_dim(cfg, f))
+    for i, f in enumerate(cfg.features.dense):
+        _positive(f.num_buckets, f"features.dense[{i}].num_buckets")
+
+    if not 0 < cfg.split.eval_fraction < 1:
+        raise ConfigError(f"split.eval_fraction: must be between 0 and 1 (exclusive), got {cfg.split.eval_fraction}")
+    t = cfg.train
+    _positive(t.batch_size, "train.batch_size")
+    _positive(t.learning_rate, "train.learning_rate")
+    _positive(t.steps, "train.steps")
+    _positive(t.checkpoint_every, "train.checkpoint_every")
+
+    m = cfg.model
+    allowed = {"ranking": ("dcn_v2", "dlrm"), "retrieval": ("two_tower",)}[m.task]
+    if m.type not in allowed:
+        raise ConfigError(f"model.type: {m.type!r} is not a {m.task} model (use {' | '.join(allowed)})")
+    for key in ("deep_layers", "bottom_layers", "tower_layers"):
+        for j, width in enumerate(getattr(m, key)):
+            _positive(width, f"model.{key}[{j}]")
+    _positive(m.cross_layers, "model.cross_layers", allow_zero=True)
+    _positive(m.low_rank, "model.low_rank")
+    if m.type == "dlrm" and len(dims) > 1:
+        raise ConfigError(f"model.type: dlrm needs one embedding_dim for all sparse features, got {sorted(dims)}")
+    if m.task == "retrieval":
+        for key in ("query_features", "candidate_features"):
+            listed = getattr(m, key)
+            if not listed:
+                raise ConfigError(f"model.{key}: retrieval needs at least one feature")
+            for j, name in enumerate(listed):
+                if name not in names:
+                    raise ConfigError(f"model.{key}[{j}]: no feature named {name!r}")
+        overlap = set(m.query_features) & set(m.candidate_features)
+        if overlap:
+            raise ConfigError(f"model.candidate_features: {sorted(overlap)} also listed in model.query_features")
+    return cfg
+
+
+def embedding_dim(cfg: Config, feature: SparseFeature) -> int:
+    owner = cfg.table_owner(feature)
+    return owner.embedding_dim or DEFAULT_EMBEDDING_DIM
+
+
+# ---------------------------------------------------------------- entry points
+def parse_config(data: Any) -> Config:
+    """Build and validate a Config from already-parsed YAML/JSON data."""
+    return _validate(_build(Config, data, ""))
+
+
+def load_config(path: str | Path) -> Config:
+    """Load a YAML config; every problem is a ConfigError naming the file and the key."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config ({e.strerror or e})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+    try:
+        return parse_config(data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def config_to_dict(cfg: Config) -> dict:
+    def strip(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: strip(x) for k, x in v.items() if x is not None}
+        if isinstance(v, list):
+            return [strip(x) for x in v]
+        return v
+    return strip(dataclasses.asdict(cfg))
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)

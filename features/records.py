@@ -1,0 +1,71 @@
+"""Training-shard records: one TFRecord record = one column-wise batch of transformed rows.
+
+Each record is a tf.train.Example whose features are serialized TensorProtos, one per column
+(``NAME`` for [n] columns, ``NAME/values`` + ``NAME/row_lengths`` for ragged ones). Writing
+is vectorised (no per-row Example); reading is `tf.io.parse_tensor` + `unbatch`, all in
+tf.data's C++ runtime. The Beam job writes them; trainers.data reads them.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from features.canonical import LABEL_KEY  # noqa: E402
+from features.config import Config  # noqa: E402
+
+__all__ = ["encode_batch", "column_specs", "parse_record"]
+
+
+def _proto_bytes(arr: np.ndarray) -> bytes:
+    return tf.make_tensor_proto(arr).SerializeToString()
+
+
+def encode_batch(columns: dict[str, tf.Tensor | tf.RaggedTensor | np.ndarray]) -> bytes:
+    feature = {}
+    for name, t in columns.items():
+        if isinstance(t, tf.RaggedTensor):
+            parts = {f"{name}/values": t.flat_values.numpy(), f"{name}/row_lengths": t.row_lengths().numpy()}
+        else:
+            parts = {name: t.numpy() if isinstance(t, tf.Tensor) else np.asarray(t)}
+        for key, arr in parts.items():
+            feature[key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[_proto_bytes(arr)]))
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def column_specs(cfg: Config) -> dict[str, tuple[tf.DType, bool]]:
+    """Column name -> (dtype, ragged) of a transformed record."""
+    specs = {f.name: (tf.int64, f.multivalent) for f in cfg.features.sparse}
+    specs.update({d.name: (tf.float32, False) for d in cfg.features.dense})
+    specs[LABEL_KEY] = (tf.float32, False)
+    return specs
+
+
+def parse_record(cfg: Config):
+    """A tf.data map function: serialized record -> dict of [n] tensors / [n, None] ragged."""
+    specs = column_specs(cfg)
+    keys = {}
+    for name, (_, ragged) in specs.items():
+        for key in ([f"{name}/values", f"{name}/row_lengths"] if ragged else [name]):
+            keys[key] = tf.io.FixedLenFeature([], tf.string)
+
+    def parse(serialized: tf.Tensor) -> dict:
+        raw = tf.io.parse_single_example(serialized, keys)
+        out = {}
+        for name, (dtype, ragged) in specs.items():
+            if ragged:
+                values = tf.io.parse_tensor(raw[f"{name}/values"], dtype)
+                lengths = tf.io.parse_tensor(raw[f"{name}/row_lengths"], tf.int64)
+                values.set_shape([None])
+                lengths.set_shape([None])
+                out[name] = tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
+            else:
+                t = tf.io.parse_tensor(raw[name], dtype)
+                t.set_shape([None])
+                out[name] = t
+        return out
+
+    return parse

@@ -1,0 +1,70 @@
+import copy
+
+import pytest
+
+from conftest import CONFIGS, small_config_dict
+from features.config import ConfigError, config_to_dict, embedding_dim, load_config, parse_config
+
+
+@pytest.mark.parametrize("name", ["synthetic.yaml", "criteo.yaml"])
+def test_shipped_configs_load(name):
+    cfg = load_config(CONFIGS / name)
+    assert cfg.features.sparse and cfg.features.dense
+    assert parse_config(config_to_dict(cfg)) == cfg  # round trip
+
+
+def test_defaults_and_sharing():
+    cfg = parse_config(small_config_dict())
+    hist = cfg.sparse_by_name["hist"]
+    assert cfg.table_owner(hist).name == "item_id"
+    assert embedding_dim(cfg, hist) == 8
+    assert cfg.raw_columns()[:2] == ["label", "ts"]
+
+
+def _with(mutate):
+    d = copy.deepcopy(small_config_dict())
+    mutate(d)
+    return d
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda d: d.update(bogus=1), "bogus: unknown key"),
+    (lambda d: d["features"]["sparse"][1]["vocab"].update(min_cout=3), "features.sparse[1].vocab.min_cout: unknown key"),
+    (lambda d: d["features"]["sparse"][1]["vocab"].update(min_count="3"), "features.sparse[1].vocab.min_count: expected an integer"),
+    (lambda d: d["features"]["sparse"][0].pop("column"), "features.sparse[0].column: required key is missing"),
+    (lambda d: d["features"]["dense"][0].update(transform="log"), "features.dense[0].transform: 'log' is not one of"),
+    (lambda d: d["features"]["sparse"][0].update(vocab={"min_count": 1}), "features.sparse[0]: give exactly one of"),
+    (lambda d: d["features"]["sparse"][2].update(share_embedding_with="nope"), "features.sparse[2].share_embedding_with: no sparse feature named 'nope'"),
+    (lambda d: d["features"]["sparse"][3].update(name="item_id"), "features.sparse[3].name: 'item_id' is already used"),
+    (lambda d: d["features"]["sparse"][3].update(name="bad name"), "features.sparse[3].name: 'bad name' must be"),
+    (lambda d: d["split"].update(eval_fraction=1.5), "split.eval_fraction: must be between 0 and 1"),
+    (lambda d: d["train"].update(batch_size=0), "train.batch_size: must be > 0"),
+    (lambda d: d["model"].update(type="two_tower"), "model.type: 'two_tower' is not a ranking model"),
+    (lambda d: d["features"]["sparse"][0].update(separator=","), "features.sparse[0].separator: only multivalent"),
+    (lambda d: d["features"]["sparse"][1]["vocab"].update(oov_buckets=0), "features.sparse[1].vocab.oov_buckets: must be > 0"),
+])
+def test_errors_name_the_key(mutate, key):
+    with pytest.raises(ConfigError) as e:
+        parse_config(_with(mutate))
+    assert key in str(e.value)
+
+
+def test_dlrm_needs_one_dim():
+    def mutate(d):
+        d["model"]["type"] = "dlrm"
+        d["features"]["sparse"][0]["embedding_dim"] = 4
+    with pytest.raises(ConfigError, match="dlrm needs one embedding_dim"):
+        parse_config(_with(mutate))
+
+
+def test_load_config_names_the_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nfeatures: {sparse: [{name: a}]}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: features.sparse\[0\].column: required key is missing"):
+        load_config(bad)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: [unclosed\n")
+    with pytest.raises(ConfigError, match="broken.yaml: not valid YAML"):
+        load_config(broken)
+    with pytest.raises(ConfigError, match="missing.yaml: cannot read config"):
+        load_config(tmp_path / "missing.yaml")

@@ -1,0 +1,153 @@
+"""Canonicalisation (Arrow), the TF transform, and the shard record format."""
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import tensorflow as tf
+
+from features.artifact import TransformArtifact
+from features.canonical import LABEL_KEY, SchemaError, canonicalize, check_schema, dense_prenorm, validate_batch
+from features.config import parse_config
+from features.records import encode_batch, parse_record
+from features.transform import FeatureTransform, canonical_to_tensors, canonicalize_request, request_spec
+
+
+def _cfg():
+    return parse_config({
+        "name": "t",
+        "features": {
+            "sparse": [
+                {"name": "a", "column": "a", "vocab": {"min_count": 1, "oov_buckets": 2}},
+                {"name": "n", "column": "n", "hash_buckets": 50},
+                {"name": "tags", "column": "tags", "multivalent": True, "separator": ",", "share_embedding_with": "a"},
+                {"name": "lst", "column": "lst", "multivalent": True, "hash_buckets": 10},
+            ],
+            "dense": [
+                {"name": "x", "column": "x", "transform": "log_zscore", "fill": 0},
+                {"name": "z", "column": "x", "transform": "zscore", "fill": 2},
+                {"name": "b", "column": "x", "transform": "bucketize", "num_buckets": 3},
+            ],
+        },
+    })
+
+
+def _table():
+    return pa.table({
+        "label": pa.array([1, 0, None, 3, 0], pa.int64()),
+        "a": pa.array(["p", None, "q", "p", "zz"]),
+        "n": pa.array([7, None, 12, 7, 0], pa.int64()),
+        "tags": pa.array(["p,q", "", None, ",p,,", "r"]),
+        "lst": pa.array([[1, 2], [], None, [3], [1]], pa.list_(pa.int64())),
+        "x": pa.array([1.0, None, 3.0, float("inf"), 10.0]),
+    })
+
+
+def _artifact(cfg):
+    return TransformArtifact(config=cfg, raw_schema=check_schema(_table().schema, cfg, "mem"),
+                             vocabularies={"a": ["p", "q"]}, vocab_counts={"a": [3, 1]},
+                             dense_stats={"x": {"mean": 1.0, "std": 2.0}, "z": {"mean": 0.0, "std": 0.0},
+                                          "b": {"boundaries": [1.5, 5.0]}})
+
+
+def test_schema_errors_name_file_and_column():
+    cfg = _cfg()
+    with pytest.raises(SchemaError, match=r"f.parquet: column 'x' required by the config is missing"):
+        check_schema(_table().drop(["x"]).schema, cfg, "f.parquet")
+    with pytest.raises(SchemaError, match=r"f.parquet: column 'a' \(list<string>\) cannot feed sparse feature 'a'"):
+        check_schema(_table().set_column(1, "a", pa.array([["x"]] * 5)).schema, cfg, "f.parquet")
+    with pytest.raises(SchemaError, match=r"column 'x' \(string\) cannot feed dense feature"):
+        check_schema(_table().set_column(5, "x", pa.array(["1"] * 5)).schema, cfg, "f.parquet")
+
+
+def test_validate_batch_reasons():
+    good, bad = validate_batch(_table(), _cfg())
+    assert good.tolist() == [True, True, False, False, True]
+    assert bad.indices.tolist() == [2, 3]
+    assert bad.reasons == ["null_label", "label_not_0_1"]  # first failing check wins
+    assert bad.fields == ["label", "label"]
+
+
+def test_canonicalize_types_nulls_and_tokens():
+    t = _table().take([0, 1, 4])
+    c = canonicalize(t, _cfg())
+    assert c["a"].to_pylist() == ["p", "", "zz"]
+    assert c["n"].to_pylist() == ["7", "", "0"]
+    assert c["tags"].to_pylist() == [["p", "q"], [], ["r"]]
+    assert c["lst"].to_pylist() == [["1", "2"], [], ["1"]]
+    x = c["x"].to_pylist()
+    assert x[0] == 1.0 and math.isnan(x[1]) and x[2] == 10.0
+    assert c[LABEL_KEY].to_pylist() == [1.0, 0.0, 0.0]
+
+
+def test_dense_prenorm():
+    v = np.array([np.nan, -3, 0, np.e - 1], np.float32)
+    assert dense_prenorm(v, "zscore", 5.0).tolist() == pytest.approx([5, -3, 0, np.e - 1])
+    assert dense_prenorm(v, "log_zscore", 0.0).tolist() == pytest.approx([0, 0, 0, 1])
+
+
+def test_transform_ids_and_dense():
+    cfg = _cfg()
+    ft = FeatureTransform(_artifact(cfg))
+    c = canonicalize(_table().take([0, 1, 4]), cfg)
+    out = ft(canonical_to_tensors({k: v for k, v in c.items() if k != LABEL_KEY}))
+    a = out["a"].numpy()
+    assert a[0] == 0 and 2 <= a[1] < 4 and 2 <= a[2] < 4  # "" and "zz" are OOV: ids 2..3
+    assert out["tags"].to_list()[0] == [0, 1]  # shares a's vocabulary
+    n = out["n"].numpy()
+    assert n.min() >= 0 and n.max() < 50
+    assert n[0] == tf.strings.to_hash_bucket_fast(["7"], 50).numpy()[0]  # FarmHash: stable across runs
+    x = out["x"].numpy()
+    assert x[0] == pytest.approx((np.log1p(1.0) - 1.0) / 2.0)
+    assert x[1] == pytest.approx((0.0 - 1.0) / 2.0)  # missing -> fill 0
+    assert out["z"].numpy().tolist() == pytest.approx([1.0, 2.0, 10.0])  # std 0 -> divide by 1; fill 2
+    assert out["b"].numpy().tolist() == pytest.approx([0.0, 0.0, 1.0])  # bucket / len(boundaries)
+
+
+def test_request_path_equals_arrow_path():
+    """The serving graph's canonicalisation yields the same IDs/values as the Beam path."""
+    cfg = _cfg()
+    art = _artifact(cfg)
+    ft = FeatureTransform(art)
+    rows = _table().take([0, 1, 4])
+    via_arrow = ft(canonical_to_tensors({k: v for k, v in canonicalize(rows, cfg).items() if k != LABEL_KEY}))
+    spec = request_spec(art)
+    assert spec["n"].dtype == tf.int64 and spec["x"].dtype == tf.float32 and spec["lst"].dtype == tf.string
+    request = {
+        "a": tf.constant(["p", "", "zz"]), "n": tf.constant([7, 0, 0], tf.int64),
+        "tags": tf.constant(["p,q", "", "r"]), "lst": tf.constant(["1|2", "", "1"]),
+        "x": tf.constant([1.0, float("nan"), 10.0]),
+    }
+    via_request = ft(canonicalize_request(request, art))
+    for k in ("a", "tags", "lst", "x", "z", "b"):
+        left, right = via_arrow[k], via_request[k]
+        if isinstance(left, tf.RaggedTensor):
+            assert left.to_list() == right.to_list(), k
+        else:
+            np.testing.assert_allclose(left.numpy(), right.numpy(), rtol=0, atol=0, err_msg=k)
+    assert via_arrow["n"].numpy()[0] == via_request["n"].numpy()[0]
+
+
+def test_record_round_trip():
+    cfg = _cfg()
+    cols = {
+        "a": tf.constant([1, 2, 3], tf.int64), "n": tf.constant([4, 5, 6], tf.int64),
+        "tags": tf.ragged.constant([[1], [], [2, 3]], tf.int64), "lst": tf.ragged.constant([[], [], [9]], tf.int64),
+        "x": tf.constant([0.5, 1.5, 2.5]), "z": tf.constant([0.0, 0.0, 1.0]), "b": tf.constant([1.0, 0.0, 0.5]),
+        LABEL_KEY: np.array([1, 0, 1], np.float32),
+    }
+    back = parse_record(cfg)(tf.constant(encode_batch(cols)))
+    assert back["tags"].to_list() == [[1], [], [2, 3]]
+    assert back["lst"].to_list() == [[], [], [9]]
+    assert back["a"].numpy().tolist() == [1, 2, 3]
+    assert back[LABEL_KEY].numpy().tolist() == [1.0, 0.0, 1.0]
+
+
+def test_artifact_round_trip(tmp_path):
+    cfg = _cfg()
+    art = _artifact(cfg)
+    art.write(str(tmp_path / "t"))
+    back = TransformArtifact.read(str(tmp_path / "t"))
+    assert back.vocabularies == {"a": ["p", "q"]}
+    assert back.id_space_size(cfg.sparse_by_name["tags"]) == 4  # 2 values + 2 OOV, shared with a
+    assert back.table_sizes() == {"a": 4, "n": 50, "lst": 10}
