@@ -1,0 +1,107 @@
+"""Finding and inspecting the Parquet click-log files of one preprocessing run.
+
+Everything here reads only file listings and Parquet footers, so a missing column, a file that is
+not Parquet, a truncated file or an empty input fails at launch with the file's name, before any
+Beam worker starts.
+"""
+from __future__ import annotations
+
+import fnmatch
+import glob as globlib
+import os
+import posixpath
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from features.canonical import SchemaError, check_schema
+from features.config import Config
+from features.fsio import resolve
+
+__all__ = ["InputError", "InputFile", "list_input_files", "inspect_inputs", "open_parquet"]
+
+
+class InputError(ValueError):
+    """The input cannot be used; the message names the path."""
+
+
+@dataclass(frozen=True)
+class InputFile:
+    path: str
+    num_rows: int
+    first_row: int  # global row number of this file's first row (files in path order)
+
+
+def _is_glob(p: str) -> bool:
+    return any(c in p for c in "*?[")
+
+
+def list_input_files(spec: str) -> list[str]:
+    """A directory (searched recursively, e.g. dt=YYYY-MM-DD/ partitions), a glob, or one file."""
+    if "://" not in spec:
+        if _is_glob(spec):
+            files = [f for f in globlib.glob(spec, recursive=True) if os.path.isfile(f)]
+        elif os.path.isdir(spec):
+            files = [os.path.join(root, n) for root, _, names in os.walk(spec) for n in names
+                     if n.endswith(".parquet") and not n.startswith((".", "_"))]
+        elif os.path.isfile(spec):
+            files = [spec]
+        else:
+            raise InputError(f"{spec}: no such file or directory")
+        files = sorted(os.path.abspath(f) for f in files)
+    else:
+        scheme, rest = spec.split("://", 1)
+        base = rest if not _is_glob(rest) else posixpath.dirname(rest.split("*")[0].split("?")[0].split("[")[0])
+        fs, path = pafs.FileSystem.from_uri(f"{scheme}://{base}")
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise InputError(f"{spec}: no such file or directory")
+        if info.type == pafs.FileType.File:
+            found = [path]
+        else:
+            found = [i.path for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
+                     if i.type == pafs.FileType.File]
+        prefix = f"{scheme}://"
+        if _is_glob(rest):
+            found = [p for p in found if fnmatch.fnmatch(p, rest.split("/", 1)[-1]) or fnmatch.fnmatch(p, rest)]
+        else:
+            found = [p for p in found if p.endswith(".parquet") or info.type == pafs.FileType.File]
+        files = sorted(prefix + p for p in found)
+    if not files:
+        raise InputError(f"{spec}: no Parquet files found")
+    return files
+
+
+def open_parquet(path: str) -> pq.ParquetFile:
+    fs, p = resolve(path)
+    try:
+        return pq.ParquetFile(fs.open_input_file(p))
+    except FileNotFoundError:
+        raise InputError(f"{path}: file disappeared") from None
+    except Exception as e:  # pyarrow raises ArrowInvalid/OSError subclasses for damaged files
+        raise InputError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+
+
+def inspect_inputs(files: list[str], cfg: Config) -> tuple[dict[str, str], list[InputFile]]:
+    """Check every file's footer against the config; return (raw schema, files with row offsets)."""
+    raw_schema: dict[str, str] | None = None
+    first_source = ""
+    out: list[InputFile] = []
+    offset = 0
+    for path in files:
+        pf = open_parquet(path)
+        kinds = check_schema(pf.schema_arrow, cfg, path)
+        if raw_schema is None:
+            raw_schema, first_source = kinds, path
+        else:
+            for col, kind in kinds.items():
+                if raw_schema[col] != kind:
+                    raise SchemaError(f"{path}: column {col!r} is {kind} but {raw_schema[col]} in {first_source}")
+        n = pf.metadata.num_rows
+        out.append(InputFile(path, n, offset))
+        offset += n
+    if offset == 0:
+        raise InputError(f"{files[0] if len(files) == 1 else str(len(files)) + ' files'}: input has no rows")
+    assert raw_schema is not None
+    return raw_schema, out

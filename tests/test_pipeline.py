@@ -1,0 +1,195 @@
+"""The Beam job: stages under TestPipeline, and whole runs with exact row accounting and clear errors."""
+import glob
+import json
+import os
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import tensorflow as tf
+from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from conftest import IN_MEMORY, small_config_dict
+from features.artifact import TransformArtifact
+from features.canonical import LABEL_KEY
+from features.config import parse_config
+from features.records import parse_record
+from pipeline.preprocess import PreprocessError, run_preprocess
+from pipeline.sources import InputError, inspect_inputs, list_input_files
+from pipeline.transforms import (ComputeVocabularies, RawBatch, ValidateRows, eval_cutoff_from_histogram,
+                                 select_vocabulary)
+from features.canonical import SchemaError, canonicalize
+
+
+def _count_rows(out_dir, split, cfg):
+    parse = parse_record(cfg)
+    n = 0
+    for f in glob.glob(os.path.join(out_dir, split, "*.tfrecord")):
+        for rec in tf.data.TFRecordDataset(f):
+            n += int(parse(rec)[LABEL_KEY].shape[0])
+    return n
+
+
+# ----------------------------------------------------------------------------- pure helpers
+def test_select_vocabulary_top_k_ties_deterministic():
+    counts = [("b", 5), ("a", 5), ("c", 9), ("d", 1), ("e", 5)]
+    assert select_vocabulary(counts, 2, None) == (["c", "a", "b", "e"], [9, 5, 5, 5])
+    assert select_vocabulary(reversed(counts), 2, 2) == (["c", "a"], [9, 5])
+
+
+def test_eval_cutoff():
+    hist = {10: 50, 20: 30, 30: 20}
+    assert eval_cutoff_from_histogram(hist, 0.2) == 20  # rows with ts > 20 (20 rows) are eval
+    assert eval_cutoff_from_histogram(hist, 0.5) == 10  # 50 train rows needed: ts <= 10 has exactly 50
+    assert eval_cutoff_from_histogram({}, 0.1) == float("inf")
+
+
+# ----------------------------------------------------------------------------- stages on TestPipeline
+def test_validate_rows_routes_bad_rows_with_reasons():
+    cfg = parse_config(small_config_dict())
+    table = pa.table({"label": pa.array([1, None, 2, 0]), "ts": pa.array([1, 2, 3, None]),
+                      "I1": pa.array([1.0, 1.0, 1.0, 1.0]), "I2": pa.array([0.0, 0.0, float("inf"), 0.0]),
+                      "I3": pa.array([1, 2, 3, 4])})
+    cfg_small = parse_config({**small_config_dict(), "features": {"dense": small_config_dict()["features"]["dense"]}})
+    with BeamTestPipeline(options=beam.options.pipeline_options.PipelineOptions(IN_MEMORY)) as p:
+        out = (p | beam.Create([RawBatch("f.parquet", 10, np.arange(4), table)]) | ValidateRows(cfg_small))
+        good_rows = out.good | "GoodRows" >> beam.FlatMap(lambda b: b.table.column("label").to_pylist())
+        dead = out.dead_letter | "Dead" >> beam.FlatMap(
+            lambda t: list(zip(t.column("row").to_pylist(), t.column("reason").to_pylist(), t.column("source_file").to_pylist())))
+        assert_that(good_rows, equal_to([1]), label="good")
+        assert_that(dead, equal_to([(11, "null_label", "f.parquet"), (12, "label_not_0_1", "f.parquet"),
+                                    (13, "null_timestamp", "f.parquet")]), label="dead")
+    del cfg
+
+
+def test_compute_vocabularies_min_count_top_k_and_shared():
+    cfg = parse_config({"name": "v", "features": {"sparse": [
+        {"name": "item", "column": "item", "vocab": {"min_count": 2, "max_size": 2, "oov_buckets": 1}},
+        {"name": "hist", "column": "hist", "multivalent": True, "share_embedding_with": "item"},
+        {"name": "rare", "column": "rare", "vocab": {"min_count": 5}}]}})
+    t1 = pa.table({"label": [0, 1, 0], "item": ["x", "y", "z"], "hist": [["x"], ["y", "x"], []], "rare": ["a", "b", "c"]})
+    t2 = pa.table({"label": [0, 1], "item": ["z", "w"], "hist": [["y"], ["w"]], "rare": ["a", "a"]})
+    with BeamTestPipeline(options=beam.options.pipeline_options.PipelineOptions(IN_MEMORY)) as p:
+        vocabs = (p | beam.Create([canonicalize(t1, cfg), canonicalize(t2, cfg)]) | ComputeVocabularies(cfg))
+        # x:3 y:3 w:2 z:2 -> top 2 by count, ties by value: x, y ; 'rare' has nothing >= 5
+        assert_that(vocabs, equal_to([("item", (["x", "y"], [3, 3])), ("rare", ([], []))]))
+
+
+# ----------------------------------------------------------------------------- whole runs
+def test_preprocess_outputs_and_accounting(preprocessed, small_cfg):
+    out, result = preprocessed
+    assert result.rows_in == 6000
+    assert result.rows_in == result.rows_train + result.rows_eval + result.rows_dead
+    art = TransformArtifact.read(os.path.join(out, "transform"))
+    assert art.row_counts["in"] == 6000 and art.row_counts["train"] == result.rows_train
+    assert _count_rows(out, "train", small_cfg) == result.rows_train
+    assert _count_rows(out, "eval", small_cfg) == result.rows_eval
+    assert result.rows_eval == pytest.approx(1200, abs=60)  # last 20% by timestamp
+    assert len(art.vocabularies["item_id"]) <= 500 and art.dense_stats["I3"]["boundaries"]
+    assert not [d for d in os.listdir(os.path.dirname(out)) if ".staging-" in d]
+
+
+def test_split_is_by_time(tmp_path, small_log, small_cfg):
+    out, _ = str(tmp_path / "o"), None
+    run_preprocess(small_cfg, small_log, out, IN_MEMORY, progress=lambda _: None)
+    art = TransformArtifact.read(os.path.join(out, "transform"))
+    assert art.split["kind"] == "timestamp"
+    # Every eval row is later than every train row: the newest file holds all eval rows.
+    files = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))
+    ts_first_day = pq.read_table(files[0], columns=["ts"]).column("ts").to_numpy()
+    assert art.row_counts["eval"] < pq.ParquetFile(files[-1]).metadata.num_rows
+    assert len(ts_first_day) <= art.row_counts["train"]
+
+
+def _write(path, table):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pq.write_table(table, path)
+    return path
+
+
+def test_bad_rows_are_dead_lettered_exactly(tmp_path, small_log, small_cfg):
+    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
+    t = pq.read_table(src).slice(0, 400)
+    labels = t.column("label").to_pylist()
+    labels[3], labels[7], labels[11] = None, 5, None
+    ts = t.column("ts").to_pylist()
+    ts[20] = None
+    i1 = t.column("I2").to_pylist()
+    t = t.set_column(t.schema.get_field_index("label"), "label", pa.array(labels, pa.int64()))
+    t = t.set_column(t.schema.get_field_index("ts"), "ts", pa.array(ts, pa.int64()))
+    t = t.set_column(t.schema.get_field_index("I2"), "I2", pa.array([float("inf") if i == 30 else v for i, v in enumerate(i1)], pa.float64()))
+    log = _write(str(tmp_path / "log" / "dt=2026-01-01" / "part-0.parquet"), t)
+    out = str(tmp_path / "out")
+    res = run_preprocess(small_cfg, log, out, IN_MEMORY, progress=lambda _: None)
+    assert res.dead_letter == {"null_label": 2, "label_not_0_1": 1, "null_timestamp": 1, "dense_infinite": 1}
+    assert res.rows_in == 400 and res.rows_train + res.rows_eval == 395
+    dead = pq.read_table(glob.glob(os.path.join(out, "dead_letter", "*.parquet"))).to_pylist()
+    assert sorted(d["row"] for d in dead) == [3, 7, 11, 20, 30]
+    assert {d["source_file"] for d in dead} == {os.path.abspath(log)}
+    assert json.loads(next(d for d in dead if d["row"] == 7)["row_json"])["label"] == 5
+    assert "row accounting" not in res.summary() and "dead-lettered 5" in res.summary()
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing_column", "column 'C3' required by the config is missing"),
+    ("not_parquet", "not a readable Parquet file"),
+    ("truncated", "not a readable Parquet file"),
+    ("empty_dir", "no Parquet files found"),
+    ("zero_rows", "input has no rows"),
+    ("no_such_path", "no such file or directory"),
+    ("type_drift", "column 'I1' is float but int"),
+    ("wrong_type", "cannot feed sparse feature 'user_id'"),
+])
+def test_bad_inputs_fail_naming_the_file(tmp_path, small_log, small_cfg, case, message):
+    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
+    t = pq.read_table(src).slice(0, 50)
+    d = tmp_path / "in"
+    bad_file = str(d / "b.parquet")
+    if case == "missing_column":
+        _write(bad_file, t.drop(["C3"]))
+    elif case == "not_parquet":
+        d.mkdir()
+        open(bad_file, "w").write("label,ts\n1,2\n")
+    elif case == "truncated":
+        _write(bad_file, t)
+        data = open(bad_file, "rb").read()
+        open(bad_file, "wb").write(data[: len(data) // 2])
+    elif case == "empty_dir":
+        d.mkdir()
+        bad_file = str(d)
+    elif case == "zero_rows":
+        _write(bad_file, t.slice(0, 0))
+    elif case == "no_such_path":
+        bad_file = str(d / "nothing")
+    elif case == "type_drift":
+        _write(str(d / "a.parquet"), t)
+        _write(bad_file, t.set_column(t.schema.get_field_index("I1"), "I1", pa.array(t.column("I1").to_pylist(), pa.float64())))
+    elif case == "wrong_type":
+        _write(bad_file, t.set_column(t.schema.get_field_index("user_id"), "user_id", pa.array([1.5] * 50)))
+    spec = str(d) if case in ("type_drift",) else bad_file
+    with pytest.raises((InputError, SchemaError)) as e:
+        run_preprocess(small_cfg, spec, str(tmp_path / "out"), IN_MEMORY, progress=lambda _: None)
+    assert message in str(e.value)
+    if case not in ("empty_dir", "no_such_path"):
+        assert "b.parquet" in str(e.value)
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_output_must_be_new(tmp_path, small_log, small_cfg):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(PreprocessError, match="exists and is not empty"):
+        run_preprocess(small_cfg, small_log, str(out), IN_MEMORY, progress=lambda _: None)
+    assert (out / "keep.txt").read_text() == "mine"
+
+
+def test_listing_and_offsets(small_log, small_cfg):
+    files = list_input_files(small_log)
+    assert files == sorted(files) and all("dt=" in f for f in files)
+    assert list_input_files(os.path.join(small_log, "dt=*", "*.parquet")) == files
+    _, inputs = inspect_inputs(files, small_cfg)
+    assert inputs[1].first_row == inputs[0].num_rows
