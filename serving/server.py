@@ -1,0 +1,64 @@
+"""`recpipe serve`: the REST and gRPC front ends over one ModelRegistry, until SIGINT/SIGTERM."""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+from serving.registry import ModelRegistry
+from serving.rest import make_rest_server
+
+__all__ = ["ServeOptions", "ModelServer"]
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    model_base: str
+    model_name: str
+    host: str = "127.0.0.1"
+    rest_port: int = 8501
+    grpc_port: Optional[int] = 8500
+    poll_seconds: float = 2.0
+
+
+class ModelServer:
+    """Starts the registry and both front ends; `rest_port`/`grpc_port` are the bound ports."""
+
+    def __init__(self, opts: ServeOptions):
+        self.opts = opts
+        self.registry = ModelRegistry(opts.model_base, opts.model_name, opts.poll_seconds)
+        self._rest = None
+        self._grpc = None
+        self.rest_port = self.grpc_port = None
+        self._stopped = threading.Event()
+
+    def start(self) -> "ModelServer":
+        self.registry.start()
+        self._rest = make_rest_server(self.registry, self.opts.host, self.opts.rest_port)
+        self.rest_port = self._rest.server_address[1]
+        threading.Thread(target=self._rest.serve_forever, name="rest", daemon=True).start()
+        if self.opts.grpc_port is not None:
+            from serving.grpc_service import make_grpc_server
+            self._grpc, self.grpc_port = make_grpc_server(self.registry, self.opts.host, self.opts.grpc_port)
+            self._grpc.start()
+        return self
+
+    def stop(self) -> None:
+        self.registry.stop()
+        if self._rest is not None:
+            self._rest.shutdown()
+            self._rest.server_close()
+        if self._grpc is not None:
+            self._grpc.stop(grace=1).wait()
+        self._stopped.set()
+
+    def serve_until_signal(self, say=print) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: threading.Thread(target=self.stop).start())
+        say(f"serve: model {self.opts.model_name!r} version {self.registry.get().version} on "
+            f"REST http://{self.opts.host}:{self.rest_port}"
+            + (f", gRPC {self.opts.host}:{self.grpc_port}" if self.grpc_port else ""), )
+        self._stopped.wait()
+        logging.getLogger("recpipe.serving").info("server stopped")

@@ -1,0 +1,172 @@
+"""Export layout and the model server's TF Serving REST + gRPC APIs, against the real SavedModel."""
+import glob
+import json
+import os
+import shutil
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
+                                     predict_pb2, prediction_service_pb2_grpc)
+
+from recpipe.demo import rest_rows
+from serving.export import existing_versions, export_model
+from serving.registry import RequestError
+from serving.rest import format_predict_response, parse_predict_body
+from serving.server import ModelServer, ServeOptions
+
+
+def _http(method, url, body=None):
+    data = json.dumps(body).encode() if body is not None and not isinstance(body, bytes) else body
+    req = urllib.request.Request(url, data=data, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def server(exported):
+    base, _ = exported
+    srv = ModelServer(ServeOptions(base, "small", rest_port=0, grpc_port=0, poll_seconds=0.2)).start()
+    yield srv
+    srv.stop()
+
+
+def _raw_rows(small_log, small_cfg, n=6):
+    files = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))
+    columns = sorted({f.column for f in [*small_cfg.features.sparse, *small_cfg.features.dense]})
+    return rest_rows(files[-1], columns, n)
+
+
+def test_export_layout(exported, trained):
+    base, path = exported
+    assert os.path.basename(path) == "1" and existing_versions(base) == [1]
+    assert os.path.isfile(os.path.join(path, "saved_model.pb")) and os.path.isdir(os.path.join(path, "variables"))
+    assert not [d for d in os.listdir(base) if d.startswith(".tmp")]
+    meta = json.load(open(os.path.join(path, "assets.extra", "recpipe.json")))
+    assert meta["version"] == 1 and meta["config"]["name"] == "small_ctr"
+    with pytest.raises(FileExistsError):
+        export_model(trained, base, version=1)
+
+
+def test_saved_model_scores_raw_rows_like_the_trainer(exported, trained, small_log, small_cfg):
+    """Raw rows through the SavedModel == the same rows through Arrow canonicalisation + trainer model."""
+    from features.canonical import LABEL_KEY, canonicalize
+    from features.transform import FeatureTransform, canonical_to_tensors
+    from trainers.train import load_trained
+    _, path = exported
+    fn = tf.saved_model.load(path).signatures["serving_default"]
+    files = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))
+    table = pq.read_table(files[-1]).slice(0, 64)
+    cfg, art, model = load_trained(trained)
+    specs = dict(fn.structured_input_signature[1])
+    request = {}
+    for name, spec in specs.items():
+        values = table.column(name).to_pylist()
+        if spec.dtype == tf.string:
+            values = ["|".join(v) if isinstance(v, list) else (v or "") for v in values]
+        elif spec.dtype == tf.float32:
+            values = [np.nan if v is None else float(v) for v in values]
+        request[name] = tf.constant(values, spec.dtype)
+    served = fn(**request)["score"].numpy()
+    canon = canonicalize(table, cfg)
+    feats = FeatureTransform(art)(canonical_to_tensors({k: v for k, v in canon.items() if k != LABEL_KEY}))
+    direct = tf.sigmoid(model(feats))[:, 0].numpy()
+    np.testing.assert_allclose(served, direct, atol=1e-5)
+
+
+def test_rest_predict_row_and_columnar(server, exported, small_log, small_cfg):
+    rows, _ = _raw_rows(small_log, small_cfg)
+    url = f"http://127.0.0.1:{server.rest_port}/v1/models/small"
+    code, body = _http("POST", url + ":predict", {"instances": rows})
+    assert code == 200 and len(body["predictions"]) == len(rows)
+    assert all(0.0 < p < 1.0 for p in body["predictions"])
+    lv = server.registry.get()
+    cols, _ = parse_predict_body({"instances": rows}, lv.inputs)
+    direct = lv.predict(cols)["score"]
+    np.testing.assert_allclose(body["predictions"], direct, atol=1e-6)
+    columnar = {k: [r.get(k) for r in rows] for k in lv.inputs}
+    code, body2 = _http("POST", url + "/versions/1:predict", {"inputs": columnar})
+    assert code == 200
+    np.testing.assert_allclose(body2["outputs"], direct, atol=1e-6)
+
+
+def test_rest_status_metadata_health_and_errors(server):
+    base = f"http://127.0.0.1:{server.rest_port}"
+    code, body = _http("GET", base + "/v1/models/small")
+    assert code == 200 and body["model_version_status"][0]["state"] == "AVAILABLE"
+    code, body = _http("GET", base + "/v1/models/small/metadata")
+    sig = body["metadata"]["signature_def"]["signature_def"]["serving_default"]
+    assert code == 200 and "user_id" in sig["inputs"] and "score" in sig["outputs"]
+    assert _http("GET", base + "/healthz")[0] == 200
+    assert _http("GET", base + "/v1/models/other")[0] == 404
+    assert _http("POST", base + "/v1/models/small/versions/99:predict", {"instances": [{}]})[0] == 404
+    for bad in [b"{not json", {"instances": []}, {"instances": [{"user_id": 5}]}, {"inputs": {"nope": [1]}},
+                {"instances": [{"I1": "high"}]}, [1, 2], {"instances": [1], "inputs": {}}]:
+        code, body = _http("POST", base + "/v1/models/small:predict", bad)
+        assert code == 400 and body["error"], bad
+    assert _http("GET", base + "/v1/models/small")[0] == 200  # still serving
+
+
+def test_parse_and_format_helpers():
+    specs = {"a": tf.TensorSpec([None], tf.string), "x": tf.TensorSpec([None], tf.float32)}
+    cols, row = parse_predict_body({"instances": [{"a": "u", "x": 1}, {"a": None}]}, specs)
+    assert row and cols["a"].tolist() == [b"u", b""] and np.isnan(cols["x"][1])
+    with pytest.raises(RequestError, match="signature 'other' not found"):
+        parse_predict_body({"signature_name": "other", "instances": [{}]}, specs)
+    assert format_predict_response({"score": np.array([0.5])}, True) == {"predictions": [0.5]}
+    assert format_predict_response({"s": np.array([1.0]), "t": np.array([2.0])}, False) == {"outputs": {"s": [1.0], "t": [2.0]}}
+
+
+def test_grpc_with_official_stub(server, small_log, small_cfg):
+    rows, _ = _raw_rows(small_log, small_cfg, 4)
+    lv = server.registry.get()
+    cols, _ = parse_predict_body({"instances": rows}, lv.inputs)
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(ch)
+        req = predict_pb2.PredictRequest()
+        req.model_spec.name = "small"
+        for k, v in cols.items():
+            req.inputs[k].CopyFrom(tf.make_tensor_proto(v, dtype=lv.inputs[k].dtype))
+        resp = stub.Predict(req, timeout=30)
+        np.testing.assert_allclose(tf.make_ndarray(resp.outputs["score"]), lv.predict(cols)["score"], atol=1e-6)
+        assert resp.model_spec.version.value == 1
+        meta_req = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+        meta_req.model_spec.name = "small"
+        meta = stub.GetModelMetadata(meta_req, timeout=30)
+        sig_map = get_model_metadata_pb2.SignatureDefMap()
+        meta.metadata["signature_def"].Unpack(sig_map)
+        assert "serving_default" in sig_map.signature_def
+        status_req = get_model_status_pb2.GetModelStatusRequest()
+        status_req.model_spec.name = "small"
+        status = model_service_pb2_grpc.ModelServiceStub(ch).GetModelStatus(status_req, timeout=30)
+        assert status.model_version_status[0].state == get_model_status_pb2.ModelVersionStatus.AVAILABLE
+        bad = predict_pb2.PredictRequest()
+        bad.model_spec.name = "small"
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Predict(bad, timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_new_version_is_picked_up_and_corrupt_one_refused(server, exported, trained):
+    base, _ = exported
+    os.makedirs(os.path.join(base, "3"))
+    open(os.path.join(base, "3", "saved_model.pb"), "wb").write(b"garbage")
+    time.sleep(1.0)
+    assert server.registry.get().version == 1  # corrupt version 3 refused, 1 still serves
+    shutil.rmtree(os.path.join(base, "3"))
+    export_model(trained, base, version=4)
+    deadline = time.monotonic() + 60
+    while server.registry.get().version != 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert server.registry.get().version == 4
+    code, body = _http("GET", f"http://127.0.0.1:{server.rest_port}/v1/models/small")
+    assert body["model_version_status"][0]["version"] == "4"
