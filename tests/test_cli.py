@@ -1,0 +1,94 @@
+"""The `recpipe` CLI as a user runs it: each command in its own process, the whole chain, the demo."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from conftest import CONFIGS, SHARED_DATA
+from recpipe.demo import free_port, rest_rows
+
+COMMANDS = ["generate", "criteo-to-parquet", "preprocess", "train", "evaluate", "export", "serve", "demo", "bench"]
+
+
+def recpipe(*args, check=True, timeout=600):
+    proc = subprocess.run([sys.executable, "-m", "recpipe.cli", *args], capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"recpipe {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def test_every_command_has_help():
+    out = recpipe("--help").stdout
+    for cmd in COMMANDS:
+        assert cmd in out
+        assert "usage: recpipe " + cmd in recpipe(cmd, "--help").stdout
+
+
+def test_bad_input_is_one_clear_line(tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("name: x\nfeatures: {sparse: [{name: a, column: a, vocab: {min_cnt: 1}}]}\n")
+    p = recpipe("preprocess", "--config", str(bad), "--input", str(tmp_path), "--output", str(tmp_path / "o"), check=False)
+    assert p.returncode == 1
+    lines = p.stderr.strip().splitlines()
+    assert lines[-1].startswith("recpipe preprocess: error: ") and "features.sparse[0].vocab.min_cnt: unknown key" in lines[-1]
+    assert "Traceback" not in p.stderr
+    p = recpipe("preprocess", "--config", str(CONFIGS / "synthetic.yaml"), "--input", str(tmp_path / "none"),
+                "--output", str(tmp_path / "o"), check=False)
+    assert p.returncode == 1 and "no such file or directory" in p.stderr and "Traceback" not in p.stderr
+    p = recpipe("evaluate", "--model-dir", str(tmp_path), "--data", str(tmp_path), check=False)
+    assert p.returncode == 1 and "not a model directory" in p.stderr
+    p = recpipe("generate", "--rows", "0", "--out", str(tmp_path / "g"), check=False)
+    assert p.returncode == 1 and "rows and days must be positive" in p.stderr
+
+
+def test_whole_chain_through_the_cli(tmp_path):
+    log, pre, model, export = (str(tmp_path / n) for n in ("log", "pre", "model", "export"))
+    recpipe("generate", "--rows", "20000", "--days", "3", "--out", log, "--seed", "5")
+    out = recpipe("preprocess", "--config", str(CONFIGS / "synthetic.yaml"), "--input", log, "--output", pre).stdout
+    assert "rows in = 20000 = rows out" in out
+    out = recpipe("train", "--config", str(CONFIGS / "synthetic.yaml"), "--data", pre, "--model-dir", model,
+                  "--steps", "120", "--precision", "bf16").stdout
+    assert "step 120/120" in out
+    metrics = json.loads(recpipe("evaluate", "--model-dir", model, "--data", pre, "--out",
+                                 str(tmp_path / "m.json")).stdout.strip().splitlines()[-1])
+    assert metrics["examples"] == 2000 and metrics["auc"] > 0.6, metrics
+    out = recpipe("export", "--model-dir", model, "--export-base", export).stdout
+    version = out.strip().split("/")[-1]
+    port, gport = free_port(), free_port()
+    server = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "serve", "--model-base", export, "--model-name",
+                               "synthetic_ctr", "--rest-port", str(port), "--grpc-port", str(gport)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, server.stdout.read() if server.poll() is not None else "timeout"
+                time.sleep(0.5)
+        files = sorted(str(p) for p in (tmp_path / "log").rglob("*.parquet"))
+        cols = ["user_id", "item_id", "hist_items", *[f"C{i}" for i in range(1, 27)], *[f"I{i}" for i in range(1, 14)]]
+        rows, _ = rest_rows(files[-1], cols, 3)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models/synthetic_ctr/versions/{version}:predict",
+                                     data=json.dumps({"instances": rows}).encode())
+        preds = json.loads(urllib.request.urlopen(req, timeout=30).read())["predictions"]
+        assert len(preds) == 3 and all(0 < p < 1 for p in preds)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    assert server.returncode == 0
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "criteo_10k.csv").is_file(), reason="../shared/data Criteo sample absent")
+def test_demo_on_the_real_criteo_sample(tmp_path):
+    out = recpipe("demo", "--workdir", str(tmp_path / "demo"), "--steps", "150").stdout
+    summary = json.loads((tmp_path / "demo" / "demo_summary.json").read_text())
+    assert summary["data"] == "criteo_10k" and summary["eval_examples"] == 999
+    assert summary["auc"] > 0.65, summary  # real clicks, 9k training rows
+    assert len(summary["scores"]) == 5 and "server stopped" in out
