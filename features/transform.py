@@ -18,9 +18,9 @@ import pyarrow as pa  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from features.artifact import TransformArtifact  # noqa: E402
-from features.canonical import DEFAULT_SEPARATOR, LABEL_KEY  # noqa: E402
+from features.canonical import DEFAULT_SEPARATOR  # noqa: E402
 
-__all__ = ["FeatureTransform", "canonical_to_tensors", "canonicalize_request", "request_spec"]
+__all__ = ["FeatureTransform", "canonical_to_tensors", "canonicalize_request", "request_spec", "request_from_arrow"]
 
 _MIN_STD = 1e-6
 
@@ -130,5 +130,14 @@ def canonicalize_request(inputs: dict[str, tf.Tensor], artifact: TransformArtifa
     return out
 
 
-def without_label(columns: dict) -> dict:
-    return {k: v for k, v in columns.items() if k != LABEL_KEY}
+def request_from_arrow(table: pa.Table, specs: dict[str, tf.TensorSpec]) -> dict[str, tf.Tensor]:
+    """Raw log rows as the serving signature takes them: lists joined by '|', null floats as NaN."""
+    request = {}
+    for name, spec in specs.items():
+        values = table.column(name).to_pylist()
+        if spec.dtype == tf.string:
+            values = [DEFAULT_SEPARATOR.join(map(str, v)) if isinstance(v, list) else (v or "") for v in values]
+        elif spec.dtype == tf.float32:
+            values = [np.nan if v is None else float(v) for v in values]
+        request[name] = tf.constant(values, spec.dtype)
+    return request

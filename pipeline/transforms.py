@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -126,13 +127,18 @@ def ts_histogram(b: RawBatch, column: str) -> dict[int, int]:
     return dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()))
 
 
-class _MergeCounts(beam.CombineFn):
+class _MergeDicts(beam.CombineFn):
+    """Merges dicts key by key with `add`; `finish` turns the merged dict into the output."""
+
+    def __init__(self, add, finish=None):
+        self._add, self._finish = add, finish
+
     def create_accumulator(self):
         return {}
 
-    def add_input(self, acc, counts):
-        for k, v in counts.items():
-            acc[k] = acc.get(k, 0) + v
+    def add_input(self, acc, item):
+        for k, v in item.items():
+            acc[k] = self._add(acc[k], v) if k in acc else v
         return acc
 
     def merge_accumulators(self, accs):
@@ -142,7 +148,7 @@ class _MergeCounts(beam.CombineFn):
         return out
 
     def extract_output(self, acc):
-        return acc
+        return self._finish(acc) if self._finish else acc
 
 
 def eval_cutoff_from_histogram(hist: dict[int, int], eval_fraction: float) -> float:
@@ -190,7 +196,7 @@ class SplitRows(beam.PTransform):
         if cfg.input.timestamp:
             cutoff = (good
                       | "TsHistogram" >> beam.Map(ts_histogram, cfg.input.timestamp)
-                      | "MergeHistogram" >> beam.CombineGlobally(_MergeCounts())
+                      | "MergeHistogram" >> beam.CombineGlobally(_MergeDicts(operator.add))
                       | "Cutoff" >> beam.Map(eval_cutoff_from_histogram, cfg.split.eval_fraction))
         else:
             n_train = self._total - math.floor(cfg.split.eval_fraction * self._total)
@@ -265,29 +271,17 @@ def _moments(cols: dict[str, pa.Array], cfg: Config) -> dict[str, tuple[int, flo
     return out
 
 
-class _SumMoments(beam.CombineFn):
-    def create_accumulator(self):
-        return {}
+def _moment_stats(acc: dict[str, tuple[int, float, float]]) -> dict[str, dict]:
+    stats = {}
+    for k, (n, s, ss) in acc.items():
+        mean = s / n if n else 0.0
+        var = max(ss / n - mean * mean, 0.0) if n else 1.0
+        stats[k] = {"mean": mean, "std": math.sqrt(var), "count": n}
+    return stats
 
-    def add_input(self, acc, m):
-        for k, (n, s, ss) in m.items():
-            n0, s0, ss0 = acc.get(k, (0, 0.0, 0.0))
-            acc[k] = (n0 + n, s0 + s, ss0 + ss)
-        return acc
 
-    def merge_accumulators(self, accs):
-        out: dict = {}
-        for a in accs:
-            self.add_input(out, a)
-        return out
-
-    def extract_output(self, acc):
-        stats = {}
-        for k, (n, s, ss) in acc.items():
-            mean = s / n if n else 0.0
-            var = max(ss / n - mean * mean, 0.0) if n else 1.0
-            stats[k] = {"mean": mean, "std": math.sqrt(var), "count": n}
-        return stats
+def _add_moments(a: tuple, b: tuple) -> tuple:
+    return tuple(x + y for x, y in zip(a, b))
 
 
 class ComputeDenseStats(beam.PTransform):
@@ -300,7 +294,7 @@ class ComputeDenseStats(beam.PTransform):
     def expand(self, train):
         cfg = self._cfg
         moments = (train | "Moments" >> beam.Map(_moments, cfg)
-                   | "SumMoments" >> beam.CombineGlobally(_SumMoments()))
+                   | "SumMoments" >> beam.CombineGlobally(_MergeDicts(_add_moments, _moment_stats)))
         buckets = {d.name: d for d in cfg.features.dense if d.transform == "bucketize"}
 
         def values(cols):

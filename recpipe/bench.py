@@ -93,20 +93,14 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
 def _predict_throughput(version_dir: str, log_dir: str) -> dict:
     import glob
 
-    import numpy as np
     import pyarrow.parquet as pq
     import tensorflow as tf
+
+    from features.transform import request_from_arrow
     fn = tf.saved_model.load(version_dir).signatures["serving_default"]
     specs = dict(fn.structured_input_signature[1])
     table = pq.read_table(sorted(glob.glob(os.path.join(log_dir, "*", "*.parquet")))[-1]).slice(0, 1024)
-    request = {}
-    for name, spec in specs.items():
-        values = table.column(name).to_pylist()
-        if spec.dtype == tf.string:
-            values = ["|".join(v) if isinstance(v, list) else (v or "") for v in values]
-        elif spec.dtype == tf.float32:
-            values = [np.nan if v is None else float(v) for v in values]
-        request[name] = tf.constant(values, spec.dtype)
+    request = request_from_arrow(table, specs)
     out = {}
     for batch in (1, 256):
         sub = {k: v[:batch] for k, v in request.items()}

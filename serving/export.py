@@ -77,9 +77,13 @@ def export_model(model_dir: str, export_base: str, version: int | None = None) -
         raise FileExistsError(f"{final}: version {version} already exists")
     os.makedirs(export_base, exist_ok=True)
     tmp = os.path.join(export_base, f".tmp-{version}-{uuid.uuid4().hex[:8]}")
+    quiet = tf.get_logger().level
     try:
         module = _serving_module(artifact, model)
+        # The unbuilt training-only Ranking task triggers a harmless "skipping serialization" warning.
+        tf.get_logger().setLevel("ERROR")
         tf.saved_model.save(module, tmp, signatures={"serving_default": module.serve.get_concrete_function()})
+        tf.get_logger().setLevel(quiet)  # loading and the smoke call below may warn for real
         os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
         with open(os.path.join(tmp, "assets.extra", "recpipe.json"), "w") as fh:
             json.dump({"config": config_to_dict(artifact.config), "raw_schema": artifact.raw_schema,
@@ -93,4 +97,6 @@ def export_model(model_dir: str, export_base: str, version: int | None = None) -
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        tf.get_logger().setLevel(quiet)
     return final

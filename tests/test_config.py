@@ -39,7 +39,8 @@ def _with(mutate):
     (lambda d: d["features"]["sparse"][3].update(name="bad name"), "features.sparse[3].name: 'bad name' must be"),
     (lambda d: d["split"].update(eval_fraction=1.5), "split.eval_fraction: must be between 0 and 1"),
     (lambda d: d["train"].update(batch_size=0), "train.batch_size: must be > 0"),
-    (lambda d: d["model"].update(type="two_tower"), "model.type: 'two_tower' is not a ranking model"),
+    (lambda d: d["model"].update(type="two_tower"), "model.type: 'two_tower' is not one of 'dcn_v2' | 'dlrm'"),
+    (lambda d: d["model"].update(task="retrieval"), "model.task: 'retrieval' is not one of 'ranking'"),
     (lambda d: d["features"]["sparse"][0].update(separator=","), "features.sparse[0].separator: only multivalent"),
     (lambda d: d["features"]["sparse"][1]["vocab"].update(oov_buckets=0), "features.sparse[1].vocab.oov_buckets: must be > 0"),
 ])

@@ -60,22 +60,14 @@ def test_export_layout(exported, trained):
 def test_saved_model_scores_raw_rows_like_the_trainer(exported, trained, small_log, small_cfg):
     """Raw rows through the SavedModel == the same rows through Arrow canonicalisation + trainer model."""
     from features.canonical import LABEL_KEY, canonicalize
-    from features.transform import FeatureTransform, canonical_to_tensors
+    from features.transform import FeatureTransform, canonical_to_tensors, request_from_arrow
     from trainers.train import load_trained
     _, path = exported
     fn = tf.saved_model.load(path).signatures["serving_default"]
     files = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))
     table = pq.read_table(files[-1]).slice(0, 64)
     cfg, art, model = load_trained(trained)
-    specs = dict(fn.structured_input_signature[1])
-    request = {}
-    for name, spec in specs.items():
-        values = table.column(name).to_pylist()
-        if spec.dtype == tf.string:
-            values = ["|".join(v) if isinstance(v, list) else (v or "") for v in values]
-        elif spec.dtype == tf.float32:
-            values = [np.nan if v is None else float(v) for v in values]
-        request[name] = tf.constant(values, spec.dtype)
+    request = request_from_arrow(table, dict(fn.structured_input_signature[1]))
     served = fn(**request)["score"].numpy()
     canon = canonicalize(table, cfg)
     feats = FeatureTransform(art)(canonical_to_tensors({k: v for k, v in canon.items() if k != LABEL_KEY}))
