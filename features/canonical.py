@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from features.config import Config, SparseFeature
 
 __all__ = ["LABEL_KEY", "SchemaError", "raw_kind", "check_schema", "validate_batch", "canonicalize",
-           "dense_prenorm", "DEFAULT_SEPARATOR", "BadRows"]
+           "dense_prenorm", "numeric", "DEFAULT_SEPARATOR", "BadRows"]
 
 LABEL_KEY = "target.label"  # not a valid feature name, so it cannot collide
 DEFAULT_SEPARATOR = "|"
@@ -62,17 +62,42 @@ def check_schema(schema: pa.Schema, cfg: Config, source: str) -> dict[str, str]:
             raise SchemaError(f"{source}: column {col!r} ({kinds[col]}) cannot feed {what}; "
                               f"expected {' or '.join(allowed)}")
 
-    need(cfg.label.column, ("int", "float"), "the label")
+    need(cfg.label.column, ("int", "float", "string"), "the label")
     if cfg.input.timestamp:
-        need(cfg.input.timestamp, ("int", "float"), "the timestamp")
+        need(cfg.input.timestamp, ("int", "float", "string"), "the timestamp")
     for f in cfg.features.sparse:
         if f.multivalent:
             need(f.column, ("list<string>", "list<int>", "string"), f"multivalent feature {f.name!r}")
         else:
             need(f.column, ("string", "int"), f"sparse feature {f.name!r}")
     for d in cfg.features.dense:
-        need(d.column, ("int", "float"), f"dense feature {d.name!r}")
+        need(d.column, ("int", "float", "string"), f"dense feature {d.name!r}")
     return kinds
+
+
+_NUMBER = r"^\s*[-+]?((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|inf|infinity|nan)\s*$"
+
+
+def numeric(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """A label/timestamp/dense column as float64 (null or "" -> NaN) and a mask of unparsable rows.
+
+    Numeric columns never have unparsable rows; string columns are parsed row by row, vectorised.
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
+        trimmed = pc.utf8_trim_whitespace(arr)
+        blank = pc.fill_null(pc.equal(trimmed, ""), True)
+        ok = pc.fill_null(pc.match_substring_regex(trimmed, _NUMBER, ignore_case=True), False)
+        bad = np.asarray(pc.and_(pc.invert(blank), pc.invert(ok)).to_numpy(zero_copy_only=False), dtype=bool)
+        usable = pc.if_else(ok, trimmed, pa.scalar(None, pa.string()))
+        values = pc.cast(usable, pa.float64()).to_numpy(zero_copy_only=False)
+        return np.asarray(values, dtype=np.float64), bad
+    if pa.types.is_boolean(arr.type):
+        arr = pc.cast(arr, pa.int64())
+    values = pc.cast(arr, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+    return np.asarray(values, dtype=np.float64), np.zeros(n, dtype=bool)
 
 
 @dataclass
@@ -92,24 +117,22 @@ def validate_batch(batch: pa.RecordBatch | pa.Table, cfg: Config) -> tuple[np.nd
         fresh = mask & (reason == "")
         reason[fresh] = f"{why}:{col}"
 
-    label = batch.column(cfg.label.column)
-    flag(_np_bool(label.is_null()), "null_label", cfg.label.column)
-    lv = pc.cast(label, pa.float64(), safe=False).fill_null(0.0).to_numpy(zero_copy_only=False)
+    lv, lbad = numeric(batch.column(cfg.label.column))
+    flag(lbad, "label_unparsable", cfg.label.column)
+    flag(np.isnan(lv), "null_label", cfg.label.column)
     flag(~np.isin(lv, (0.0, 1.0)), "label_not_0_1", cfg.label.column)
     if cfg.input.timestamp:
-        ts = batch.column(cfg.input.timestamp)
-        flag(_np_bool(ts.is_null()), "null_timestamp", cfg.input.timestamp)
+        tv, tbad = numeric(batch.column(cfg.input.timestamp))
+        flag(tbad, "timestamp_unparsable", cfg.input.timestamp)
+        flag(~np.isfinite(tv), "null_timestamp", cfg.input.timestamp)
     for d in cfg.features.dense:
-        v = pc.cast(batch.column(d.column), pa.float64(), safe=False).fill_null(0.0).to_numpy(zero_copy_only=False)
+        v, dbad = numeric(batch.column(d.column))
+        flag(dbad, "dense_unparsable", d.column)
         flag(np.isinf(v), "dense_infinite", d.column)
     bad = np.flatnonzero(reason != "")
     reasons = [str(reason[i]).split(":", 1)[0] for i in bad]
     fields = [str(reason[i]).split(":", 1)[1] for i in bad]
     return reason == "", BadRows(bad, reasons, fields)
-
-
-def _np_bool(arr: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def _as_string(arr: pa.Array) -> pa.Array:
@@ -152,10 +175,8 @@ def canonicalize(batch: pa.RecordBatch | pa.Table, cfg: Config) -> dict[str, pa.
         raw = col(f.column)
         out[f.name] = _tokens(raw, f) if f.multivalent else _as_string(raw).fill_null("")
     for d in cfg.features.dense:
-        v = pc.cast(col(d.column), pa.float32(), safe=False)
-        out[d.name] = pa.array(v.to_numpy(zero_copy_only=False).astype(np.float32), pa.float32()) \
-            if v.null_count == 0 else pc.fill_null(v, float("nan"))
-    out[LABEL_KEY] = pc.cast(col(cfg.label.column), pa.float32(), safe=False)
+        out[d.name] = pa.array(numeric(col(d.column))[0].astype(np.float32), pa.float32())
+    out[LABEL_KEY] = pa.array(numeric(col(cfg.label.column))[0].astype(np.float32), pa.float32())
     return out
 
 

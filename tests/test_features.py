@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 from features.artifact import TransformArtifact
-from features.canonical import LABEL_KEY, SchemaError, canonicalize, check_schema, dense_prenorm, validate_batch
+from features.canonical import (LABEL_KEY, SchemaError, canonicalize, check_schema, dense_prenorm, numeric,
+                                validate_batch)
 from features.config import parse_config
 from features.records import encode_batch, parse_record
 from features.transform import FeatureTransform, canonical_to_tensors, canonicalize_request, request_spec
@@ -56,8 +57,32 @@ def test_schema_errors_name_file_and_column():
         check_schema(_table().drop(["x"]).schema, cfg, "f.parquet")
     with pytest.raises(SchemaError, match=r"f.parquet: column 'a' \(list<string>\) cannot feed sparse feature 'a'"):
         check_schema(_table().set_column(1, "a", pa.array([["x"]] * 5)).schema, cfg, "f.parquet")
-    with pytest.raises(SchemaError, match=r"column 'x' \(string\) cannot feed dense feature"):
-        check_schema(_table().set_column(5, "x", pa.array(["1"] * 5)).schema, cfg, "f.parquet")
+    with pytest.raises(SchemaError, match=r"column 'x' \(list<int>\) cannot feed dense feature"):
+        check_schema(_table().set_column(5, "x", pa.array([[1]] * 5)).schema, cfg, "f.parquet")
+    # string-typed numbers are fine at schema level: they are parsed row by row
+    assert check_schema(_table().set_column(5, "x", pa.array(["1"] * 5)).schema, cfg, "f.parquet")["x"] == "string"
+
+
+def test_numeric_parses_strings_row_by_row():
+    values, bad = numeric(pa.array([" 1.5", "x", None, "", "2e3", "inf", "-.5", "1,0"]))
+    assert bad.tolist() == [False, True, False, False, False, False, False, True]
+    assert values[0] == 1.5 and values[4] == 2000.0 and np.isinf(values[5]) and values[6] == -0.5
+    assert np.isnan(values[[1, 2, 3, 7]]).all()
+    values, bad = numeric(pa.array([1, None, 3]))
+    assert not bad.any() and np.isnan(values[1])
+
+
+def test_string_numbers_validate_and_canonicalize():
+    cfg = _cfg()
+    t = _table().set_column(0, "label", pa.array(["1", "0", "yes", " 0 ", None]))
+    t = t.set_column(5, "x", pa.array(["1.0", "", "3", "abc", "10"]))
+    good, bad = validate_batch(t, cfg)
+    assert bad.indices.tolist() == [2, 3, 4]
+    assert bad.reasons == ["label_unparsable", "dense_unparsable", "null_label"]
+    assert bad.fields == ["label", "x", "label"]
+    c = canonicalize(t.filter(pa.array(good)), cfg)
+    assert c[LABEL_KEY].to_pylist() == [1.0, 0.0]
+    assert c["x"].to_pylist()[0] == 1.0 and math.isnan(c["x"].to_pylist()[1])
 
 
 def test_validate_batch_reasons():
