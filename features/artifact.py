@@ -39,6 +39,7 @@ class TransformArtifact:
     split: dict[str, Any] = field(default_factory=dict)
     row_counts: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
+    lineage: dict[str, Any] = field(default_factory=dict)  # e.g. the previous day's transform it extends
 
     # ------------------------------------------------------------ ID spaces
     def id_space_size(self, feature: SparseFeature) -> int:
@@ -67,6 +68,7 @@ class TransformArtifact:
             "split": self.split,
             "row_counts": self.row_counts,
             "versions": self.versions,
+            "lineage": self.lineage,
         }
         for name, values in self.vocabularies.items():
             body = {"values": values, "counts": self.vocab_counts.get(name, [])}
@@ -95,4 +97,5 @@ class TransformArtifact:
                 counts[f.name] = body.get("counts", [])
         return cls(config=config, raw_schema=meta["raw_schema"], vocabularies=vocabularies,
                    vocab_counts=counts, dense_stats=meta["dense_stats"], split=meta["split"],
-                   row_counts=meta["row_counts"], versions=meta.get("versions", {}))
+                   row_counts=meta["row_counts"], versions=meta.get("versions", {}),
+                   lineage=meta.get("lineage", {}))

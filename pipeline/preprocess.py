@@ -22,13 +22,13 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from features import fsio
 from features.artifact import TransformArtifact
-from features.config import Config
+from features.config import Config, config_to_dict
 from pipeline.sources import inspect_inputs, list_input_files
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
-                                 ComputeDenseStats, ComputeVocabularies, ReadClickLogs, SplitRows,
+                                 ComputeDenseStats, ComputeVocabularies, EvalCutoff, ReadClickLogs, SplitRows,
                                  ValidateRows)
 
-__all__ = ["PreprocessError", "PreprocessResult", "build_pipeline", "run_preprocess"]
+__all__ = ["PreprocessError", "PreprocessResult", "build_pipeline", "run_preprocess", "load_previous_transform"]
 
 
 class PreprocessError(RuntimeError):
@@ -65,18 +65,52 @@ def _versions() -> dict[str, str]:
             "python": sys.version.split()[0]}
 
 
-def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, str], out: str) -> None:
+def load_previous_transform(path: str, cfg: Config, raw_schema: dict[str, str]) -> TransformArtifact:
+    """A previous run's artifact (its output folder or its transform/ folder) this run will extend."""
+    art_dir = path if fsio.exists(fsio.join(path, "transform.json")) else fsio.join(path, "transform")
+    prev = TransformArtifact.read(art_dir)
+    ours, theirs = config_to_dict(cfg), config_to_dict(prev.config)
+    for key in ("features", "label", "input"):
+        if ours[key] != theirs[key]:
+            raise PreprocessError(f"{path}: previous transform has a different '{key}' section; "
+                                  f"IDs can only be kept stable for the same features")
+    for col, kind in raw_schema.items():
+        if prev.raw_schema.get(col, kind) != kind:
+            raise PreprocessError(f"{path}: column {col!r} was {prev.raw_schema[col]} there, {kind} now")
+    return prev
+
+
+def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, str], out: str,
+                   previous: TransformArtifact | None = None, previous_path: str | None = None) -> None:
     total = sum(f.num_rows for f in files)
     split_info = ({"kind": "timestamp", "column": cfg.input.timestamp} if cfg.input.timestamp
                   else {"kind": "row_order"})
     split_info["eval_fraction"] = cfg.split.eval_fraction
 
-    batches = p | "ReadClickLogs" >> ReadClickLogs([(f.path, f.first_row) for f in files], cfg.raw_columns())
+    files_arg = [(f.path, f.first_row) for f in files]
+    columns = cfg.raw_columns()
+    # Pass 1: the eval cutoff (reads only what validation and the timestamp need).
+    if cfg.input.timestamp:
+        split_cols = [c for c in columns if c in {cfg.label.column, cfg.input.timestamp,
+                                                  *(d.column for d in cfg.features.dense)}]
+        good_for_split = (p | "ReadForSplit" >> ReadClickLogs(files_arg, split_cols)
+                          | "ValidateForSplit" >> ValidateRows(cfg, dead_letter=False))
+    else:
+        good_for_split = None
+    cutoff = (good_for_split if good_for_split is not None else p) | "EvalCutoff" >> EvalCutoff(cfg, total)
+    # Pass 2: analysis on the train rows.
+    train_rows = (p | "ReadForAnalysis" >> ReadClickLogs(files_arg, columns)
+                  | "ValidateForAnalysis" >> ValidateRows(cfg, dead_letter=False)
+                  | "TrainRows" >> SplitRows(cfg, cutoff, count=False)).train
+    vocabs = train_rows | "ComputeVocabularies" >> ComputeVocabularies(cfg, previous)
+    stats = train_rows | "ComputeDenseStats" >> ComputeDenseStats(cfg, previous)
+    lineage = {"previous_transform": previous_path} if previous is not None else {}
+    artifact = (vocabs, stats) | "AssembleArtifact" >> AssembleArtifact(cfg, raw_schema, split_info, _versions(),
+                                                                        lineage)
+    # Pass 3: read -> validate -> split -> transform -> write, fused; accounts for every row.
+    batches = p | "ReadClickLogs" >> ReadClickLogs(files_arg, columns, count_rows=True)
     validated = batches | "ValidateRows" >> ValidateRows(cfg)
-    splits = validated.good | "SplitByTime" >> SplitRows(cfg, total)
-    vocabs = splits.train | "ComputeVocabularies" >> ComputeVocabularies(cfg)
-    stats = splits.train | "ComputeDenseStats" >> ComputeDenseStats(cfg)
-    artifact = (vocabs, stats) | "AssembleArtifact" >> AssembleArtifact(cfg, raw_schema, split_info, _versions())
+    splits = validated.good | "SplitByTime" >> SplitRows(cfg, cutoff)
     _ = artifact | "WriteArtifact" >> beam.Map(lambda a: a.write(fsio.join(out, "transform")))
     for split in ("train", "eval"):
         _ = (splits[split]
@@ -104,10 +138,14 @@ def _dead_letter_counts(result) -> dict[str, int]:
 
 
 def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[str] | None = None,
-                   progress=print) -> PreprocessResult:
-    """Run the job; publish OUTPUT atomically (local paths) and check the row accounting."""
+                   progress=print, previous_transform: str | None = None) -> PreprocessResult:
+    """Run the job; publish OUTPUT atomically (local paths) and check the row accounting.
+
+    previous_transform: extend that run's vocabularies (IDs of known values never change).
+    """
     files = list_input_files(input_spec)
     raw_schema, inputs = inspect_inputs(files, cfg)
+    previous = load_previous_transform(previous_transform, cfg, raw_schema) if previous_transform else None
     total = sum(f.num_rows for f in inputs)
     progress(f"preprocess: {len(inputs)} file(s), {total} rows")
 
@@ -121,7 +159,7 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
     options = PipelineOptions(beam_args or [])
     try:
         p = beam.Pipeline(options=options)
-        build_pipeline(p, cfg, inputs, raw_schema, staging)
+        build_pipeline(p, cfg, inputs, raw_schema, staging, previous, previous_transform)
         result = p.run()
         result.wait_until_finish()
         res = PreprocessResult(output, _counter(result, "rows_in"), _counter(result, "rows_train"),

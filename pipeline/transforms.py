@@ -1,7 +1,10 @@
 """The preprocessing stages as small composite Beam PTransforms over Arrow record batches.
 
-ReadClickLogs -> ValidateRows -> SplitByTime -> Canonicalize -> (ComputeVocabularies,
-ComputeDenseStats) -> AssembleArtifact -> ApplyTransform -> WriteShards.
+pass 1  ReadClickLogs -> ValidateRows -> EvalCutoff
+pass 2  ReadClickLogs -> ValidateRows -> SplitRows.train -> ComputeVocabularies, ComputeDenseStats
+        -> AssembleArtifact
+pass 3  ReadClickLogs -> ValidateRows (+ dead letter) -> SplitRows -> ApplyTransform -> shards
+The per-batch arithmetic lives in pipeline.analysis (pure, shared with the benchmark baseline).
 """
 from __future__ import annotations
 
@@ -14,16 +17,17 @@ from typing import Any, Iterable
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from features.artifact import TransformArtifact
-from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, validate_batch
+from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, numeric, validate_batch
 from features.config import Config
+from pipeline.analysis import (add_moments, batch_moments, boundaries_from_quantiles, eval_cutoff_from_histogram,
+                               merge_dense_stats, merge_vocabulary, moment_stats, select_vocabulary, token_counts,
+                               ts_histogram)
 
-__all__ = ["NAMESPACE", "DEAD_LETTER_SCHEMA", "RawBatch", "ReadClickLogs", "ValidateRows",
-           "SplitRows", "ComputeVocabularies", "ComputeDenseStats", "AssembleArtifact",
-           "ApplyTransform", "eval_cutoff_from_histogram", "select_vocabulary"]
+__all__ = ["NAMESPACE", "DEAD_LETTER_SCHEMA", "RawBatch", "ReadClickLogs", "ValidateRows", "EvalCutoff",
+           "SplitRows", "ComputeVocabularies", "ComputeDenseStats", "AssembleArtifact", "ApplyTransform"]
 
 NAMESPACE = "recpipe"
 DEAD_TAG = "dead_letter"
@@ -43,10 +47,10 @@ class RawBatch:
 
 # ------------------------------------------------------------------------- read
 class _ReadFile(beam.DoFn):
-    def __init__(self, columns: list[str], batch_rows: int):
+    def __init__(self, columns: list[str], batch_rows: int, count_rows: bool):
         self._columns = columns
         self._batch_rows = batch_rows
-        self._rows_in = Metrics.counter(NAMESPACE, "rows_in")
+        self._rows_in = Metrics.counter(NAMESPACE, "rows_in") if count_rows else None
 
     def process(self, element: tuple[str, int]) -> Iterable[RawBatch]:
         from pipeline.sources import open_parquet
@@ -56,7 +60,8 @@ class _ReadFile(beam.DoFn):
         try:
             for batch in pf.iter_batches(batch_size=self._batch_rows, columns=self._columns):
                 n = batch.num_rows
-                self._rows_in.inc(n)
+                if self._rows_in is not None:
+                    self._rows_in.inc(n)
                 yield RawBatch(path, start, np.arange(first_global + start, first_global + start + n),
                                pa.Table.from_batches([batch]))
                 start += n
@@ -68,21 +73,30 @@ class _ReadFile(beam.DoFn):
 
 
 class ReadClickLogs(beam.PTransform):
-    def __init__(self, files: list[tuple[str, int]], columns: list[str], batch_rows: int = 65_536):
+    """(path, first global row) pairs -> RawBatch record batches of `columns`, streamed per file.
+
+    The job reads its input up to three times (split cutoff, analysis, transform) instead of
+    holding rows between stages: a runner then keeps at most a few batches per worker in memory.
+    Only the transform pass counts `rows_in`.
+    """
+
+    def __init__(self, files: list[tuple[str, int]], columns: list[str], batch_rows: int = 65_536,
+                 count_rows: bool = False):
         super().__init__()
-        self._files, self._columns, self._batch_rows = files, columns, batch_rows
+        self._files, self._columns, self._batch_rows, self._count = files, columns, batch_rows, count_rows
 
     def expand(self, pbegin):
         return (pbegin
                 | "Files" >> beam.Create(self._files)
                 | "Spread" >> beam.Reshuffle()
-                | "Read" >> beam.ParDo(_ReadFile(self._columns, self._batch_rows)))
+                | "Read" >> beam.ParDo(_ReadFile(self._columns, self._batch_rows, self._count)))
 
 
 # ------------------------------------------------------------------------- validate
 class _Validate(beam.DoFn):
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, dead_letter: bool):
         self._cfg = cfg
+        self._dead_letter = dead_letter
         self._counters: dict[str, Any] = {}
 
     def _count(self, reason: str, n: int) -> None:
@@ -92,7 +106,7 @@ class _Validate(beam.DoFn):
 
     def process(self, b: RawBatch):
         good, bad = validate_batch(b.table, self._cfg)
-        if len(bad.indices):
+        if len(bad.indices) and self._dead_letter:
             for reason in set(bad.reasons):
                 self._count(reason, bad.reasons.count(reason))
             rows = b.table.take(pa.array(bad.indices)).to_pylist()
@@ -111,22 +125,22 @@ class _Validate(beam.DoFn):
 
 
 class ValidateRows(beam.PTransform):
-    """Good batches on the main output, bad rows (as Arrow tables) on `dead_letter`."""
+    """Good batches on the main output, bad rows (as Arrow tables) on `dead_letter`.
 
-    def __init__(self, cfg: Config):
+    With dead_letter=False (the analysis passes) bad rows are dropped uncounted and the result is
+    the good PCollection alone; the transform pass is the one that accounts for every row.
+    """
+
+    def __init__(self, cfg: Config, dead_letter: bool = True):
         super().__init__()
-        self._cfg = cfg
+        self._cfg, self._dead_letter = cfg, dead_letter
 
     def expand(self, batches):
-        return batches | beam.ParDo(_Validate(self._cfg)).with_outputs(DEAD_TAG, main="good")
+        pardo = beam.ParDo(_Validate(self._cfg, self._dead_letter))
+        return batches | pardo.with_outputs(DEAD_TAG, main="good") if self._dead_letter else batches | pardo
 
 
 # ------------------------------------------------------------------------- split
-def ts_histogram(b: RawBatch, column: str) -> dict[int, int]:
-    counts = pc.value_counts(b.table.column(column).combine_chunks())
-    return dict(zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()))
-
-
 class _MergeDicts(beam.CombineFn):
     """Merges dicts key by key with `add`; `finish` turns the merged dict into the output."""
 
@@ -151,41 +165,32 @@ class _MergeDicts(beam.CombineFn):
         return self._finish(acc) if self._finish else acc
 
 
-def eval_cutoff_from_histogram(hist: dict[int, int], eval_fraction: float) -> float:
-    """Rows with timestamp > cutoff are eval: the smallest cutoff leaving >= (1-f) of rows in train."""
-    if not hist:
-        return math.inf
-    total = sum(hist.values())
-    need_train = total - math.floor(eval_fraction * total)
-    seen = 0
-    for ts in sorted(hist):
-        seen += hist[ts]
-        if seen >= need_train:
-            return ts
-    return max(hist)
-
-
 class _Split(beam.DoFn):
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, count: bool):
         self._cfg = cfg
-        self._rows = {s: Metrics.counter(NAMESPACE, f"rows_{s}") for s in ("train", "eval")}
+        self._rows = {s: Metrics.counter(NAMESPACE, f"rows_{s}") for s in ("train", "eval")} if count else None
 
     def process(self, b: RawBatch, cutoff):
         if self._cfg.input.timestamp:
-            key = b.table.column(self._cfg.input.timestamp).to_numpy().astype(np.float64)
+            key = numeric(b.table.column(self._cfg.input.timestamp))[0]
         else:
             key = b.positions.astype(np.float64)
         is_eval = key > cutoff
         for split, mask in (("train", ~is_eval), ("eval", is_eval)):
             n = int(mask.sum())
             if n:
-                self._rows[split].inc(n)
+                if self._rows is not None:
+                    self._rows[split].inc(n)
                 table = b.table if n == len(mask) else b.table.filter(pa.array(mask))
                 yield beam.pvalue.TaggedOutput(split, canonicalize(table, self._cfg))
 
 
-class SplitRows(beam.PTransform):
-    """Good batches -> canonical column dicts on outputs `train` and `eval` (last fraction by time)."""
+class EvalCutoff(beam.PTransform):
+    """Good batches (timestamp configs) -> the one cutoff: rows with key > cutoff are eval.
+
+    The key is the timestamp, or the global row number when the config has no timestamp (then the
+    cutoff comes from the Parquet footers' row counts and the input PCollection is not read).
+    """
 
     def __init__(self, cfg: Config, total_rows: int):
         super().__init__()
@@ -194,50 +199,41 @@ class SplitRows(beam.PTransform):
     def expand(self, good):
         cfg = self._cfg
         if cfg.input.timestamp:
-            cutoff = (good
-                      | "TsHistogram" >> beam.Map(ts_histogram, cfg.input.timestamp)
-                      | "MergeHistogram" >> beam.CombineGlobally(_MergeDicts(operator.add))
-                      | "Cutoff" >> beam.Map(eval_cutoff_from_histogram, cfg.split.eval_fraction))
-        else:
-            n_train = self._total - math.floor(cfg.split.eval_fraction * self._total)
-            cutoff = good.pipeline | "Cutoff" >> beam.Create([float(n_train - 1)])
-        return good | "Split" >> beam.ParDo(_Split(cfg), cutoff=beam.pvalue.AsSingleton(cutoff)).with_outputs(
-            "train", "eval")
+            return (good
+                    | "TsHistogram" >> beam.Map(lambda b, col: ts_histogram(b.table, col), cfg.input.timestamp)
+                    | "MergeHistogram" >> beam.CombineGlobally(_MergeDicts(operator.add))
+                    | "Cutoff" >> beam.Map(eval_cutoff_from_histogram, cfg.split.eval_fraction))
+        n_train = self._total - math.floor(cfg.split.eval_fraction * self._total)
+        return good.pipeline | "Cutoff" >> beam.Create([float(n_train - 1)])
+
+
+class SplitRows(beam.PTransform):
+    """Good batches -> canonical column dicts on outputs `train` and `eval`, by the cutoff side input."""
+
+    def __init__(self, cfg: Config, cutoff, count: bool = True):
+        super().__init__()
+        self._cfg, self._cutoff, self._count = cfg, cutoff, count
+
+    def expand(self, good):
+        return good | "Split" >> beam.ParDo(_Split(self._cfg, self._count),
+                                             cutoff=beam.pvalue.AsSingleton(self._cutoff)).with_outputs("train", "eval")
 
 
 # ------------------------------------------------------------------------- analyse
-def _token_counts(cols: dict[str, pa.Array], cfg: Config) -> Iterable[tuple[tuple[str, str], int]]:
-    for f in cfg.features.sparse:
-        owner = cfg.table_owner(f)
-        if owner.vocab is None:
-            continue
-        arr = cols[f.name]
-        if pa.types.is_list(arr.type):
-            arr = pc.list_flatten(arr)
-        counts = pc.value_counts(arr)
-        for v, c in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
-            yield (owner.name, v), c
-
-
-def select_vocabulary(counts: Iterable[tuple[str, int]], min_count: int, max_size: int | None
-                      ) -> tuple[list[str], list[int]]:
-    """Values with count >= min_count, most frequent first, ties by value; at most max_size."""
-    kept = sorted(((v, c) for v, c in counts if c >= min_count), key=lambda vc: (-vc[1], vc[0]))
-    if max_size is not None:
-        kept = kept[:max_size]
-    return [v for v, _ in kept], [c for _, c in kept]
-
-
 class ComputeVocabularies(beam.PTransform):
-    """Canonical train batches -> (owner feature name, (values, counts)) per vocabulary."""
+    """Canonical train batches -> (owner feature name, (values, counts)) per vocabulary.
 
-    def __init__(self, cfg: Config):
+    With a previous artifact, its vocabularies are extended (merge_vocabulary), never reordered.
+    """
+
+    def __init__(self, cfg: Config, previous: TransformArtifact | None = None):
         super().__init__()
-        self._cfg = cfg
+        self._cfg, self._previous = cfg, previous
 
     def expand(self, train):
-        cfg = self._cfg
+        cfg, prev = self._cfg, self._previous
         owners = {f.name: f.vocab for f in cfg.features.sparse if f.vocab is not None}
+        known = {o: set(prev.vocabularies.get(o, [])) for o in owners} if prev else {o: set() for o in owners}
 
         def by_owner(kv):
             (owner, value), count = kv
@@ -246,55 +242,39 @@ class ComputeVocabularies(beam.PTransform):
         def select(kv):
             owner, counts = kv
             spec = owners[owner]
-            return owner, select_vocabulary(counts, spec.min_count, spec.max_size)
+            if prev is None:
+                return owner, select_vocabulary(counts, spec.min_count, spec.max_size)
+            return owner, merge_vocabulary(prev.vocabularies.get(owner, []), prev.vocab_counts.get(owner, []),
+                                           counts, spec.min_count, spec.max_size)
+
+        def keep(kv):
+            (owner, value), count = kv
+            return count >= owners[owner].min_count or value in known[owner]
 
         counted = (train
-                   | "TokenCounts" >> beam.FlatMap(_token_counts, cfg)
+                   | "TokenCounts" >> beam.FlatMap(token_counts, cfg)
                    | "SumCounts" >> beam.CombinePerKey(sum)
-                   | "DropRare" >> beam.Filter(lambda kv: kv[1] >= owners[kv[0][0]].min_count)
+                   | "DropRare" >> beam.Filter(keep)
                    | "ByOwner" >> beam.Map(by_owner)
                    | "Group" >> beam.GroupByKey()
                    | "TopK" >> beam.Map(select))
         # Every vocabulary owner gets an entry, also when no value reached min_count.
-        empty = train.pipeline | "AllOwners" >> beam.Create([(o, ([], [])) for o in owners])
+        empty = train.pipeline | "AllOwners" >> beam.Create([(o, select((o, []))[1]) for o in owners])
         return ((counted, empty) | "WithEmpty" >> beam.Flatten()
                 | "OnePerOwner" >> beam.CombinePerKey(lambda vs: max(list(vs), key=lambda x: len(x[0]))))
-
-
-def _moments(cols: dict[str, pa.Array], cfg: Config) -> dict[str, tuple[int, float, float]]:
-    out = {}
-    for d in cfg.features.dense:
-        if d.transform == "bucketize":
-            continue
-        x = dense_prenorm(cols[d.name].to_numpy(zero_copy_only=False), d.transform, d.fill).astype(np.float64)
-        out[d.name] = (len(x), float(x.sum()), float((x * x).sum()))
-    return out
-
-
-def _moment_stats(acc: dict[str, tuple[int, float, float]]) -> dict[str, dict]:
-    stats = {}
-    for k, (n, s, ss) in acc.items():
-        mean = s / n if n else 0.0
-        var = max(ss / n - mean * mean, 0.0) if n else 1.0
-        stats[k] = {"mean": mean, "std": math.sqrt(var), "count": n}
-    return stats
-
-
-def _add_moments(a: tuple, b: tuple) -> tuple:
-    return tuple(x + y for x, y in zip(a, b))
 
 
 class ComputeDenseStats(beam.PTransform):
     """Canonical train batches -> {feature: {mean, std, count} or {boundaries}} (one element)."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, previous: TransformArtifact | None = None):
         super().__init__()
-        self._cfg = cfg
+        self._cfg, self._previous = cfg, previous
 
     def expand(self, train):
-        cfg = self._cfg
-        moments = (train | "Moments" >> beam.Map(_moments, cfg)
-                   | "SumMoments" >> beam.CombineGlobally(_MergeDicts(_add_moments, _moment_stats)))
+        cfg, previous = self._cfg, self._previous
+        moments = (train | "Moments" >> beam.Map(batch_moments, cfg)
+                   | "SumMoments" >> beam.CombineGlobally(_MergeDicts(add_moments, moment_stats)))
         buckets = {d.name: d for d in cfg.features.dense if d.transform == "bucketize"}
 
         def values(cols):
@@ -308,22 +288,19 @@ class ComputeDenseStats(beam.PTransform):
         def merge(moment_stats, quantile_list):
             stats = dict(moment_stats)
             for name, qs in quantile_list:
-                n = buckets[name].num_buckets
-                step = (len(qs) - 1) / n
-                inner = [float(qs[round(i * step)]) for i in range(1, n)]
-                stats[name] = {"boundaries": sorted(set(inner))}
+                stats[name] = {"boundaries": boundaries_from_quantiles(qs, buckets[name].num_buckets)}
             for name in buckets:
                 stats.setdefault(name, {"boundaries": []})
-            return stats
+            return merge_dense_stats(previous.dense_stats, stats) if previous is not None else stats
 
         return (moments | "WithBoundaries" >> beam.Map(merge, beam.pvalue.AsList(quantiles)))
 
 
 # ------------------------------------------------------------------------- artifact + transform
 class AssembleArtifact(beam.PTransform):
-    def __init__(self, cfg: Config, raw_schema: dict[str, str], split: dict, versions: dict):
+    def __init__(self, cfg: Config, raw_schema: dict[str, str], split: dict, versions: dict, lineage: dict):
         super().__init__()
-        self._cfg, self._raw, self._split, self._versions = cfg, raw_schema, split, versions
+        self._cfg, self._raw, self._split, self._versions, self._lineage = cfg, raw_schema, split, versions, lineage
 
     def expand(self, inputs):
         vocabs, stats = inputs
@@ -333,7 +310,7 @@ class AssembleArtifact(beam.PTransform):
                 config=self._cfg, raw_schema=self._raw,
                 vocabularies={o: list(v) for o, (v, _) in vocab_list},
                 vocab_counts={o: list(c) for o, (_, c) in vocab_list},
-                dense_stats=dense_stats, split=self._split, versions=self._versions)
+                dense_stats=dense_stats, split=self._split, versions=self._versions, lineage=self._lineage)
 
         return (vocabs.pipeline | "Seed" >> beam.Create([None])
                 | "Assemble" >> beam.Map(assemble, beam.pvalue.AsList(vocabs), beam.pvalue.AsSingleton(stats)))

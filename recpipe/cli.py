@@ -53,7 +53,8 @@ def cmd_preprocess(a, extra: list[str]) -> None:
     from pipeline.preprocess import run_preprocess
     cfg = load_config(a.config)
     t0 = time.perf_counter()
-    run_preprocess(cfg, a.input, a.output, beam_args_with_defaults(extra), progress=_say)
+    run_preprocess(cfg, a.input, a.output, beam_args_with_defaults(extra), progress=_say,
+                   previous_transform=a.previous_transform)
     _say(f"preprocess: done in {time.perf_counter() - t0:.1f}s -> {a.output}")
 
 
@@ -91,8 +92,19 @@ def cmd_demo(a) -> None:
 
 
 def cmd_bench(a) -> None:
-    from recpipe.bench import BenchOptions, run_bench
-    run_bench(BenchOptions(rows=a.rows, steps=a.steps, out_dir=a.out, workdir=a.workdir), say=_say)
+    if a.suite == "pipeline":
+        from recpipe.bench import BenchOptions, run_bench
+        run_bench(BenchOptions(rows=a.rows or 200_000, steps=a.steps, out_dir=a.out, workdir=a.workdir), say=_say)
+        return
+    import tempfile
+    from recpipe.bench_preprocess import bench_preprocess, bench_shard_formats, write_report
+    from recpipe.demo import repo_configs
+    work = a.workdir or tempfile.mkdtemp(prefix="recpipe-bench-")
+    pre = bench_preprocess(a.rows or 500_000, work, str(repo_configs() / "synthetic.yaml"), _say)
+    shards = bench_shard_formats(os.path.join(work, "beam_1x"), _say)
+    json_path, md_path = write_report({"preprocess": pre, "shards": shards, "ratios": pre["ratios"]}, a.out)
+    _say(open(md_path).read())
+    _say(f"bench: wrote {json_path} and {md_path}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--config", required=True)
     pp.add_argument("--input", required=True, help="a folder (searched recursively), a glob or a file")
     pp.add_argument("--output", required=True)
+    pp.add_argument("--previous-transform", metavar="DIR",
+                    help="a previous preprocess output (or its transform/): extend its vocabularies so "
+                         "IDs of known values never change between days")
     pp.set_defaults(fn=cmd_preprocess, beam=True)
 
     t = sub.add_parser("train", help="train the configured TFRS model on preprocessed data")
@@ -160,8 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=int, help="training steps (default: the config's)")
     d.set_defaults(fn=cmd_demo)
 
-    b = sub.add_parser("bench", help="measure generate/preprocess/train/predict throughput; JSON + markdown")
-    b.add_argument("--rows", type=int, default=200_000)
+    b = sub.add_parser("bench", help="benchmarks -> bench/results/<suite>.json + .md")
+    b.add_argument("suite", nargs="?", default="pipeline", choices=["pipeline", "preprocess"],
+                   help="pipeline: every stage's throughput; preprocess: Beam vs single-process baseline, "
+                        "peak RSS at 1x vs 10x rows, shard formats")
+    b.add_argument("--rows", type=int, help="rows (pipeline: 200000; preprocess: 500000 at 1x)")
     b.add_argument("--steps", type=int, default=200)
     b.add_argument("--out", default="bench/results")
     b.add_argument("--workdir", default=None, help="scratch folder (default: a temp dir)")

@@ -12,15 +12,15 @@ import tensorflow as tf
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from conftest import IN_MEMORY, small_config_dict
+from conftest import CONFIGS, IN_MEMORY, SHARED_DATA, small_config_dict
 from features.artifact import TransformArtifact
 from features.canonical import LABEL_KEY
 from features.config import parse_config
 from features.records import parse_record
 from pipeline.preprocess import PreprocessError, run_preprocess
 from pipeline.sources import InputError, inspect_inputs, list_input_files
-from pipeline.transforms import (ComputeVocabularies, RawBatch, ValidateRows, eval_cutoff_from_histogram,
-                                 select_vocabulary)
+from pipeline.analysis import eval_cutoff_from_histogram, merge_dense_stats, merge_vocabulary, select_vocabulary
+from pipeline.transforms import ComputeVocabularies, RawBatch, ValidateRows
 from features.canonical import SchemaError, canonicalize
 
 
@@ -193,3 +193,119 @@ def test_listing_and_offsets(small_log, small_cfg):
     assert list_input_files(os.path.join(small_log, "dt=*", "*.parquet")) == files
     _, inputs = inspect_inputs(files, small_cfg)
     assert inputs[1].first_row == inputs[0].num_rows
+
+
+# ----------------------------------------------------------------------------- incremental days
+def test_merge_vocabulary_keeps_ids():
+    values, counts = merge_vocabulary(["a", "b"], [5, 3], [("c", 4), ("b", 1), ("d", 1), ("e", 4)], 2, 3)
+    assert values == ["a", "b", "c"] and counts == [5, 4, 4]  # room for one: c beats e on the tie by value
+    assert merge_vocabulary(["a"], [1], [("z", 9)], 1, None) == (["a", "z"], [1, 9])
+
+
+def test_merge_dense_stats_accumulates_moments():
+    prev = {"x": {"mean": 1.0, "std": 0.0, "count": 2}, "b": {"boundaries": [1.0, 2.0]}}
+    cur = {"x": {"mean": 3.0, "std": 0.0, "count": 2}, "b": {"boundaries": [5.0]}}
+    out = merge_dense_stats(prev, cur)
+    assert out["x"]["count"] == 4 and out["x"]["mean"] == pytest.approx(2.0) and out["x"]["std"] == pytest.approx(1.0)
+    assert out["b"] == {"boundaries": [1.0, 2.0]}
+
+
+def test_previous_transform_keeps_known_ids(tmp_path, small_log, small_cfg):
+    days = sorted(glob.glob(os.path.join(small_log, "dt=*")))
+    day1, day2 = str(tmp_path / "d1"), str(tmp_path / "d2")
+    run_preprocess(small_cfg, days[0], day1, IN_MEMORY, progress=lambda _: None)
+    run_preprocess(small_cfg, days[1], day2, IN_MEMORY, progress=lambda _: None, previous_transform=day1)
+    a1 = TransformArtifact.read(os.path.join(day1, "transform"))
+    a2 = TransformArtifact.read(os.path.join(day2, "transform"))
+    for owner, values in a1.vocabularies.items():
+        assert a2.vocabularies[owner][: len(values)] == values, owner
+        assert all(c2 >= c1 for c1, c2 in zip(a1.vocab_counts[owner], a2.vocab_counts[owner]))
+    assert any(len(a2.vocabularies[o]) > len(a1.vocabularies[o]) for o in a1.vocabularies)  # new values appended
+    assert a2.dense_stats["I1"]["count"] == a1.dense_stats["I1"]["count"] + a2.row_counts["train"]
+    assert a2.dense_stats["I3"]["boundaries"] == a1.dense_stats["I3"]["boundaries"]
+    assert a2.lineage == {"previous_transform": day1}
+
+
+def test_previous_transform_must_have_same_features(tmp_path, small_log, small_cfg, preprocessed):
+    d = small_config_dict()
+    d["features"]["dense"] = d["features"]["dense"][:2]
+    with pytest.raises(PreprocessError, match="different 'features' section"):
+        run_preprocess(parse_config(d), small_log, str(tmp_path / "o"), IN_MEMORY, progress=lambda _: None,
+                       previous_transform=preprocessed[0])
+
+
+def test_string_typed_numbers_are_parsed_per_row(tmp_path, small_log, small_cfg):
+    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
+    t = pq.read_table(src).slice(0, 300)
+    labels = [str(v) for v in t.column("label").to_pylist()]
+    labels[5] = "clicked"
+    i1 = ["" if v is None else str(v) for v in t.column("I1").to_pylist()]
+    i1[9] = "12abc"
+    t = t.set_column(t.schema.get_field_index("label"), "label", pa.array(labels))
+    t = t.set_column(t.schema.get_field_index("I1"), "I1", pa.array(i1))
+    log = _write(str(tmp_path / "log" / "part-0.parquet"), t)
+    res = run_preprocess(small_cfg, log, str(tmp_path / "out"), IN_MEMORY, progress=lambda _: None)
+    assert res.dead_letter == {"label_unparsable": 1, "dense_unparsable": 1}
+    assert res.rows_train + res.rows_eval == 298
+    art = TransformArtifact.read(str(tmp_path / "out" / "transform"))
+    assert art.raw_schema["label"] == "string" and art.raw_schema["I1"] == "string"
+
+
+def test_url_input_through_pyarrow_filesystems(tmp_path, small_log, small_cfg):
+    url = "file://" + os.path.abspath(small_log)
+    files = list_input_files(url)
+    assert len(files) == 2 and all(f.startswith("file://") for f in files)
+    res = run_preprocess(small_cfg, url, str(tmp_path / "out"), IN_MEMORY, progress=lambda _: None)
+    assert res.rows_in == 6000 and res.rows_dead == 0
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "criteo_10k.csv").is_file(), reason="../shared/data Criteo sample absent")
+def test_real_criteo_sample_end_to_end(tmp_path):
+    """`recpipe criteo-to-parquet` + `recpipe preprocess` on the real 10k-row Criteo log."""
+    import subprocess
+    import sys
+    run = lambda *a: subprocess.run([sys.executable, "-m", "recpipe.cli", *a], capture_output=True, text=True,
+                                    check=True, timeout=600).stdout  # noqa: E731
+    run("criteo-to-parquet", "--csv", str(SHARED_DATA / "criteo_10k.csv"), "--out", str(tmp_path / "log"))
+    out = run("preprocess", "--config", str(CONFIGS / "criteo.yaml"), "--input", str(tmp_path / "log"),
+              "--output", str(tmp_path / "pre"))
+    assert "rows in = 9999 = rows out 9999 (train 9000, eval 999) + rows dead-lettered 0" in out
+    art = TransformArtifact.read(str(tmp_path / "pre" / "transform"))
+    assert art.split["kind"] == "row_order"
+    # Criteo's C20 has 3 values plus empties; min_count 3 keeps all of them, "" (missing) included.
+    assert set(art.vocabularies["C20"]) <= {"", *pq.read_table(str(tmp_path / "log" / "criteo_10k.parquet"),
+                                                                 columns=["C20"]).column("C20").drop_null().to_pylist()}
+    assert 0 < art.dense_stats["I1"]["count"] == 9000
+
+
+def test_a_new_log_schema_needs_only_a_config(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 2000
+    table = pa.table({
+        "clicked": pa.array(rng.integers(0, 2, n).astype(bool)),
+        "event_time": pa.array([str(1_700_000_000 + i) for i in range(n)]),
+        "shop": pa.array(rng.integers(0, 40, n)),
+        "query_terms": pa.array([";".join(f"t{x}" for x in rng.integers(0, 30, rng.integers(0, 4))) for _ in range(n)]),
+        "price": pa.array([f"{x:.2f}" for x in rng.random(n) * 100]),
+        "rating": pa.array(rng.random(n) * 5),
+    })
+    _write(str(tmp_path / "log" / "day1.parquet"), table.slice(0, 1000))
+    _write(str(tmp_path / "log" / "day2.parquet"), table.slice(1000))
+    cfg = parse_config({
+        "name": "shop_ctr", "input": {"timestamp": "event_time"}, "split": {"eval_fraction": 0.25},
+        "label": {"column": "clicked"},
+        "features": {
+            "sparse": [{"name": "shop", "column": "shop", "vocab": {"min_count": 1, "oov_buckets": 1}},
+                       {"name": "terms", "column": "query_terms", "multivalent": True, "separator": ";",
+                        "vocab": {"min_count": 1, "max_size": 10, "oov_buckets": 2}, "combiner": "sum"}],
+            "dense": [{"name": "price", "column": "price", "transform": "log_zscore"},
+                      {"name": "rating", "column": "rating", "transform": "bucketize", "num_buckets": 4}]},
+        "train": {"batch_size": 64, "steps": 5}})
+    res = run_preprocess(cfg, str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, progress=lambda _: None)
+    assert (res.rows_in, res.rows_train, res.rows_eval, res.rows_dead) == (2000, 1500, 500, 0)
+    art = TransformArtifact.read(str(tmp_path / "out" / "transform"))
+    assert art.raw_schema == {"clicked": "int", "event_time": "string", "shop": "int", "query_terms": "string",
+                              "price": "string", "rating": "float"}
+    assert len(art.vocabularies["terms"]) == 10 and len(art.dense_stats["rating"]["boundaries"]) == 3
+    batch = next(iter(tf.data.TFRecordDataset(glob.glob(str(tmp_path / "out" / "train" / "*.tfrecord"))).map(parse_record(cfg))))
+    assert isinstance(batch["terms"], tf.RaggedTensor) and int(tf.reduce_max(batch["terms"].flat_values)) < 12

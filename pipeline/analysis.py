@@ -1,0 +1,120 @@
+"""Pure analysis functions over canonical Arrow columns (no Beam): the combiners' building blocks.
+
+The Beam job (pipeline.transforms) and the single-process benchmark baseline both use them.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from features.canonical import dense_prenorm, numeric
+from features.config import Config
+
+__all__ = ["ts_histogram", "eval_cutoff_from_histogram", "token_counts", "select_vocabulary", "merge_vocabulary",
+           "batch_moments", "moment_stats", "add_moments", "boundaries_from_quantiles", "merge_dense_stats"]
+
+
+def ts_histogram(table: pa.Table, column: str) -> dict[float, int]:
+    values, counts = np.unique(numeric(table.column(column))[0], return_counts=True)
+    return dict(zip(values.tolist(), counts.tolist()))
+
+
+def eval_cutoff_from_histogram(hist: dict[int, int], eval_fraction: float) -> float:
+    """Rows with timestamp > cutoff are eval: the smallest cutoff leaving >= (1-f) of rows in train."""
+    if not hist:
+        return math.inf
+    total = sum(hist.values())
+    need_train = total - math.floor(eval_fraction * total)
+    seen = 0
+    for ts in sorted(hist):
+        seen += hist[ts]
+        if seen >= need_train:
+            return ts
+    return max(hist)
+
+
+def token_counts(cols: dict[str, pa.Array], cfg: Config) -> Iterable[tuple[tuple[str, str], int]]:
+    for f in cfg.features.sparse:
+        owner = cfg.table_owner(f)
+        if owner.vocab is None:
+            continue
+        arr = cols[f.name]
+        if pa.types.is_list(arr.type):
+            arr = pc.list_flatten(arr)
+        counts = pc.value_counts(arr)
+        for v, c in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
+            yield (owner.name, v), c
+
+
+def select_vocabulary(counts: Iterable[tuple[str, int]], min_count: int, max_size: int | None
+                      ) -> tuple[list[str], list[int]]:
+    """Values with count >= min_count, most frequent first, ties by value; at most max_size."""
+    kept = sorted(((v, c) for v, c in counts if c >= min_count), key=lambda vc: (-vc[1], vc[0]))
+    if max_size is not None:
+        kept = kept[:max_size]
+    return [v for v, _ in kept], [c for _, c in kept]
+
+
+def merge_vocabulary(prev_values: list[str], prev_counts: list[int], counts: Iterable[tuple[str, int]],
+                     min_count: int, max_size: int | None) -> tuple[list[str], list[int]]:
+    """Incremental vocabulary: known values keep their IDs (positions) and add up their counts;
+    new values with count >= min_count are appended, most frequent first, up to max_size in all."""
+    merged = dict(zip(prev_values, prev_counts or [0] * len(prev_values)))
+    fresh = []
+    for v, c in counts:
+        if v in merged:
+            merged[v] += c
+        else:
+            fresh.append((v, c))
+    room = None if max_size is None else max(max_size - len(prev_values), 0)
+    new_values, new_counts = select_vocabulary(fresh, min_count, room)
+    return list(prev_values) + new_values, [merged[v] for v in prev_values] + new_counts
+
+
+def batch_moments(cols: dict[str, pa.Array], cfg: Config) -> dict[str, tuple[int, float, float]]:
+    out = {}
+    for d in cfg.features.dense:
+        if d.transform == "bucketize":
+            continue
+        x = dense_prenorm(cols[d.name].to_numpy(zero_copy_only=False), d.transform, d.fill).astype(np.float64)
+        out[d.name] = (len(x), float(x.sum()), float((x * x).sum()))
+    return out
+
+
+def moment_stats(acc: dict[str, tuple[int, float, float]]) -> dict[str, dict]:
+    stats = {}
+    for k, (n, s, ss) in acc.items():
+        mean = s / n if n else 0.0
+        var = max(ss / n - mean * mean, 0.0) if n else 1.0
+        stats[k] = {"mean": mean, "std": math.sqrt(var), "count": n}
+    return stats
+
+
+def add_moments(a: tuple, b: tuple) -> tuple:
+    return tuple(x + y for x, y in zip(a, b))
+
+
+def boundaries_from_quantiles(qs: list[float], num_buckets: int) -> list[float]:
+    """num_buckets - 1 inner boundaries picked from evenly spaced quantiles (min ... max)."""
+    step = (len(qs) - 1) / num_buckets
+    return sorted({float(qs[round(i * step)]) for i in range(1, num_buckets)})
+
+
+def merge_dense_stats(previous: dict[str, dict], current: dict[str, dict]) -> dict[str, dict]:
+    """Running statistics over days: moments add up; bucket boundaries stay the previous ones."""
+    out = dict(current)
+    for name, prev in previous.items():
+        cur = current.get(name)
+        if cur is None:
+            continue
+        if "boundaries" in prev:
+            out[name] = prev
+            continue
+        moments = [(s["count"], s["mean"] * s["count"], (s["std"] ** 2 + s["mean"] ** 2) * s["count"])
+                   for s in (prev, cur)]
+        out[name] = moment_stats({name: add_moments(*moments)})[name]
+    return out
