@@ -1,6 +1,5 @@
 """The `recpipe` CLI as a user runs it: each command in its own process, the whole chain, the demo."""
 import json
-import os
 import signal
 import subprocess
 import sys
