@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.recpipe-installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench horovod clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "recpipe needs Python 3.11 (TensorFlow 2.21 stack); set PYTHON=python3.11")'
@@ -29,6 +29,10 @@ test: install
 
 bench: install
 	$(BIN)/recpipe bench
+
+# Horovod 0.28.1 built from source against TF 2.21; the wheel is cached in ~/.cache/recpipe/wheels.
+horovod: install
+	scripts/build_horovod.sh $(BIN)
 
 clean:
 	rm -rf $(VENV) demo_out .pytest_cache

@@ -122,7 +122,7 @@ def _markdown(r: dict) -> str:
         "| stage | figure |",
         "|---|---|",
         f"| generate | {r['generate_rows_per_s']:,.0f} rows/s |",
-        f"| preprocess (Beam DirectRunner, in_memory) | {r['preprocess_rows_per_s']:,.0f} rows/s, "
+        f"| preprocess (Beam DirectRunner, in_memory; wall time incl. start-up) | {r['preprocess_rows_per_s']:,.0f} rows/s, "
         f"peak RSS {r['preprocess_peak_rss_mb']:,.0f} MB |",
         f"| train DCN-v2 fp32 | {r['train_fp32_examples_per_s']:,.0f} ex/s |",
         f"| train DCN-v2 bf16 (mixed_bfloat16) | {r['train_bf16_examples_per_s']:,.0f} ex/s "
