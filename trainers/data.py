@@ -26,9 +26,11 @@ def shard_files(data_dir: str, split: str) -> list[str]:
     return files
 
 
-def _shuffle_rows(record: dict) -> dict:
-    perm = tf.random.shuffle(tf.range(tf.shape(record[LABEL_KEY])[0]))
-    return {k: tf.gather(v, perm) for k, v in record.items()}
+def _row_shuffler(seed: int):
+    def shuffle_rows(record: dict) -> dict:
+        perm = tf.random.shuffle(tf.range(tf.shape(record[LABEL_KEY])[0]), seed=seed)
+        return {k: tf.gather(v, perm) for k, v in record.items()}
+    return shuffle_rows
 
 
 def make_dataset(cfg: Config, data_dir: str, split: str, batch_size: int, *, training: bool,
@@ -59,7 +61,7 @@ def make_dataset(cfg: Config, data_dir: str, split: str, batch_size: int, *, tra
     ds = ds.map(parse_record(cfg), num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
     if training:
         ds = ds.shuffle(shuffle_records, seed=seed, reshuffle_each_iteration=True)
-        ds = ds.map(_shuffle_rows, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False).repeat()
+        ds = ds.map(_row_shuffler(seed), num_parallel_calls=tf.data.AUTOTUNE, deterministic=False).repeat()
     ds = ds.rebatch(batch_size, drop_remainder=training)
     if shard_batches:
         ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)

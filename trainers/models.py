@@ -90,7 +90,8 @@ class RankingModel(tfrs.Model):
             raise ValueError(f"model.type {self.kind!r} is not a ranking model")
         self.logit = tf.keras.layers.Dense(1, dtype="float32", name="logit")
         self.task = tfrs.tasks.Ranking(
-            loss=tf.keras.losses.BinaryCrossentropy(from_logits=True),
+            # SUM, divided by the batch size in compute_loss: strategies forbid the implicit mean.
+            loss=tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.SUM),
             metrics=[tf.keras.metrics.AUC(from_logits=True, name="auc", num_thresholds=1000)])
 
     def _dense(self, features: dict) -> tf.Tensor | None:
@@ -119,7 +120,8 @@ class RankingModel(tfrs.Model):
 
     def compute_loss(self, features: dict, training: bool = False) -> tf.Tensor:
         labels = tf.expand_dims(features[LABEL_KEY], 1)
-        return self.task(labels=labels, predictions=self(features, training=training), training=training)
+        total = self.task(labels=labels, predictions=self(features, training=training), training=training)
+        return total / tf.cast(tf.shape(labels)[0], total.dtype)
 
     def train_step(self, inputs):
         # tfrs.Model.train_step plus loss scaling when the optimizer has it (mixed_float16).

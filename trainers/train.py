@@ -1,4 +1,4 @@
-"""Training (local strategy): checkpoints every N steps, resume on rerun, TensorBoard events.
+"""Training (local or ParameterServerStrategy): checkpoints every N steps, resume on rerun, TensorBoard.
 
 MODEL_DIR layout (the interface to evaluate/export):
     config.yaml     the config trained with (features identical to the preprocessed data's)
@@ -43,6 +43,9 @@ class TrainOptions:
     strategy: str = "local"
     precision: str = "fp32"
     steps: Optional[int] = None
+    ps_workers: int = 2   # --strategy ps without TF_CONFIG: tasks started on 127.0.0.1
+    ps_servers: int = 2
+    ps_task_threads: int = 0
 
 
 @dataclass
@@ -97,31 +100,34 @@ def _prepare_model_dir(opts: TrainOptions) -> tuple[Config, TransformArtifact]:
 
 
 class _Progress(tf.keras.callbacks.Callback):
+    """Epoch-level (an epoch = `every` steps): progress line + checkpoint. Batch-level hooks would
+    sync every step and are not allowed under ParameterServerStrategy."""
+
     def __init__(self, total: int, batch_size: int, start: int, manager: tf.train.CheckpointManager,
-                 say: Callable[[str], None], every: int):
+                 say: Callable[[str], None]):
         super().__init__()
-        self.total, self.batch_size, self.say, self.every = total, batch_size, say, every
-        self.manager = manager
+        self.total, self.batch_size, self.say, self.manager = total, batch_size, say, manager
         self.start_step = start
         self.t0 = time.perf_counter()
         self.last_logs: dict = {}
 
-    def on_train_begin(self, logs=None):
-        self.step = int(self.model.optimizer.iterations.numpy())
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.step += 1  # counted here: reading optimizer.iterations every batch would sync the step
-        step = self.step
-        self.last_logs = logs or {}
-        if step % self.every == 0 or step >= self.total:
-            rate = (step - self.start_step) * self.batch_size / max(time.perf_counter() - self.t0, 1e-9)
-            self.say(f"train: step {step}/{self.total} loss {float(self.last_logs.get('loss', float('nan'))):.4f} "
-                     f"auc {float(self.last_logs.get('auc', float('nan'))):.4f} ({rate:,.0f} ex/s)")
-        if step >= self.total:
-            self.model.stop_training = True
-
     def on_epoch_end(self, epoch, logs=None):
-        self.manager.save(checkpoint_number=int(self.model.optimizer.iterations.numpy()))
+        step = int(self.model.optimizer.iterations.numpy())
+        self.manager.save(checkpoint_number=step)
+        self.last_logs = {k: _scalar(v) for k, v in (logs or {}).items()}
+        rate = (step - self.start_step) * self.batch_size / max(time.perf_counter() - self.t0, 1e-9)
+        self.say(f"train: step {step}/{self.total} loss {self.last_logs.get('loss', float('nan')):.4f} "
+                 f"auc {self.last_logs.get('auc', float('nan')):.4f} ({rate:,.0f} ex/s)")
+
+
+def _scalar(v) -> float:
+    """A log value as a float; under ParameterServerStrategy logs are RemoteValues to fetch."""
+    if hasattr(v, "fetch"):
+        v = v.fetch()
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
 
 
 def _checkpoint(model: tf.keras.Model, model_dir: str) -> tuple[tf.train.Checkpoint, tf.train.CheckpointManager]:
@@ -130,20 +136,35 @@ def _checkpoint(model: tf.keras.Model, model_dir: str) -> tuple[tf.train.Checkpo
 
 
 def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainResult:
-    if opts.strategy != "local":
-        raise TrainError(f"--strategy {opts.strategy}: only 'local' is available in this version")
+    if opts.strategy not in ("local", "ps"):
+        raise TrainError(f"--strategy {opts.strategy}: use local or ps")
     if opts.precision not in PRECISION_POLICIES:
         raise TrainError(f"--precision {opts.precision}: use one of {', '.join(PRECISION_POLICIES)}")
     cfg, artifact = _prepare_model_dir(opts)
     total = opts.steps if opts.steps is not None else cfg.train.steps
     if total <= 0:
         raise TrainError(f"--steps {total}: must be > 0")
+    if opts.strategy == "local":
+        return _fit(cfg, artifact, opts, total, tf.distribute.get_strategy(), say)
+    from trainers.ps import LocalPSCluster, cluster_from_tf_config, make_strategy
+    cluster = cluster_from_tf_config()
+    if cluster is not None:
+        say(f"train: PS cluster from TF_CONFIG: {len(cluster.workers)} workers, {len(cluster.ps)} PS")
+        return _fit(cfg, artifact, opts, total, make_strategy(cluster), say)
+    with LocalPSCluster(opts.ps_workers, opts.ps_servers, opts.ps_task_threads, say=say) as local:
+        return _fit(cfg, artifact, opts, total, make_strategy(local.cluster), say)
+
+
+def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int,
+         strategy: tf.distribute.Strategy, say: Callable[[str], None]) -> TrainResult:
+    ps = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
     tf.keras.mixed_precision.set_global_policy(PRECISION_POLICIES[opts.precision])
     tf.keras.utils.set_random_seed(cfg.train.seed)
     try:
-        model = build_model(cfg, artifact)
-        model.compile(optimizer=_optimizer(cfg))
-        model(dummy_batch(cfg))  # create every variable, so restore checks them all
+        with strategy.scope():
+            model = build_model(cfg, artifact)
+            model.compile(optimizer=_optimizer(cfg))
+            model(dummy_batch(cfg))  # create every variable, so restore checks them all
         ckpt, manager = _checkpoint(model, opts.model_dir)
         start = 0
         if manager.latest_checkpoint:
@@ -154,21 +175,29 @@ def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainResult
             say(f"train: already trained {start} >= {total} steps; nothing to do")
             return TrainResult(start, 0, 0.0, float("nan"), start)
 
-        every = min(cfg.train.checkpoint_every, total)
-        ds = make_dataset(cfg, opts.data_dir, "train", cfg.train.batch_size, training=True,
-                          seed=cfg.train.seed + start)
-        progress = _Progress(total, cfg.train.batch_size, start, manager, say, every)
-        tensorboard = tf.keras.callbacks.TensorBoard(os.path.join(opts.model_dir, "logs"), update_freq=every,
+        remaining = total - start
+        every = min(cfg.train.checkpoint_every, remaining)
+        seed = cfg.train.seed + start
+
+        def dataset_fn(input_context=None):
+            return make_dataset(cfg, opts.data_dir, "train", cfg.train.batch_size, training=True,
+                                input_context=input_context, seed=seed)
+
+        data = tf.keras.utils.experimental.DatasetCreator(dataset_fn) if ps else dataset_fn()
+        progress = _Progress(total, cfg.train.batch_size, start, manager, say)
+        tensorboard = tf.keras.callbacks.TensorBoard(os.path.join(opts.model_dir, "logs"), update_freq="epoch",
                                                      write_graph=False, profile_batch=0)
-        epochs = -(-total // every)
-        model.fit(ds, steps_per_epoch=every, epochs=epochs, initial_epoch=start // every, verbose=0,
+        # Epochs of `every` steps (a checkpoint at each end), then one short epoch for the rest.
+        model.fit(data, steps_per_epoch=every, epochs=remaining // every, verbose=0,
                   callbacks=[progress, tensorboard])
+        if remaining % every:
+            model.fit(data, steps_per_epoch=remaining % every, epochs=1, verbose=0, callbacks=[progress, tensorboard])
         done = int(model.optimizer.iterations.numpy())
         if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(f"-{done}"):
             manager.save(checkpoint_number=done)
         elapsed = time.perf_counter() - progress.t0
         rate = (done - start) * cfg.train.batch_size / max(elapsed, 1e-9)
-        result = TrainResult(done, done - start, rate, float(progress.last_logs.get("loss", float("nan"))), start)
+        result = TrainResult(done, done - start, rate, progress.last_logs.get("loss", float("nan")), start)
         with open(os.path.join(opts.model_dir, "train_state.json"), "w") as fh:
             json.dump({"steps_done": done, "precision": opts.precision, "strategy": opts.strategy,
                        "examples_per_sec_last_run": rate, "batch_size": cfg.train.batch_size}, fh, indent=1)

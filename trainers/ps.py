@@ -1,0 +1,157 @@
+"""ParameterServerStrategy: a cluster from TF_CONFIG, or N workers + M PS started on 127.0.0.1.
+
+Every worker and PS task is its own process running a `tf.distribute.Server` (with the servers
+in the coordinator's process, model.fit hangs). The coordinator is the `recpipe train` process: it
+builds the model under the strategy (embedding tables are split over the PS tasks by a
+MinSizePartitioner), dispatches steps to the workers through model.fit, and writes checkpoints.
+The local launcher restarts a worker process that dies; the coordinator reschedules the steps it
+lost, so the job completes.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+import json  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Callable, Optional  # noqa: E402
+
+import tensorflow as tf  # noqa: E402
+
+__all__ = ["PSCluster", "LocalPSCluster", "make_strategy", "serve_task", "cluster_from_tf_config"]
+
+MIN_SHARD_BYTES = 256 << 10
+
+
+@dataclass(frozen=True)
+class PSCluster:
+    workers: list[str]
+    ps: list[str]
+
+    def spec(self) -> dict[str, list[str]]:
+        return {"worker": list(self.workers), "ps": list(self.ps)}
+
+
+def cluster_from_tf_config() -> Optional[PSCluster]:
+    """The cluster of TF_CONFIG (set by a cluster manager), or None when it is not set."""
+    raw = os.environ.get("TF_CONFIG")
+    if not raw:
+        return None
+    try:
+        cluster = json.loads(raw)["cluster"]
+        return PSCluster(list(cluster["worker"]), list(cluster["ps"]))
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"TF_CONFIG: needs cluster.worker and cluster.ps address lists ({e})") from None
+
+
+def make_strategy(cluster: PSCluster) -> tf.distribute.experimental.ParameterServerStrategy:
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster.spec()), rpc_layer="grpc")
+    partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+        min_shard_bytes=MIN_SHARD_BYTES, max_shards=len(cluster.ps))
+    return tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+
+
+def serve_task(cluster: dict[str, list[str]], job: str, index: int) -> None:
+    """Run one worker/PS server until killed (the body of a launched task process)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
+    config = tf.compat.v1.ConfigProto()
+    config.inter_op_parallelism_threads = int(os.environ.get("RECPIPE_TASK_THREADS", "0"))
+    config.intra_op_parallelism_threads = int(os.environ.get("RECPIPE_TASK_THREADS", "0"))
+    server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job, task_index=index,
+                                  protocol="grpc", config=config, start=True)
+    server.join()
+
+
+def _free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+class LocalPSCluster:
+    """N worker + M PS task processes on 127.0.0.1; a dead worker is restarted on its port."""
+
+    def __init__(self, workers: int = 2, ps: int = 2, threads_per_task: int = 0,
+                 say: Callable[[str], None] = print):
+        ports = _free_ports(workers + ps)
+        self.cluster = PSCluster([f"127.0.0.1:{p}" for p in ports[:workers]],
+                                 [f"127.0.0.1:{p}" for p in ports[workers:]])
+        self.threads = threads_per_task
+        self.say = say
+        self.procs: dict[tuple[str, int], subprocess.Popen] = {}
+        self.restarts = 0
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def _start(self, job: str, index: int) -> None:
+        env = dict(os.environ, RECPIPE_TASK_THREADS=str(self.threads), TF_CPP_MIN_LOG_LEVEL="3")
+        env.pop("TF_CONFIG", None)
+        cmd = [sys.executable, "-m", "trainers.ps", json.dumps(self.cluster.spec()), job, str(index)]
+        self.procs[(job, index)] = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                                    stderr=subprocess.DEVNULL)
+
+    def _wait_listening(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        for addr in [*self.cluster.workers, *self.cluster.ps]:
+            host, port = addr.rsplit(":", 1)
+            while True:
+                try:
+                    with socket.create_connection((host, int(port)), timeout=1):
+                        break
+                except OSError:
+                    dead = [k for k, p in self.procs.items() if p.poll() is not None]
+                    if dead or time.monotonic() > deadline:
+                        self.stop()
+                        raise RuntimeError(f"PS cluster task {dead or addr} did not start")
+                    time.sleep(0.2)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.5):
+            for (job, index), proc in list(self.procs.items()):
+                if proc.poll() is not None and job == "worker" and not self._stop.is_set():
+                    self.restarts += 1
+                    self.say(f"train: worker {index} exited ({proc.returncode}); restarting it")
+                    self._start(job, index)
+
+    def start(self) -> "LocalPSCluster":
+        for i in range(len(self.cluster.ps)):
+            self._start("ps", i)
+        for i in range(len(self.cluster.workers)):
+            self._start("worker", i)
+        self._wait_listening()
+        self._watcher = threading.Thread(target=self._watch, name="ps-cluster-watch", daemon=True)
+        self._watcher.start()
+        self.say(f"train: local PS cluster up: {len(self.cluster.workers)} workers {self.cluster.workers}, "
+                 f"{len(self.cluster.ps)} PS {self.cluster.ps}")
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+        for proc in self.procs.values():
+            proc.wait()
+
+    def __enter__(self) -> "LocalPSCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+if __name__ == "__main__":  # python -m trainers.ps CLUSTER_JSON JOB INDEX
+    serve_task(json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
