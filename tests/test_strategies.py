@@ -5,7 +5,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from trainers.evaluate import evaluate
 from trainers.train import TrainOptions, train
