@@ -19,20 +19,25 @@ $(STAMP): setup.cfg pyproject.toml | $(BIN)/python
 	@$(BIN)/pip install -e '.[dev]' > $(VENV)/pip-install.log 2>&1 || { tail -40 $(VENV)/pip-install.log; exit 1; }
 	@touch $(STAMP)
 
+# Horovod 0.28.1 built from source against TF 2.21 (~10 min once); the wheel is cached in
+# ~/.cache/recpipe/wheels, so later venvs install it in seconds.
+HVD_STAMP := $(VENV)/.horovod-installed
+$(HVD_STAMP): $(STAMP) scripts/build_horovod.sh
+	@scripts/build_horovod.sh $(BIN)
+	@touch $(HVD_STAMP)
+
 install: $(STAMP)
 
 demo: install
 	$(BIN)/recpipe demo
 
-test: install
+test: install $(HVD_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/recpipe bench
 
-# Horovod 0.28.1 built from source against TF 2.21; the wheel is cached in ~/.cache/recpipe/wheels.
-horovod: install
-	scripts/build_horovod.sh $(BIN)
+horovod: $(HVD_STAMP)
 
 clean:
 	rm -rf $(VENV) demo_out .pytest_cache

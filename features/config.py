@@ -94,6 +94,7 @@ class TrainSpec:
     steps: int = 2000
     checkpoint_every: int = 500
     seed: int = 42
+    sparse_gradients: Literal["allgather", "dense"] = "allgather"  # Horovod: embedding gradients
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def cmd_train(a) -> None:
     from trainers.train import TrainOptions, train
     r = train(TrainOptions(data_dir=a.data, model_dir=a.model_dir, config_path=a.config, strategy=a.strategy,
                            precision=a.precision, steps=a.steps, ps_workers=a.ps_workers, ps_servers=a.ps_servers,
-                           ps_task_threads=a.ps_task_threads), say=_say)
+                           ps_task_threads=a.ps_task_threads, np=a.np, threads=a.threads), say=_say)
     _say(f"train: {r.steps_done} steps done ({r.steps_this_run} this run, {r.examples_per_sec:,.0f} ex/s) "
          f"-> {a.model_dir}")
 
@@ -141,8 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="training config (default: the one the data was preprocessed with)")
     t.add_argument("--data", required=True, help="a `recpipe preprocess` output folder")
     t.add_argument("--model-dir", required=True, help="checkpoints go here; rerunning resumes")
-    t.add_argument("--strategy", default="local", choices=["local", "ps"],
-                   help="ps: ParameterServerStrategy, the cluster from TF_CONFIG or started on 127.0.0.1")
+    t.add_argument("--strategy", default="local", choices=["local", "ps", "horovod"],
+                   help="ps: ParameterServerStrategy, the cluster from TF_CONFIG or started on 127.0.0.1; "
+                        "horovod: ring-allreduce over Gloo, --np ranks on this host via horovodrun")
+    t.add_argument("--np", type=int, default=2, help="--strategy horovod: ranks to start on this host")
+    t.add_argument("--threads", type=int, default=0, help="intra/inter-op threads of each training process")
     t.add_argument("--ps-workers", type=int, default=2, help="--strategy ps without TF_CONFIG: worker processes")
     t.add_argument("--ps-servers", type=int, default=2, help="--strategy ps without TF_CONFIG: PS processes")
     t.add_argument("--ps-task-threads", type=int, default=0, help="intra/inter-op threads per task (0: TF default)")

@@ -89,3 +89,33 @@ def test_killed_trainer_resumes_from_last_checkpoint(tmp_path, preprocessed, sma
     r = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path, steps=3000), say=said.append)
     assert r.resumed_from == lost_at and r.steps_done == 3000
     assert any("resuming from" in s and f"at step {lost_at}" in s for s in said)
+
+
+def test_horovod_two_ranks_rank0_writes_and_resumes(tmp_path, preprocessed, small_cfg_path, trained):
+    model_dir = str(tmp_path / "hvd")
+    said = []
+    r = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path, strategy="horovod", np=2, steps=100),
+              say=said.append)
+    assert r.steps_done == 100 and any("2 ranks" in s for s in said)
+    ckpts = sorted(f for f in os.listdir(os.path.join(model_dir, "checkpoints")) if f.endswith(".index"))
+    assert ckpts == ["ckpt-100.index", "ckpt-50.index"]  # rank 0 alone wrote them, once each
+    r2 = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path, strategy="horovod", np=2, steps=150),
+               say=said.append)
+    assert r2.resumed_from == 100 and r2.steps_done == 150
+    hvd_auc = evaluate(model_dir, preprocessed[0])["auc"]
+    local_auc = evaluate(trained, preprocessed[0])["auc"]  # 150 local steps of half the examples
+    assert hvd_auc > 0.6 and abs(hvd_auc - local_auc) < 0.08, (hvd_auc, local_auc)
+
+
+def test_horovod_dense_sparse_gradients(tmp_path, preprocessed):
+    import yaml
+    from conftest import small_config_dict
+    d = small_config_dict()
+    d["train"]["sparse_gradients"] = "dense"
+    path = tmp_path / "dense.yaml"
+    path.write_text(yaml.safe_dump(d))
+    r = train(TrainOptions(preprocessed[0], str(tmp_path / "m"), str(path), strategy="horovod", np=2, steps=20),
+              say=lambda _: None)
+    assert r.steps_done == 20
+    state = __import__("json").load(open(tmp_path / "m" / "train_state.json"))
+    assert state["sparse_gradients"] == "dense" and state["ranks"] == 2

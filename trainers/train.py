@@ -46,6 +46,8 @@ class TrainOptions:
     ps_workers: int = 2   # --strategy ps without TF_CONFIG: tasks started on 127.0.0.1
     ps_servers: int = 2
     ps_task_threads: int = 0
+    np: int = 2           # --strategy horovod: ranks on this host
+    threads: int = 0      # intra- and inter-op threads of this process (0: TensorFlow's default)
 
 
 @dataclass
@@ -65,8 +67,10 @@ def _optimizer(cfg: Config) -> tf.keras.optimizers.Optimizer:
 
 
 def _resolve_config(opts: TrainOptions, artifact: TransformArtifact) -> Config:
+    """--config, else the model dir's own config (a rerun resumes), else the preprocessing config."""
     if opts.config_path is None:
-        return artifact.config
+        own = os.path.join(opts.model_dir, "config.yaml")
+        return load_config(own) if os.path.exists(own) else artifact.config
     cfg = load_config(opts.config_path)
     ours, theirs = config_to_dict(cfg), config_to_dict(artifact.config)
     for key in ("features", "label", "input"):
@@ -89,13 +93,16 @@ def _prepare_model_dir(opts: TrainOptions) -> tuple[Config, TransformArtifact]:
     os.makedirs(opts.model_dir, exist_ok=True)
     art_dir = os.path.join(opts.model_dir, "transform")
     if not os.path.exists(os.path.join(art_dir, "transform.json")):
-        tmp = art_dir + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
+        # Unique temp names: several Horovod ranks may prepare the same model dir at once.
+        tmp = f"{art_dir}.tmp-{os.getpid()}"
         shutil.copytree(os.path.join(opts.data_dir, "transform"), tmp)
-        os.replace(tmp, art_dir)
-    with open(cfg_path + ".tmp", "w") as fh:
+        try:
+            os.rename(tmp, art_dir)
+        except OSError:  # another process published it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    with open(f"{cfg_path}.tmp-{os.getpid()}", "w") as fh:
         fh.write(dump_config(cfg))
-    os.replace(cfg_path + ".tmp", cfg_path)
+    os.replace(f"{cfg_path}.tmp-{os.getpid()}", cfg_path)
     return cfg, TransformArtifact.read(art_dir)
 
 
@@ -136,14 +143,19 @@ def _checkpoint(model: tf.keras.Model, model_dir: str) -> tuple[tf.train.Checkpo
 
 
 def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainResult:
-    if opts.strategy not in ("local", "ps"):
-        raise TrainError(f"--strategy {opts.strategy}: use local or ps")
+    if opts.strategy not in ("local", "ps", "horovod"):
+        raise TrainError(f"--strategy {opts.strategy}: use local, ps or horovod")
     if opts.precision not in PRECISION_POLICIES:
         raise TrainError(f"--precision {opts.precision}: use one of {', '.join(PRECISION_POLICIES)}")
+    if opts.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(opts.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(opts.threads)
     cfg, artifact = _prepare_model_dir(opts)
     total = opts.steps if opts.steps is not None else cfg.train.steps
     if total <= 0:
         raise TrainError(f"--steps {total}: must be > 0")
+    if opts.strategy == "horovod":
+        return _horovod(cfg, artifact, opts, total, say)
     if opts.strategy == "local":
         return _fit(cfg, artifact, opts, total, tf.distribute.get_strategy(), say)
     from trainers.ps import LocalPSCluster, cluster_from_tf_config, make_strategy
@@ -153,6 +165,25 @@ def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainResult
         return _fit(cfg, artifact, opts, total, make_strategy(cluster), say)
     with LocalPSCluster(opts.ps_workers, opts.ps_servers, opts.ps_task_threads, say=say) as local:
         return _fit(cfg, artifact, opts, total, make_strategy(local.cluster), say)
+
+
+def _horovod(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int,
+             say: Callable[[str], None]) -> TrainResult:
+    from trainers import hvd
+    if hvd.inside_horovod_job():
+        try:
+            state = hvd.run_rank(cfg, artifact, opts, total, say)
+        finally:
+            tf.keras.mixed_precision.set_global_policy("float32")
+        return TrainResult(state["steps_done"], state["steps_this_run"], state.get("examples_per_sec_last_run", 0.0),
+                           state.get("final_loss", float("nan")), state.get("resumed_from", state["steps_done"]))
+    if opts.np < 1:
+        raise TrainError(f"--np {opts.np}: must be >= 1")
+    hvd.launch(opts, say)
+    with open(os.path.join(opts.model_dir, "train_state.json")) as fh:
+        state = json.load(fh)
+    return TrainResult(state["steps_done"], state["steps_this_run"], state["examples_per_sec_last_run"],
+                       state["final_loss"], state["resumed_from"])
 
 
 def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int,
@@ -213,8 +244,7 @@ def load_trained(model_dir: str) -> tuple[Config, TransformArtifact, tf.keras.Mo
         raise TrainError(f"{model_dir}: not a model directory (no config.yaml; run `recpipe train`)")
     cfg = load_config(cfg_path)
     artifact = TransformArtifact.read(os.path.join(model_dir, "transform"))
-    model = build_model(cfg, artifact)
-    model.compile(optimizer=_optimizer(cfg))
+    model = build_model(cfg, artifact)  # no optimizer: evaluation and export need only the weights
     latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
     if latest is None:
         raise TrainError(f"{model_dir}: no checkpoint found (run `recpipe train`)")
