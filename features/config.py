@@ -94,7 +94,9 @@ class TrainSpec:
     steps: int = 2000
     checkpoint_every: int = 500
     seed: int = 42
-    sparse_gradients: Literal["allgather", "dense"] = "allgather"  # Horovod: embedding gradients
+    # Horovod embedding gradients: allgather the IndexedSlices, or densify and allreduce. Measured
+    # np=2, 1 thread each: 10.8k vs 6.7k ex/s with a 1M-row table, 17.9k vs 16.4k with 50k rows.
+    sparse_gradients: Literal["allgather", "dense"] = "allgather"
 
 
 @dataclass(frozen=True)
