@@ -62,7 +62,8 @@ def cmd_train(a) -> None:
     from trainers.train import TrainOptions, train
     r = train(TrainOptions(data_dir=a.data, model_dir=a.model_dir, config_path=a.config, strategy=a.strategy,
                            precision=a.precision, steps=a.steps, ps_workers=a.ps_workers, ps_servers=a.ps_servers,
-                           ps_task_threads=a.ps_task_threads, np=a.np, threads=a.threads), say=_say)
+                           ps_task_threads=a.ps_task_threads, np=a.np, threads=a.threads,
+                           warm_start=a.warm_start), say=_say)
     _say(f"train: {r.steps_done} steps done ({r.steps_this_run} this run, {r.examples_per_sec:,.0f} ex/s) "
          f"-> {a.model_dir}")
 
@@ -146,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "horovod: ring-allreduce over Gloo, --np ranks on this host via horovodrun")
     t.add_argument("--np", type=int, default=2, help="--strategy horovod: ranks to start on this host")
     t.add_argument("--threads", type=int, default=0, help="intra/inter-op threads of each training process")
+    t.add_argument("--warm-start", metavar="MODEL_DIR",
+                   help="initialise a new model from a previous day's model dir (IDs kept stable by "
+                        "preprocess --previous-transform); ignored when --model-dir already has a checkpoint")
     t.add_argument("--ps-workers", type=int, default=2, help="--strategy ps without TF_CONFIG: worker processes")
     t.add_argument("--ps-servers", type=int, default=2, help="--strategy ps without TF_CONFIG: PS processes")
     t.add_argument("--ps-task-threads", type=int, default=0, help="intra/inter-op threads per task (0: TF default)")

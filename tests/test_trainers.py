@@ -92,3 +92,40 @@ def test_clear_errors(tmp_path, preprocessed, small_cfg):
         make_dataset(small_cfg, str(tmp_path), "train", 8, training=True)
     with pytest.raises(TrainError, match="not a model directory"):
         load_trained(str(tmp_path))
+
+
+def test_warm_start_from_previous_day(tmp_path, small_log, small_cfg, small_cfg_path):
+    import glob as globlib
+
+    from conftest import IN_MEMORY
+    from features.artifact import TransformArtifact
+    from pipeline.preprocess import run_preprocess
+    from trainers.models import build_model
+    from trainers.warm_start import WarmStartError, warm_start
+    days = sorted(globlib.glob(os.path.join(small_log, "dt=*")))
+    d1, d2 = str(tmp_path / "d1"), str(tmp_path / "d2")
+    run_preprocess(small_cfg, days[0], d1, IN_MEMORY, progress=lambda _: None)
+    run_preprocess(small_cfg, days[1], d2, IN_MEMORY, progress=lambda _: None, previous_transform=d1)
+    m1 = str(tmp_path / "m1")
+    train(TrainOptions(d1, m1, small_cfg_path, steps=40), say=lambda _: None)
+    _, art1, model1 = load_trained(m1)
+    art2 = TransformArtifact.read(os.path.join(d2, "transform"))
+    model2 = build_model(small_cfg, art2)
+    model2(dummy_batch(small_cfg))
+    report = warm_start(model2, small_cfg, art2, m1)
+    known = len(art1.vocabularies["item_id"])
+    assert report["rows_copied"]["item_id"] == known and report["rows_copied"]["user_id"] == 1000
+    emb = lambda m: next(w for w in m.weights if "emb_item_id" in w.name).numpy()  # noqa: E731
+    np.testing.assert_array_equal(emb(model2)[:known], emb(model1)[:known])
+    assert emb(model2).shape[0] > emb(model1).shape[0]  # today's vocabulary grew
+    said = []
+    r = train(TrainOptions(d2, str(tmp_path / "m2"), small_cfg_path, steps=20, warm_start=m1), say=said.append)
+    assert r.steps_done == 20 and any("warm start from" in s for s in said)
+    # Without --previous-transform the IDs are not stable: refused, not silently scrambled.
+    d2_fresh = str(tmp_path / "d2_fresh")
+    run_preprocess(small_cfg, days[1], d2_fresh, IN_MEMORY, progress=lambda _: None)
+    art_fresh = TransformArtifact.read(os.path.join(d2_fresh, "transform"))
+    fresh_model = build_model(small_cfg, art_fresh)
+    fresh_model(dummy_batch(small_cfg))
+    with pytest.raises(WarmStartError, match="not a prefix of today's"):
+        warm_start(fresh_model, small_cfg, art_fresh, m1)

@@ -52,6 +52,8 @@ def launch(opts, say: Callable[[str], None]) -> None:
         cmd += ["--steps", str(opts.steps)]
     if opts.threads:
         cmd += ["--threads", str(opts.threads)]
+    if opts.warm_start:
+        cmd += ["--warm-start", opts.warm_start]
     say(f"train: horovodrun -np {opts.np} --gloo on localhost")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -61,7 +63,7 @@ def launch(opts, say: Callable[[str], None]) -> None:
         # horovodrun prefixes rank output with "[rank]<stdout>:"; show rank 0's progress lines.
         text = line.split(">:", 1)[-1].rstrip("\n")
         tail = (tail + [text])[-20:]
-        progress = text.startswith(("train: step ", "train: resuming"))
+        progress = text.startswith(("train: step ", "train: resuming", "train: warm start"))
         if progress and ("[0]" in line.split(">:", 1)[0] or ">:" not in line):
             say(text)
     if proc.wait() != 0:
@@ -91,6 +93,9 @@ def run_rank(cfg, artifact, opts, total: int, say: Callable[[str], None]) -> dic
     manager = tf.train.CheckpointManager(ckpt, os.path.join(opts.model_dir, "checkpoints"), max_to_keep=3)
     if manager.latest_checkpoint:  # every rank restores the same files; broadcast keeps them identical
         ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+    elif opts.warm_start:
+        from trainers.train import _warm_start
+        _warm_start(model, cfg, artifact, opts.warm_start, say if rank == 0 else (lambda _: None))
     start = int(optimizer.iterations.numpy())
     if rank == 0 and start:
         say(f"train: resuming from {manager.latest_checkpoint} at step {start}")

@@ -48,6 +48,7 @@ class TrainOptions:
     ps_task_threads: int = 0
     np: int = 2           # --strategy horovod: ranks on this host
     threads: int = 0      # intra- and inter-op threads of this process (0: TensorFlow's default)
+    warm_start: Optional[str] = None  # a previous model dir to initialise a NEW model from
 
 
 @dataclass
@@ -127,6 +128,14 @@ class _Progress(tf.keras.callbacks.Callback):
                  f"auc {self.last_logs.get('auc', float('nan')):.4f} ({rate:,.0f} ex/s)")
 
 
+def _warm_start(model, cfg: Config, artifact: TransformArtifact, previous: str, say: Callable[[str], None]) -> None:
+    from trainers.warm_start import warm_start
+    report = warm_start(model, cfg, artifact, previous)
+    rows = ", ".join(f"{t}:{n}" for t, n in sorted(report["rows_copied"].items())[:6])
+    say(f"train: warm start from {previous}: {report['copied']} weights copied (embedding rows kept: {rows}"
+        f"{', ...' if len(report['rows_copied']) > 6 else ''})")
+
+
 def _scalar(v) -> float:
     """A log value as a float; under ParameterServerStrategy logs are RemoteValues to fetch."""
     if hasattr(v, "fetch"):
@@ -202,6 +211,8 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
             ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
             start = int(model.optimizer.iterations.numpy())
             say(f"train: resuming from {manager.latest_checkpoint} at step {start}")
+        elif opts.warm_start:
+            _warm_start(model, cfg, artifact, opts.warm_start, say)
         if start >= total:
             say(f"train: already trained {start} >= {total} steps; nothing to do")
             return TrainResult(start, 0, 0.0, float("nan"), start)

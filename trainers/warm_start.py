@@ -1,0 +1,72 @@
+"""Warm start: initialise a new model from a previous day's model dir.
+
+Embedding rows are copied by ID. That is only meaningful because `recpipe preprocess
+--previous-transform` keeps the ID of every known value: rows [0, len(previous vocabulary)) of a
+vocabulary table, and every row of a hashed table of unchanged size, mean the same values today.
+New values (appended IDs) and OOV buckets keep their fresh initialisation. Every other weight is
+copied when its shape is unchanged; the optimizer starts fresh.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from features.artifact import TransformArtifact  # noqa: E402
+from features.config import Config  # noqa: E402
+
+__all__ = ["WarmStartError", "warm_start"]
+
+
+class WarmStartError(ValueError):
+    pass
+
+
+def _known_rows(cfg: Config, prev: TransformArtifact, table: str, prev_rows: int) -> int:
+    owner = cfg.sparse_by_name[table]
+    if owner.hash_buckets is not None:
+        return prev_rows
+    return len(prev.vocabularies.get(table, []))
+
+
+def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, previous_dir: str) -> dict:
+    """Copy weights of previous_dir's latest checkpoint into `model` (built); return what was copied."""
+    from trainers.train import load_trained
+    prev_cfg, prev_art, prev_model = load_trained(previous_dir)
+    if prev_cfg.model != cfg.model:
+        raise WarmStartError(f"{previous_dir}: its model section differs; warm start needs the same network")
+    for table, new_rows in artifact.table_sizes().items():
+        if table in prev_art.table_sizes() and cfg.sparse_by_name[table].hash_buckets is not None \
+                and prev_art.table_sizes()[table] != new_rows:
+            raise WarmStartError(f"{previous_dir}: hashed table {table!r} changed size "
+                                 f"({prev_art.table_sizes()[table]} -> {new_rows}); IDs would not match")
+        prev_vocab = prev_art.vocabularies.get(table)
+        vocab = artifact.vocabularies.get(table)
+        if prev_vocab is not None and vocab is not None and vocab[: len(prev_vocab)] != prev_vocab:
+            raise WarmStartError(f"{previous_dir}: vocabulary of {table!r} is not a prefix of today's; "
+                                 f"preprocess with --previous-transform to keep IDs stable")
+    # Same network config => same weight order (auto-numbered layer names differ between processes).
+    if len(model.weights) != len(prev_model.weights):
+        raise WarmStartError(f"{previous_dir}: {len(prev_model.weights)} weights there, {len(model.weights)} here")
+    report = {"copied": 0, "rows_copied": {}, "skipped": []}
+    for w, src in zip(model.weights, prev_model.weights):
+        is_table = "/embeddings/emb_" in w.name
+        if src.shape == w.shape and not is_table:
+            w.assign(src)
+            report["copied"] += 1
+        elif is_table and src.shape[1:] == w.shape[1:]:
+            table = w.name.split("/embeddings/emb_", 1)[1].split("/", 1)[0]
+            n = min(_known_rows(cfg, prev_art, table, int(src.shape[0])), int(w.shape[0]))
+            fresh = np.array(w.numpy())
+            fresh[:n] = src.numpy()[:n]
+            w.assign(fresh)
+            report["copied"] += 1
+            report["rows_copied"][table] = n
+        else:
+            report["skipped"].append(f"{w.name} {tuple(src.shape)} -> {tuple(w.shape)}")
+    if report["skipped"]:
+        raise WarmStartError(f"{previous_dir}: weights that do not fit this model: {report['skipped'][:5]}")
+    return report
