@@ -78,12 +78,15 @@ class LabelSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    task: Literal["ranking"] = "ranking"  # retrieval (two_tower) arrives with issue 4
-    type: Literal["dcn_v2", "dlrm"] = "dcn_v2"
+    task: Literal["ranking", "retrieval"] = "ranking"
+    type: Literal["dcn_v2", "dlrm", "two_tower"] = "dcn_v2"
     cross_layers: int = 2
     low_rank: Optional[int] = None
     deep_layers: list[int] = field(default_factory=lambda: [256, 128])
     bottom_layers: list[int] = field(default_factory=lambda: [64])
+    query_features: list[str] = field(default_factory=list)       # retrieval: the query tower's inputs
+    candidate_features: list[str] = field(default_factory=list)   # retrieval: sparse single-valued IDs
+    tower_layers: list[int] = field(default_factory=lambda: [64, 32])
 
 
 @dataclass(frozen=True)
@@ -264,13 +267,36 @@ def _validate(cfg: Config) -> Config:
     _positive(t.checkpoint_every, "train.checkpoint_every")
 
     m = cfg.model
-    for key in ("deep_layers", "bottom_layers"):
+    allowed = {"ranking": ("dcn_v2", "dlrm"), "retrieval": ("two_tower",)}[m.task]
+    if m.type not in allowed:
+        raise ConfigError(f"model.type: {m.type!r} is not a {m.task} model (use {' | '.join(allowed)})")
+    for key in ("deep_layers", "bottom_layers", "tower_layers"):
         for j, width in enumerate(getattr(m, key)):
             _positive(width, f"model.{key}[{j}]")
     _positive(m.cross_layers, "model.cross_layers", allow_zero=True)
     _positive(m.low_rank, "model.low_rank")
     if m.type == "dlrm" and len(dims) > 1:
         raise ConfigError(f"model.type: dlrm needs one embedding_dim for all sparse features, got {sorted(dims)}")
+    if m.task == "retrieval":
+        for key in ("query_features", "candidate_features"):
+            listed = getattr(m, key)
+            if not listed:
+                raise ConfigError(f"model.{key}: retrieval needs at least one feature")
+            for j, name in enumerate(listed):
+                if name not in names:
+                    raise ConfigError(f"model.{key}[{j}]: no feature named {name!r}")
+        for j, name in enumerate(m.candidate_features):
+            f = sparse.get(name)
+            if f is None or f.multivalent:
+                raise ConfigError(f"model.candidate_features[{j}]: {name!r} must be a single-valued sparse feature "
+                                  f"(candidates are enumerated by their IDs)")
+        overlap = sorted(set(m.query_features) & set(m.candidate_features))
+        if overlap:
+            raise ConfigError(f"model.candidate_features: {overlap} also listed in model.query_features")
+        if not m.tower_layers:
+            raise ConfigError("model.tower_layers: give at least the output width")
+    elif m.query_features or m.candidate_features:
+        raise ConfigError("model.query_features: only retrieval models have towers")
     return cfg
 
 

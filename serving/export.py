@@ -70,7 +70,10 @@ def example_request(artifact: TransformArtifact, n: int = 2) -> dict[str, np.nda
 
 def export_model(model_dir: str, export_base: str, version: int | None = None) -> str:
     """Write EXPORT_BASE/<version>/ atomically; return its path."""
-    _, artifact, model = load_trained(model_dir)
+    cfg, artifact, model = load_trained(model_dir)
+    if cfg.model.task != "ranking":
+        raise ValueError(f"{model_dir}: a {cfg.model.task} model; this export writes ranking models (raw row in, "
+                         f"score out). Retrieval export (query model + candidate index) is not built yet")
     version = version if version is not None else _next_version(export_base)
     final = os.path.join(export_base, str(version))
     if os.path.exists(final):

@@ -27,3 +27,12 @@ def test_auc_edges():
 def test_log_loss():
     assert log_loss([1, 0], [0.5, 0.5]) == pytest.approx(np.log(2))
     assert np.isfinite(log_loss([1], [0.0]))
+
+
+def test_rank_recall_ndcg():
+    from trainers.metrics import ndcg_at_k, rank_of_true, recall_at_k
+    scores = np.array([[0.9, 0.1, 0.5], [0.2, 0.2, 0.1], [0.0, 1.0, 2.0]])
+    ranks = rank_of_true(scores, np.array([0, 1, 0]))
+    assert ranks.tolist() == [0, 1, 2]  # a tie counts against the true item
+    assert recall_at_k(ranks, 1) == pytest.approx(1 / 3) and recall_at_k(ranks, 3) == 1.0
+    assert ndcg_at_k(ranks, 2) == pytest.approx((1 + 1 / np.log2(3)) / 3)

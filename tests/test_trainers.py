@@ -8,6 +8,7 @@ import tensorflow as tf
 import yaml
 
 from conftest import small_config_dict
+from features.config import parse_config as parse_cfg
 from features.canonical import LABEL_KEY
 from trainers.data import DataError, make_dataset
 from trainers.evaluate import evaluate
@@ -129,3 +130,21 @@ def test_warm_start_from_previous_day(tmp_path, small_log, small_cfg, small_cfg_
     fresh_model(dummy_batch(small_cfg))
     with pytest.raises(WarmStartError, match="not a prefix of today's"):
         warm_start(fresh_model, small_cfg, art_fresh, m1)
+
+
+def test_two_tower_retrieval_trains_and_beats_random(tmp_path, preprocessed):
+    d = small_config_dict()
+    d["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user_id", "hist", "I1"],
+                  "candidate_features": ["item_id"], "tower_layers": [32, 16]}
+    path = tmp_path / "tt.yaml"
+    path.write_text(yaml.safe_dump(d))
+    r = train(TrainOptions(preprocessed[0], str(tmp_path / "m"), str(path), steps=150), say=lambda _: None)
+    assert r.steps_done == 150 and np.isfinite(r.final_loss)
+    metrics = evaluate(str(tmp_path / "m"), preprocessed[0])
+    assert set(metrics) >= {"recall_at_10", "ndcg_at_10", "examples"}
+    assert metrics["examples"] == int(round(sum(
+        float(b[LABEL_KEY].numpy().sum()) for b in make_dataset(
+            parse_cfg(d), preprocessed[0], "eval", 1000, training=False))))
+    random_recall = 10 / metrics["candidates"]
+    assert metrics["recall_at_10"] > 2 * random_recall, (metrics, random_recall)
+    assert 0 < metrics["ndcg_at_10"] <= metrics["recall_at_10"]

@@ -1,4 +1,4 @@
-"""Evaluate a trained model on the eval split: flat metrics JSON (auc, logloss, examples)."""
+"""Evaluate a trained model on the eval split: flat metrics JSON."""
 from __future__ import annotations
 
 import os
@@ -12,14 +12,28 @@ import tensorflow as tf  # noqa: E402
 
 from features.canonical import LABEL_KEY  # noqa: E402
 from trainers.data import make_dataset  # noqa: E402
-from trainers.metrics import log_loss, roc_auc  # noqa: E402
+from trainers.metrics import log_loss, ndcg_at_k, rank_of_true, recall_at_k, roc_auc  # noqa: E402
 from trainers.train import load_trained  # noqa: E402
 
 __all__ = ["evaluate"]
 
 
 def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_size: int = 4096) -> dict:
+    """Eval-split metrics as flat keys: auc, logloss, examples (ranking) or recall_at_10, ndcg_at_10,
+    examples (retrieval, against every candidate in the data)."""
     cfg, _, model = load_trained(model_dir)
+    if cfg.model.task == "retrieval":
+        metrics = _retrieval(cfg, model, data_dir, batch_size)
+    else:
+        metrics = _ranking(cfg, model, data_dir, batch_size)
+    if out_path:
+        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
+        with open(out_path, "w") as fh:
+            json.dump(metrics, fh, indent=1)
+    return metrics
+
+
+def _ranking(cfg, model, data_dir: str, batch_size: int) -> dict:
     predict = tf.function(lambda b: tf.sigmoid(model(b))[:, 0], reduce_retracing=True)
     labels, probs = [], []
     for batch in make_dataset(cfg, data_dir, "eval", batch_size, training=False):
@@ -28,10 +42,35 @@ def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_s
     if not labels:
         raise ValueError(f"{data_dir}/eval: the eval split is empty")
     y, p = np.concatenate(labels), np.concatenate(probs)
-    metrics = {"auc": roc_auc(y, p), "logloss": log_loss(y, p), "examples": int(len(y)),
-               "positive_rate": float(y.mean())}
-    if out_path:
-        os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-        with open(out_path, "w") as fh:
-            json.dump(metrics, fh, indent=1)
-    return metrics
+    return {"auc": roc_auc(y, p), "logloss": log_loss(y, p), "examples": int(len(y)),
+            "positive_rate": float(y.mean())}
+
+
+def _candidate_ids(batch: dict, names: list[str]) -> np.ndarray:
+    return np.stack([batch[n].numpy() for n in names], axis=1)
+
+
+def _retrieval(cfg, model, data_dir: str, batch_size: int, k: int = 10) -> dict:
+    """Brute force: score each clicked eval row's query against ALL candidates seen in train+eval."""
+    names = list(cfg.model.candidate_features)
+    seen = [_candidate_ids(b, names) for split in ("train", "eval")
+            for b in make_dataset(cfg, data_dir, split, batch_size, training=False)]
+    universe = np.unique(np.concatenate(seen), axis=0)
+    index = {tuple(row): i for i, row in enumerate(universe.tolist())}
+    cand_fn = tf.function(model.candidate_embedding, reduce_retracing=True)
+    query_fn = tf.function(model.query_embedding, reduce_retracing=True)
+    cand = np.concatenate([cand_fn({n: tf.constant(universe[i:i + batch_size, j]) for j, n in enumerate(names)}).numpy()
+                           for i in range(0, len(universe), batch_size)])
+    ranks = []
+    for batch in make_dataset(cfg, data_dir, "eval", batch_size, training=False):
+        clicked = batch[LABEL_KEY].numpy() > 0.5
+        if not clicked.any():
+            continue
+        queries = query_fn(batch).numpy()[clicked]
+        truth = np.array([index[tuple(r)] for r in _candidate_ids(batch, names)[clicked].tolist()])
+        ranks.append(rank_of_true(queries @ cand.T, truth))
+    if not ranks:
+        raise ValueError(f"{data_dir}/eval: no clicked rows to evaluate retrieval on")
+    r = np.concatenate(ranks)
+    return {f"recall_at_{k}": recall_at_k(r, k), f"ndcg_at_{k}": ndcg_at_k(r, k), "examples": int(len(r)),
+            "candidates": int(len(universe))}

@@ -121,7 +121,7 @@ def run_rank(cfg, artifact, opts, total: int, say: Callable[[str], None]) -> dic
 
     writer = tf.summary.create_file_writer(os.path.join(opts.model_dir, "logs", "train")) if rank == 0 else None
     every = min(cfg.train.checkpoint_every, total - start)
-    auc = next(m for m in model.metrics if m.name == "auc") if model.metrics else None
+    auc = next((m for m in model.metrics if m.name == "auc"), None)
     t0 = time.perf_counter()
     loss = float("nan")
     for i in range(start, total):
@@ -135,11 +135,13 @@ def run_rank(cfg, artifact, opts, total: int, say: Callable[[str], None]) -> dic
             if rank == 0:
                 manager.save(checkpoint_number=done)
                 rate = (done - start) * cfg.train.batch_size * size / max(time.perf_counter() - t0, 1e-9)
-                auc_v = float(auc.result().numpy()) if auc is not None else float("nan")
-                say(f"train: step {done}/{total} loss {loss:.4f} auc {auc_v:.4f} ({rate:,.0f} ex/s, {size} ranks)")
+                auc_v = float(auc.result().numpy()) if auc is not None else None
+                auc_s = f" auc {auc_v:.4f}" if auc_v is not None else ""
+                say(f"train: step {done}/{total} loss {loss:.4f}{auc_s} ({rate:,.0f} ex/s, {size} ranks)")
                 with writer.as_default():
                     tf.summary.scalar("loss", loss, step=done)
-                    tf.summary.scalar("auc", auc_v, step=done)
+                    if auc_v is not None:
+                        tf.summary.scalar("auc", auc_v, step=done)
     elapsed = time.perf_counter() - t0
     state = {"steps_done": total, "steps_this_run": total - start, "resumed_from": start,
              "examples_per_sec_last_run": (total - start) * cfg.train.batch_size * size / max(elapsed, 1e-9),

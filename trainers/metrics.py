@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["roc_auc", "log_loss"]
+__all__ = ["roc_auc", "log_loss", "rank_of_true", "recall_at_k", "ndcg_at_k"]
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -30,3 +30,20 @@ def log_loss(labels: np.ndarray, probs: np.ndarray, eps: float = 1e-7) -> float:
     labels = np.asarray(labels, dtype=np.float64).ravel()
     p = np.clip(np.asarray(probs, dtype=np.float64).ravel(), eps, 1 - eps)
     return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
+
+
+def rank_of_true(scores: np.ndarray, true_index: np.ndarray) -> np.ndarray:
+    """0-based rank of each row's true column among all columns (ties count against it)."""
+    true_scores = scores[np.arange(len(true_index)), true_index]
+    return (scores > true_scores[:, None]).sum(axis=1) + (scores == true_scores[:, None]).sum(axis=1) - 1
+
+
+def recall_at_k(ranks: np.ndarray, k: int) -> float:
+    return float(np.mean(ranks < k)) if len(ranks) else float("nan")
+
+
+def ndcg_at_k(ranks: np.ndarray, k: int) -> float:
+    """One relevant item per query: DCG = 1/log2(rank + 2) when it is in the top k; the ideal DCG is 1."""
+    if not len(ranks):
+        return float("nan")
+    return float(np.mean(np.where(ranks < k, 1.0 / np.log2(ranks + 2.0), 0.0)))

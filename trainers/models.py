@@ -1,4 +1,5 @@
-"""TFRS ranking models (DCN-v2, DLRM) over the sparse embeddings + normalised dense features.
+"""TFRS models over the sparse embeddings + normalised dense features: ranking (DCN-v2, DLRM) and
+retrieval (two towers).
 
 Embedding sizes come from the transform artifact (`model_spec`), never from hand-typed numbers.
 Embedding tables and the final logit stay float32 under mixed precision.
@@ -18,7 +19,7 @@ from features.artifact import TransformArtifact  # noqa: E402
 from features.canonical import LABEL_KEY  # noqa: E402
 from features.config import Config, embedding_dim  # noqa: E402
 
-__all__ = ["model_spec", "SparseEmbeddings", "RankingModel", "build_model", "dummy_batch"]
+__all__ = ["model_spec", "SparseEmbeddings", "RankingModel", "RetrievalModel", "build_model", "dummy_batch"]
 
 
 def model_spec(cfg: Config, artifact: TransformArtifact) -> dict[str, Any]:
@@ -29,8 +30,11 @@ def model_spec(cfg: Config, artifact: TransformArtifact) -> dict[str, Any]:
         "sparse": [{"name": f.name, "table": cfg.table_owner(f).name, "multivalent": f.multivalent,
                     "combiner": f.combiner} for f in cfg.features.sparse],
         "dense": [d.name for d in cfg.features.dense],
-        "model": {"type": cfg.model.type, "cross_layers": cfg.model.cross_layers, "low_rank": cfg.model.low_rank,
-                  "deep_layers": list(cfg.model.deep_layers), "bottom_layers": list(cfg.model.bottom_layers)},
+        "model": {"task": cfg.model.task, "type": cfg.model.type, "cross_layers": cfg.model.cross_layers,
+                  "low_rank": cfg.model.low_rank, "deep_layers": list(cfg.model.deep_layers),
+                  "bottom_layers": list(cfg.model.bottom_layers), "tower_layers": list(cfg.model.tower_layers),
+                  "query_features": list(cfg.model.query_features),
+                  "candidate_features": list(cfg.model.candidate_features)},
     }
 
 
@@ -43,9 +47,11 @@ class SparseEmbeddings(tf.keras.layers.Layer):
         self.tables = {name: tf.keras.layers.Embedding(t["rows"], t["dim"], dtype="float32", name=f"emb_{name}")
                        for name, t in tables.items()}
 
-    def call(self, features: dict) -> list[tf.Tensor]:
-        out = []
+    def call(self, features: dict) -> dict[str, tf.Tensor]:
+        out = {}
         for f in self._sparse_cfg:
+            if f["name"] not in features:  # e.g. a candidate-only batch for a retrieval index
+                continue
             table = self.tables[f["table"]]
             ids = features[f["name"]]
             if isinstance(ids, tf.RaggedTensor):
@@ -54,10 +60,10 @@ class SparseEmbeddings(tf.keras.layers.Layer):
                 if f["combiner"] == "mean":
                     n = tf.cast(tf.maximum(ids.row_lengths(), 1), pooled.dtype)
                     pooled = pooled / n[:, None]
-                out.append(pooled)
+                out[f["name"]] = pooled
             else:
-                out.append(table(ids))
-        return [tf.cast(v, self.compute_dtype) for v in out]
+                out[f["name"]] = table(ids)
+        return {k: tf.cast(v, self.compute_dtype) for k, v in out.items()}
 
     def get_config(self):
         return {**super().get_config(), "tables": self._tables_cfg, "sparse": self._sparse_cfg}
@@ -67,7 +73,28 @@ def _mlp(widths: list[int], name: str) -> list[tf.keras.layers.Layer]:
     return [tf.keras.layers.Dense(w, activation="relu", name=f"{name}_{i}") for i, w in enumerate(widths)]
 
 
-class RankingModel(tfrs.Model):
+class _Model(tfrs.Model):
+    """tfrs.Model whose train_step also applies loss scaling when the optimizer has it (fp16)."""
+
+    def train_step(self, inputs):
+        opt = self.optimizer
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(inputs, training=True)
+            total = loss + tf.reduce_sum(self.losses) if self.losses else loss
+            scaled = opt.get_scaled_loss(total) if hasattr(opt, "get_scaled_loss") else total
+        grads = tape.gradient(scaled, self.trainable_variables)
+        if hasattr(opt, "get_unscaled_gradients"):
+            grads = opt.get_unscaled_gradients(grads)
+        opt.apply_gradients(zip(grads, self.trainable_variables))
+        metrics = {m.name: m.result() for m in self.metrics}
+        metrics.update(loss=loss, total_loss=total)
+        return metrics
+
+    def get_config(self):
+        return {"spec": self.spec}
+
+
+class RankingModel(_Model):
     """Click-through ranking: DCN-v2 (cross network + deep MLP) or DLRM (dot interaction)."""
 
     def __init__(self, spec: dict, **kwargs):
@@ -102,7 +129,8 @@ class RankingModel(tfrs.Model):
 
     def call(self, features: dict, training: bool = False) -> tf.Tensor:
         """Logits [B, 1] (float32)."""
-        embedded = self.embeddings(features)
+        by_name = self.embeddings(features)
+        embedded = [by_name[f["name"]] for f in self.spec["sparse"]]
         dense = self._dense(features)
         if self.kind == "dcn_v2":
             x0 = tf.concat([*embedded, dense] if dense is not None else embedded, axis=1)
@@ -123,27 +151,59 @@ class RankingModel(tfrs.Model):
         total = self.task(labels=labels, predictions=self(features, training=training), training=training)
         return total / tf.cast(tf.shape(labels)[0], total.dtype)
 
-    def train_step(self, inputs):
-        # tfrs.Model.train_step plus loss scaling when the optimizer has it (mixed_float16).
-        opt = self.optimizer
-        with tf.GradientTape() as tape:
-            loss = self.compute_loss(inputs, training=True)
-            total = loss + tf.reduce_sum(self.losses) if self.losses else loss
-            scaled = opt.get_scaled_loss(total) if hasattr(opt, "get_scaled_loss") else total
-        grads = tape.gradient(scaled, self.trainable_variables)
-        if hasattr(opt, "get_unscaled_gradients"):
-            grads = opt.get_unscaled_gradients(grads)
-        opt.apply_gradients(zip(grads, self.trainable_variables))
-        metrics = {m.name: m.result() for m in self.metrics}
-        metrics.update(loss=loss, total_loss=total)
-        return metrics
 
-    def get_config(self):
-        return {"spec": self.spec}
+class RetrievalModel(_Model):
+    """Two-tower retrieval: query and candidate towers over their features' embeddings (+ dense),
+    trained with tfrs.tasks.Retrieval's in-batch softmax; each clicked row is a positive pair and
+    every other candidate in the batch a negative (rows are weighted by their label)."""
+
+    def __init__(self, spec: dict, **kwargs):
+        super().__init__(**kwargs)
+        self.spec = spec
+        m = spec["model"]
+        used = set(m["query_features"]) | set(m["candidate_features"])
+        sparse = [f for f in spec["sparse"] if f["name"] in used]
+        tables = {f["table"]: spec["tables"][f["table"]] for f in sparse}
+        self.embeddings = SparseEmbeddings(tables, sparse, name="embeddings")
+        widths = m["tower_layers"]
+        self.query_tower = [*_mlp(widths[:-1], "query"), tf.keras.layers.Dense(widths[-1], name="query_out")]
+        self.candidate_tower = [*_mlp(widths[:-1], "candidate"),
+                                tf.keras.layers.Dense(widths[-1], name="candidate_out")]
+        self.task = tfrs.tasks.Retrieval()  # SUM of softmax cross-entropy; divided by the positives below
+
+    def _encode(self, features: dict, embedded: dict, names: list[str], tower: list) -> tf.Tensor:
+        parts = [embedded[n] if n in embedded else tf.cast(features[n], self.compute_dtype)[:, None] for n in names]
+        x = tf.concat(parts, axis=1)
+        for layer in tower:
+            x = layer(x)
+        return tf.cast(x, tf.float32)
+
+    def query_embedding(self, features: dict) -> tf.Tensor:
+        return self._encode(features, self.embeddings(features), self.spec["model"]["query_features"],
+                            self.query_tower)
+
+    def candidate_embedding(self, features: dict) -> tf.Tensor:
+        return self._encode(features, self.embeddings(features), self.spec["model"]["candidate_features"],
+                            self.candidate_tower)
+
+    def call(self, features: dict, training: bool = False) -> tuple[tf.Tensor, tf.Tensor]:
+        embedded = self.embeddings(features)
+        m = self.spec["model"]
+        return (self._encode(features, embedded, m["query_features"], self.query_tower),
+                self._encode(features, embedded, m["candidate_features"], self.candidate_tower))
+
+    def compute_loss(self, features: dict, training: bool = False) -> tf.Tensor:
+        query, candidate = self(features, training=training)
+        weight = tf.cast(features[LABEL_KEY], tf.float32)
+        total = self.task(query, candidate, sample_weight=weight, compute_metrics=False)
+        return total / tf.maximum(tf.reduce_sum(weight), 1.0)
 
 
 def build_model(cfg: Config, artifact: TransformArtifact) -> tf.keras.Model:
-    return RankingModel(model_spec(cfg, artifact), name=f"{cfg.model.type}_ranking")
+    spec = model_spec(cfg, artifact)
+    if cfg.model.task == "retrieval":
+        return RetrievalModel(spec, name="two_tower_retrieval")
+    return RankingModel(spec, name=f"{cfg.model.type}_ranking")
 
 
 def dummy_batch(cfg: Config, n: int = 2) -> dict:

@@ -124,8 +124,9 @@ class _Progress(tf.keras.callbacks.Callback):
         self.manager.save(checkpoint_number=step)
         self.last_logs = {k: _scalar(v) for k, v in (logs or {}).items()}
         rate = (step - self.start_step) * self.batch_size / max(time.perf_counter() - self.t0, 1e-9)
-        self.say(f"train: step {step}/{self.total} loss {self.last_logs.get('loss', float('nan')):.4f} "
-                 f"auc {self.last_logs.get('auc', float('nan')):.4f} ({rate:,.0f} ex/s)")
+        auc = f" auc {self.last_logs['auc']:.4f}" if "auc" in self.last_logs else ""
+        self.say(f"train: step {step}/{self.total} loss {self.last_logs.get('loss', float('nan')):.4f}{auc} "
+                 f"({rate:,.0f} ex/s)")
 
 
 def _warm_start(model, cfg: Config, artifact: TransformArtifact, previous: str, say: Callable[[str], None]) -> None:
