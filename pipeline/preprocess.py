@@ -3,6 +3,7 @@
     OUTPUT/transform/     features.artifact.TransformArtifact (vocabularies, dense stats, counts)
     OUTPUT/train/*.tfrecord, OUTPUT/eval/*.tfrecord   features.records batches
     OUTPUT/dead_letter/*.parquet   rows that cannot be used: source_file, row, reason, field, row_json
+    OUTPUT/eval_sample.parquet     up to 1000 raw eval rows, for the export's skew check
 
 Runs on any Beam runner given by `beam_args` (default: DirectRunner). The run fails unless
 rows in = rows train + rows eval + rows dead-lettered, exactly.
@@ -26,7 +27,7 @@ from features.config import Config, config_to_dict
 from pipeline.sources import inspect_inputs, list_input_files
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
                                  ComputeDenseStats, ComputeVocabularies, EvalCutoff, ReadClickLogs, SplitRows,
-                                 ValidateRows)
+                                 ValidateRows, WriteEvalSample)
 
 __all__ = ["PreprocessError", "PreprocessResult", "build_pipeline", "run_preprocess", "load_previous_transform"]
 
@@ -117,6 +118,7 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
              | f"ApplyTransform[{split}]" >> ApplyTransform(artifact)
              | f"WriteShards[{split}]" >> beam.io.WriteToTFRecord(
                  fsio.join(out, split, "part"), file_name_suffix=".tfrecord"))
+    _ = splits.eval_raw | "WriteEvalSample" >> WriteEvalSample(fsio.join(out, "eval_sample.parquet"))
     _ = (validated.dead_letter
          | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
              fsio.join(out, "dead_letter", "part"), schema=DEAD_LETTER_SCHEMA, file_name_suffix=".parquet"))

@@ -27,9 +27,11 @@ from pipeline.analysis import (add_moments, batch_moments, boundaries_from_quant
                                ts_histogram)
 
 __all__ = ["NAMESPACE", "DEAD_LETTER_SCHEMA", "RawBatch", "ReadClickLogs", "ValidateRows", "EvalCutoff",
-           "SplitRows", "ComputeVocabularies", "ComputeDenseStats", "AssembleArtifact", "ApplyTransform"]
+           "SplitRows", "ComputeVocabularies", "ComputeDenseStats", "AssembleArtifact", "ApplyTransform",
+           "WriteEvalSample", "EVAL_SAMPLE_ROWS"]
 
 NAMESPACE = "recpipe"
+EVAL_SAMPLE_ROWS = 1000  # raw eval rows kept for the export's skew check
 DEAD_TAG = "dead_letter"
 DEAD_LETTER_SCHEMA = pa.schema([
     ("source_file", pa.string()), ("row", pa.int64()), ("reason", pa.string()),
@@ -183,6 +185,8 @@ class _Split(beam.DoFn):
                     self._rows[split].inc(n)
                 table = b.table if n == len(mask) else b.table.filter(pa.array(mask))
                 yield beam.pvalue.TaggedOutput(split, canonicalize(table, self._cfg))
+                if split == "eval" and self._rows is not None:
+                    yield beam.pvalue.TaggedOutput("eval_raw", table.slice(0, EVAL_SAMPLE_ROWS))
 
 
 class EvalCutoff(beam.PTransform):
@@ -216,7 +220,54 @@ class SplitRows(beam.PTransform):
 
     def expand(self, good):
         return good | "Split" >> beam.ParDo(_Split(self._cfg, self._count),
-                                             cutoff=beam.pvalue.AsSingleton(self._cutoff)).with_outputs("train", "eval")
+                                             cutoff=beam.pvalue.AsSingleton(self._cutoff)).with_outputs(
+            "train", "eval", "eval_raw")
+
+
+class _FirstRows(beam.CombineFn):
+    """Up to n rows of raw Arrow tables (a sample for the export's skew check)."""
+
+    def __init__(self, n: int):
+        self._n = n
+
+    def create_accumulator(self):
+        return None
+
+    def add_input(self, acc, table):
+        merged = table if acc is None else pa.concat_tables([acc, table], promote_options="default")
+        return merged.slice(0, self._n)
+
+    def merge_accumulators(self, accs):
+        out = None
+        for a in accs:
+            if a is not None:
+                out = self.add_input(out, a)
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+class WriteEvalSample(beam.PTransform):
+    """Raw eval-row tables -> PATH (Parquet, at most EVAL_SAMPLE_ROWS rows; nothing if no eval rows)."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self._path = path
+
+    def expand(self, tables):
+        path = self._path
+
+        def write(table):
+            if table is not None and table.num_rows:
+                import pyarrow.parquet as pq
+
+                from features.fsio import resolve
+                fs, p = resolve(path)
+                pq.write_table(table, p, filesystem=fs)
+            return path
+
+        return tables | "FirstRows" >> beam.CombineGlobally(_FirstRows(EVAL_SAMPLE_ROWS)) | "Write" >> beam.Map(write)
 
 
 # ------------------------------------------------------------------------- analyse

@@ -76,7 +76,9 @@ def cmd_evaluate(a) -> None:
 
 def cmd_export(a) -> None:
     from serving.export import export_model
-    path = export_model(a.model_dir, a.export_base, a.version)
+    path = export_model(a.model_dir, a.export_base, a.version, a.data)
+    report = json.load(open(os.path.join(path, "skew_check.json")))
+    _say(f"export: skew check passed on {report['rows']} eval rows (max |diff| {report['max_abs_diff']:.2g})")
     _say(f"export: {path}")
 
 
@@ -167,6 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--model-dir", required=True)
     x.add_argument("--export-base", required=True)
     x.add_argument("--version", type=int, help="integer version (default: epoch seconds, above any existing)")
+    x.add_argument("--data", help="preprocessed data whose eval_sample.parquet feeds the skew check "
+                                  "(default: the data the model was trained on)")
     x.set_defaults(fn=cmd_export)
 
     s = sub.add_parser("serve", help="serve MODEL_BASE/<version>/ over TF Serving's REST and gRPC APIs")

@@ -161,7 +161,9 @@ def run_demo(opts: DemoOptions, say: Callable[[str], None] = print) -> dict:
     t0 = time.perf_counter()
     say("demo: 5/7 export (SavedModel, raw columns in, score out)")
     version_dir = export_model(str(work / "model"), str(work / "export"))
-    say(f"demo: exported {version_dir}")
+    skew = json.loads((Path(version_dir) / "skew_check.json").read_text())
+    say(f"demo: exported {version_dir}; skew check: {skew['rows']} raw eval rows scored through the SavedModel "
+        f"and the Beam/trainer path, max |diff| {skew['max_abs_diff']:.2g} (limit {skew['tolerance']:g})")
     stage("export", t0)
 
     t0 = time.perf_counter()

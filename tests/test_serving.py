@@ -57,6 +57,32 @@ def test_export_layout(exported, trained):
         export_model(trained, base, version=1)
 
 
+def test_export_skew_check_report(exported, preprocessed):
+    _, path = exported
+    report = json.load(open(os.path.join(path, "skew_check.json")))
+    assert report["passed"] and report["rows"] == min(1000, preprocessed[1].rows_eval)
+    assert report["max_abs_diff"] <= report["tolerance"] == 1e-5
+
+
+def test_export_fails_on_skew_and_publishes_nothing(tmp_path, trained, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    import serving.export as export_mod
+    real = export_mod.canonicalize
+
+    def skewed(table, cfg):  # a training-side bug: I1 read off by one
+        out = real(table, cfg)
+        out["I1"] = pc.add(out["I1"], pa.scalar(1.0, pa.float32()))
+        return out
+
+    monkeypatch.setattr(export_mod, "canonicalize", skewed)
+    base = str(tmp_path / "exp")
+    with pytest.raises(export_mod.SkewError, match="skew check failed"):
+        export_model(trained, base, version=7)
+    assert os.listdir(base) == []  # neither version 7 nor its temp folder
+
+
 def test_saved_model_scores_raw_rows_like_the_trainer(exported, trained, small_log, small_cfg):
     """Raw rows through the SavedModel == the same rows through Arrow canonicalisation + trainer model."""
     from features.canonical import LABEL_KEY, canonicalize

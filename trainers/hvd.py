@@ -149,5 +149,5 @@ def run_rank(cfg, artifact, opts, total: int, say: Callable[[str], None]) -> dic
     if rank == 0:
         with open(os.path.join(opts.model_dir, "train_state.json"), "w") as fh:
             json.dump({**state, "precision": opts.precision, "strategy": "horovod",
-                       "batch_size": cfg.train.batch_size}, fh, indent=1)
+                       "batch_size": cfg.train.batch_size, "data_dir": os.path.abspath(opts.data_dir)}, fh, indent=1)
     return state

@@ -243,7 +243,8 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
         result = TrainResult(done, done - start, rate, progress.last_logs.get("loss", float("nan")), start)
         with open(os.path.join(opts.model_dir, "train_state.json"), "w") as fh:
             json.dump({"steps_done": done, "precision": opts.precision, "strategy": opts.strategy,
-                       "examples_per_sec_last_run": rate, "batch_size": cfg.train.batch_size}, fh, indent=1)
+                       "examples_per_sec_last_run": rate, "batch_size": cfg.train.batch_size,
+                       "data_dir": os.path.abspath(opts.data_dir)}, fh, indent=1)
         return result
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
