@@ -86,7 +86,7 @@ def cmd_serve(a) -> None:
     from serving.server import ModelServer, ServeOptions
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     server = ModelServer(ServeOptions(a.model_base, a.model_name, a.host, a.rest_port, a.grpc_port,
-                                      a.poll_seconds)).start()
+                                      a.poll_seconds, a.max_batch_rows, a.batch_timeout_ms)).start()
     server.serve_until_signal(say=_say)
 
 
@@ -180,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rest-port", type=int, default=8501)
     s.add_argument("--grpc-port", type=int, default=8500)
     s.add_argument("--poll-seconds", type=float, default=2.0, help="how often to look for new versions")
+    s.add_argument("--max-batch-rows", type=int, default=0,
+                   help="server-side batching: merge concurrent requests up to this many rows (0: off)")
+    s.add_argument("--batch-timeout-ms", type=float, default=2.0, help="how long a request waits for others to join")
     s.set_defaults(fn=cmd_serve)
 
     d = sub.add_parser("demo", help="generate/convert -> preprocess -> train -> evaluate -> export -> serve -> "

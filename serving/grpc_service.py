@@ -5,6 +5,7 @@ on `prediction_service_pb2_grpc.PredictionServiceStub` works unchanged.
 """
 from __future__ import annotations
 
+import time
 from concurrent import futures
 
 import grpc
@@ -13,6 +14,8 @@ import tensorflow as tf
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
                                      predict_pb2, prediction_service_pb2_grpc)
 
+from serving.batching import Predictor
+from serving.metrics import LATENCY_BUCKETS_S, Metrics
 from serving.registry import SIGNATURE, ModelRegistry, RequestError
 
 __all__ = ["make_grpc_server"]
@@ -23,8 +26,8 @@ def _version(spec) -> int | None:
 
 
 class _Prediction(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, registry: ModelRegistry):
-        self.registry = registry
+    def __init__(self, registry: ModelRegistry, predictor: Predictor, metrics: Metrics):
+        self.registry, self.predictor, self.metrics = registry, predictor, metrics
 
     def _lookup(self, spec, context):
         if spec.name != self.registry.name:
@@ -37,15 +40,23 @@ class _Prediction(prediction_service_pb2_grpc.PredictionServiceServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, str(e).strip("'\""))
 
     def Predict(self, request, context):
-        lv = self._lookup(request.model_spec, context)
+        t0 = time.perf_counter()
+        code = "OK"
         try:
-            cols = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
-            for k, v in cols.items():
-                if v.ndim != 1:
-                    raise RequestError(f"input {k!r}: expected a 1-D tensor, got shape {list(v.shape)}")
-            outputs = lv.predict(cols)
-        except (RequestError, ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e).splitlines()[0])
+            lv = self._lookup(request.model_spec, context)
+            try:
+                cols = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+                outputs = self.predictor.predict(lv, cols)
+            except (RequestError, ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
+                code = "INVALID_ARGUMENT"
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e).splitlines()[0])
+        except BaseException:
+            code = code if code != "OK" else "ERROR"
+            raise
+        finally:
+            self.metrics.inc("recpipe_requests_total", "Requests by API and HTTP status.", api="grpc_predict", code=code)
+            self.metrics.observe("recpipe_request_latency_seconds", "Request latency.", time.perf_counter() - t0,
+                                 LATENCY_BUCKETS_S, api="grpc_predict")
         resp = predict_pb2.PredictResponse()
         resp.model_spec.name = self.registry.name
         resp.model_spec.version.value = lv.version
@@ -88,10 +99,12 @@ class _ModelService(model_service_pb2_grpc.ModelServiceServicer):
         return resp
 
 
-def make_grpc_server(registry: ModelRegistry, host: str, port: int, workers: int = 8) -> tuple[grpc.Server, int]:
+def make_grpc_server(registry: ModelRegistry, predictor: Predictor, metrics: Metrics, host: str, port: int,
+                     workers: int = 8) -> tuple[grpc.Server, int]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
                          options=[("grpc.max_receive_message_length", 16 * 1024 * 1024)])
-    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(_Prediction(registry), server)
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(_Prediction(registry, predictor, metrics),
+                                                                        server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(_ModelService(registry), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:

@@ -35,19 +35,46 @@ class LoadedVersion:
     outputs: list[str]
     signature_defs: object           # tensorflow.core.protobuf.meta_graph_pb2 signature_def map
 
-    def predict(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def validate(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Columns of a request -> 1-D arrays of the signature's dtypes; RequestError if they do not fit."""
         missing = sorted(set(self.inputs) - set(columns))
         if missing:
             raise RequestError(f"missing input(s): {', '.join(missing)}")
         extra = sorted(set(columns) - set(self.inputs))
         if extra:
             raise RequestError(f"unknown input(s): {', '.join(extra)}; the signature takes {', '.join(self.inputs)}")
-        sizes = {len(v) for v in columns.values()}
+        out = {}
+        for name, values in columns.items():
+            arr = np.asarray(values)
+            if arr.ndim != 1:
+                raise RequestError(f"input {name!r}: expected one value per row (1-D), got shape {list(arr.shape)}")
+            dtype = self.inputs[name].dtype
+            if dtype == tf.string:
+                if arr.dtype.kind not in "OSU":
+                    raise RequestError(f"input {name!r}: expects strings, got {arr.dtype}")
+                out[name] = arr.astype(object)
+            elif dtype.is_integer:
+                if arr.dtype.kind not in "iu":
+                    raise RequestError(f"input {name!r}: expects integers, got {arr.dtype}")
+                out[name] = arr.astype(dtype.as_numpy_dtype)
+            else:
+                if arr.dtype.kind not in "iuf":
+                    raise RequestError(f"input {name!r}: expects numbers, got {arr.dtype}")
+                out[name] = arr.astype(dtype.as_numpy_dtype)
+        sizes = {len(v) for v in out.values()}
         if len(sizes) != 1:
             raise RequestError(f"inputs have different batch sizes: {sorted(sizes)}")
+        if sizes == {0}:
+            raise RequestError("empty batch")
+        return out
+
+    def run(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         tensors = {k: tf.constant(v, dtype=self.inputs[k].dtype) for k, v in columns.items()}
         out = self.fn(**tensors)
         return {k: v.numpy() for k, v in out.items()}
+
+    def predict(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.run(self.validate(columns))
 
 
 def _load(path: str, version: int) -> LoadedVersion:

@@ -4,6 +4,7 @@ GET  /v1/models/NAME[/versions/V]            model version status
 GET  /v1/models/NAME[/versions/V]/metadata   signature defs, in TF Serving's JSON form
 POST /v1/models/NAME[/versions/V]:predict    {"instances": [...]} or {"inputs": {...}}
 GET  /healthz                                200 once a version is loaded
+GET  /monitoring/prometheus/metrics          requests, latency histogram, batch sizes (Prometheus text)
 Errors are {"error": "..."} with 400 (bad request), 404 (unknown model/version/path), 413 (too large).
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import logging
 import math
 import re
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -20,6 +22,8 @@ import tensorflow as tf
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2
 
+from serving.batching import Predictor
+from serving.metrics import LATENCY_BUCKETS_S, Metrics
 from serving.registry import SIGNATURE, ModelRegistry, RequestError
 
 __all__ = ["parse_predict_body", "format_predict_response", "make_rest_server", "MAX_BODY_BYTES"]
@@ -161,18 +165,22 @@ def model_metadata(registry: ModelRegistry, version: int | None) -> dict:
 
 class _Handler(BaseHTTPRequestHandler):
     registry: ModelRegistry
+    predictor: Predictor
+    metrics: Metrics
     protocol_version = "HTTP/1.1"
+    timeout = 30  # a client that stops sending mid-request frees its worker thread
 
     def log_message(self, fmt, *args):  # route access logs to logging, not stderr
         log.debug("%s - %s", self.address_string(), fmt % args)
 
-    def _send(self, code: int, payload: dict) -> None:
-        data = json.dumps(payload, allow_nan=True).encode("utf-8")
+    def _send(self, code: int, payload: dict | str, content_type: str = "application/json") -> None:
+        data = (payload if isinstance(payload, str) else json.dumps(payload, allow_nan=True)).encode("utf-8")
         self.send_response(code)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+        self._code = code
 
     def _route(self):
         m = _PATH.match(self.path.split("?", 1)[0])
@@ -182,10 +190,27 @@ class _Handler(BaseHTTPRequestHandler):
             raise LookupError(f"Servable not found for request: Latest({m['name']})")
         return m["version"] and int(m["version"]), m["rest"]
 
+    def _observe(self, api: str, t0: float) -> None:
+        code = str(getattr(self, "_code", 0))
+        self.metrics.inc("recpipe_requests_total", "Requests by API and HTTP status.", api=api, code=code)
+        self.metrics.observe("recpipe_request_latency_seconds", "Request latency.", time.perf_counter() - t0,
+                             LATENCY_BUCKETS_S, api=api)
+
     def do_GET(self):
+        t0 = time.perf_counter()
+        try:
+            self._get()
+        finally:
+            self._observe("rest_get", t0)
+
+    def _get(self):
         try:
             if self.path == "/healthz":
                 return self._send(200, {"status": "ok", "version": self.registry.get().version})
+            if self.path == "/monitoring/prometheus/metrics":
+                self.metrics.set("recpipe_model_version", "Version being served.", self.registry.get().version,
+                                 model=self.registry.name)
+                return self._send(200, self.metrics.render(), "text/plain; version=0.0.4")
             route = self._route()
             if route is None or route[1] == ":predict":
                 return self._send(404, {"error": f"unknown path {self.path}"})
@@ -196,6 +221,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, {"error": str(e).strip("'\"")})
 
     def do_POST(self):
+        t0 = time.perf_counter()
+        try:
+            self._post()
+        finally:
+            self._observe("rest_predict", t0)
+
+    def _post(self):
         try:
             length = int(self.headers.get("Content-Length") or -1)
         except ValueError:
@@ -216,7 +248,7 @@ class _Handler(BaseHTTPRequestHandler):
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise RequestError(f"JSON parse error: {e}") from None
             cols, row_format = parse_predict_body(body, lv.inputs)
-            self._send(200, format_predict_response(lv.predict(cols), row_format))
+            self._send(200, format_predict_response(self.predictor.predict(lv, cols), row_format))
         except RequestError as e:
             self._send(400, {"error": str(e)})
         except LookupError as e:
@@ -225,8 +257,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, {"error": f"{type(e).__name__}: {e}".splitlines()[0]})
 
 
-def make_rest_server(registry: ModelRegistry, host: str, port: int) -> ThreadingHTTPServer:
-    handler = type("Handler", (_Handler,), {"registry": registry})
+def make_rest_server(registry: ModelRegistry, predictor: Predictor, metrics: Metrics, host: str,
+                     port: int) -> ThreadingHTTPServer:
+    handler = type("Handler", (_Handler,), {"registry": registry, "predictor": predictor, "metrics": metrics})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server

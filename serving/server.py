@@ -7,6 +7,8 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
+from serving.batching import Predictor
+from serving.metrics import Metrics
 from serving.registry import ModelRegistry
 from serving.rest import make_rest_server
 
@@ -21,6 +23,8 @@ class ServeOptions:
     rest_port: int = 8501
     grpc_port: Optional[int] = 8500
     poll_seconds: float = 2.0
+    max_batch_rows: int = 0          # 0: no server-side batching
+    batch_timeout_ms: float = 2.0
 
 
 class ModelServer:
@@ -28,7 +32,9 @@ class ModelServer:
 
     def __init__(self, opts: ServeOptions):
         self.opts = opts
+        self.metrics = Metrics()
         self.registry = ModelRegistry(opts.model_base, opts.model_name, opts.poll_seconds)
+        self.predictor = Predictor(self.metrics, opts.max_batch_rows, opts.batch_timeout_ms / 1000.0)
         self._rest = None
         self._grpc = None
         self.rest_port = self.grpc_port = None
@@ -36,17 +42,19 @@ class ModelServer:
 
     def start(self) -> "ModelServer":
         self.registry.start()
-        self._rest = make_rest_server(self.registry, self.opts.host, self.opts.rest_port)
+        self._rest = make_rest_server(self.registry, self.predictor, self.metrics, self.opts.host, self.opts.rest_port)
         self.rest_port = self._rest.server_address[1]
         threading.Thread(target=self._rest.serve_forever, name="rest", daemon=True).start()
         if self.opts.grpc_port is not None:
             from serving.grpc_service import make_grpc_server
-            self._grpc, self.grpc_port = make_grpc_server(self.registry, self.opts.host, self.opts.grpc_port)
+            self._grpc, self.grpc_port = make_grpc_server(self.registry, self.predictor, self.metrics,
+                                                          self.opts.host, self.opts.grpc_port)
             self._grpc.start()
         return self
 
     def stop(self) -> None:
         self.registry.stop()
+        self.predictor.stop()
         if self._rest is not None:
             self._rest.shutdown()
             self._rest.server_close()

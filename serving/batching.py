@@ -1,0 +1,126 @@
+"""Server-side batching: concurrent predict calls on one version become one model call.
+
+A request waits at most `timeout_s` for others to join; a batch holds at most `max_rows` rows.
+Requests are validated before they join (a bad one never spoils a batch); if a merged call still
+fails, every request in it is retried alone, so errors stay with the request that caused them.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from serving.metrics import BATCH_BUCKETS, Metrics
+from serving.registry import LoadedVersion
+
+__all__ = ["Batcher", "Predictor"]
+
+
+@dataclass
+class _Item:
+    lv: LoadedVersion
+    columns: dict[str, np.ndarray]
+    rows: int
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Optional[dict] = None
+    error: Optional[BaseException] = None
+
+
+class Batcher:
+    def __init__(self, max_rows: int, timeout_s: float, metrics: Metrics):
+        self.max_rows, self.timeout_s, self.metrics = max_rows, timeout_s, metrics
+        self._queue: "queue.Queue[_Item]" = queue.Queue()
+        self._carry: Optional[_Item] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, lv: LoadedVersion, columns: dict[str, np.ndarray]) -> dict:
+        item = _Item(lv, columns, len(next(iter(columns.values()))))
+        self._queue.put(item)
+        item.done.wait()
+        if item.error is not None:
+            raise item.error
+        assert item.result is not None
+        return item.result
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _next(self, timeout: Optional[float]) -> Optional[_Item]:
+        if self._carry is not None:
+            item, self._carry = self._carry, None
+            return item
+        try:
+            return self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            first = self._next(timeout=0.2)
+            if first is None:
+                continue
+            batch, rows = [first], first.rows
+            deadline = time.monotonic() + self.timeout_s
+            while rows < self.max_rows:
+                nxt = self._next(timeout=max(deadline - time.monotonic(), 0.0))
+                if nxt is None:
+                    break
+                if nxt.lv is not first.lv or rows + nxt.rows > self.max_rows:
+                    self._carry = nxt
+                    break
+                batch.append(nxt)
+                rows += nxt.rows
+            self._run(batch, rows)
+
+    def _run(self, batch: list[_Item], rows: int) -> None:
+        self.metrics.observe("recpipe_batch_size", "Rows per model call.", rows, BATCH_BUCKETS)
+        if len(batch) == 1:
+            self._run_one(batch[0])
+            return
+        keys = list(batch[0].columns)
+        try:
+            merged = {k: np.concatenate([it.columns[k] for it in batch]) for k in keys}
+            out = batch[0].lv.run(merged)
+        except Exception:  # noqa: BLE001 - retried one by one below, each error reaches its own request
+            for it in batch:
+                self._run_one(it)
+            return
+        start = 0
+        for it in batch:
+            it.result = {k: v[start:start + it.rows] for k, v in out.items()}
+            start += it.rows
+            it.done.set()
+
+    @staticmethod
+    def _run_one(item: _Item) -> None:
+        try:
+            item.result = item.lv.run(item.columns)
+        except Exception as e:  # noqa: BLE001 - handed to the waiting request thread
+            item.error = e
+        item.done.set()
+
+
+class Predictor:
+    """What the front ends call: validation, optional batching, metrics."""
+
+    def __init__(self, metrics: Metrics, max_batch_rows: int = 0, batch_timeout_s: float = 0.002):
+        self.metrics = metrics
+        self.batcher = Batcher(max_batch_rows, batch_timeout_s, metrics) if max_batch_rows > 0 else None
+
+    def predict(self, lv: LoadedVersion, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        columns = lv.validate(columns)
+        if self.batcher is None:
+            rows = len(next(iter(columns.values())))
+            self.metrics.observe("recpipe_batch_size", "Rows per model call.", rows, BATCH_BUCKETS)
+            return lv.run(columns)
+        return self.batcher.submit(lv, columns)
+
+    def stop(self) -> None:
+        if self.batcher is not None:
+            self.batcher.stop()
