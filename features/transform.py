@@ -59,8 +59,11 @@ class FeatureTransform(tf.Module):
         return (x - float(stats["mean"])) / std
 
     def __call__(self, canonical: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """Transforms the features present in `canonical` (all of them, or e.g. a query tower's)."""
         out: dict[str, tf.Tensor] = {}
         for f in self._cfg.features.sparse:
+            if f.name not in canonical:
+                continue
             owner = self._cfg.table_owner(f).name
             x = canonical[f.name]
             if isinstance(x, tf.RaggedTensor):
@@ -68,7 +71,8 @@ class FeatureTransform(tf.Module):
             else:
                 out[f.name] = self._ids(owner, x)
         for d in self._cfg.features.dense:
-            out[d.name] = self._dense(d.name, d.transform, d.fill, canonical[d.name])
+            if d.name in canonical:
+                out[d.name] = self._dense(d.name, d.transform, d.fill, canonical[d.name])
         return out
 
 
@@ -95,7 +99,7 @@ _REQUEST_DTYPES = {"string": tf.string, "int": tf.int64, "float": tf.float32,
                    "list<string>": tf.string, "list<int>": tf.string}
 
 
-def request_spec(artifact: TransformArtifact) -> dict[str, tf.TensorSpec]:
+def request_spec(artifact: TransformArtifact, features: list[str] | None = None) -> dict[str, tf.TensorSpec]:
     """One [None] input per raw log column a feature reads, named after the column: strings and
     int64 for sparse columns as logged, float32 for dense ones (NaN = missing).
 
@@ -103,20 +107,26 @@ def request_spec(artifact: TransformArtifact) -> dict[str, tf.TensorSpec]:
     (``|`` for list columns), because TF Serving's JSON/gRPC batches must be rectangular.
     """
     cfg = artifact.config
+    wanted = set(features) if features is not None else None
     cols: dict[str, tf.TensorSpec] = {}
     for f in cfg.features.sparse:
-        kind = artifact.raw_schema[f.column]
-        cols[f.column] = tf.TensorSpec([None], _REQUEST_DTYPES[kind], name=f.column)
+        if wanted is None or f.name in wanted:
+            kind = artifact.raw_schema[f.column]
+            cols[f.column] = tf.TensorSpec([None], _REQUEST_DTYPES[kind], name=f.column)
     for d in cfg.features.dense:  # float32 for int columns too: NaN is how a request says "missing"
-        cols.setdefault(d.column, tf.TensorSpec([None], tf.float32, name=d.column))
+        if wanted is None or d.name in wanted:
+            cols.setdefault(d.column, tf.TensorSpec([None], tf.float32, name=d.column))
     return cols
 
 
 def canonicalize_request(inputs: dict[str, tf.Tensor], artifact: TransformArtifact) -> dict[str, tf.Tensor]:
-    """Raw request tensors -> the canonical tensors features.canonical builds from Arrow."""
+    """Raw request tensors -> the canonical tensors features.canonical builds from Arrow, for every
+    feature whose column the request carries."""
     cfg = artifact.config
     out: dict[str, tf.Tensor] = {}
     for f in cfg.features.sparse:
+        if f.column not in inputs:
+            continue
         x = inputs[f.column]
         if x.dtype != tf.string:
             x = tf.strings.as_string(x)
@@ -126,7 +136,8 @@ def canonicalize_request(inputs: dict[str, tf.Tensor], artifact: TransformArtifa
         else:
             out[f.name] = x
     for d in cfg.features.dense:
-        out[d.name] = tf.cast(inputs[d.column], tf.float32)
+        if d.column in inputs:
+            out[d.name] = tf.cast(inputs[d.column], tf.float32)
     return out
 
 

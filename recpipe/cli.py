@@ -76,7 +76,7 @@ def cmd_evaluate(a) -> None:
 
 def cmd_export(a) -> None:
     from serving.export import export_model
-    path = export_model(a.model_dir, a.export_base, a.version, a.data)
+    path = export_model(a.model_dir, a.export_base, a.version, a.data, a.top_k)
     report = json.load(open(os.path.join(path, "skew_check.json")))
     _say(f"export: skew check passed on {report['rows']} eval rows (max |diff| {report['max_abs_diff']:.2g})")
     _say(f"export: {path}")
@@ -101,14 +101,42 @@ def cmd_bench(a) -> None:
         run_bench(BenchOptions(rows=a.rows or 200_000, steps=a.steps, out_dir=a.out, workdir=a.workdir), say=_say)
         return
     import tempfile
-    from recpipe.bench_preprocess import bench_preprocess, bench_shard_formats, write_report
     from recpipe.demo import repo_configs
     work = a.workdir or tempfile.mkdtemp(prefix="recpipe-bench-")
+    if a.suite == "serve":
+        _bench_serve(a, work)
+        return
+    from recpipe.bench_preprocess import bench_preprocess, bench_shard_formats, write_report
     pre = bench_preprocess(a.rows or 500_000, work, str(repo_configs() / "synthetic.yaml"), _say)
     shards = bench_shard_formats(os.path.join(work, "beam_1x"), _say)
     json_path, md_path = write_report({"preprocess": pre, "shards": shards, "ratios": pre["ratios"]}, a.out)
     _say(open(md_path).read())
     _say(f"bench: wrote {json_path} and {md_path}")
+
+
+def _bench_serve(a, work: str) -> None:
+    from features.config import load_config
+    from pipeline.preprocess import run_preprocess
+    from pipeline.synthetic import GenerateSpec, generate_log
+    from recpipe.bench_serve import bench_serve, markdown
+    from recpipe.demo import repo_configs, rest_rows
+    from serving.export import export_model
+    from trainers.train import TrainOptions, train
+    cfg_path = str(repo_configs() / "synthetic.yaml")
+    cfg = load_config(cfg_path)
+    files = generate_log(GenerateSpec(rows=a.rows or 100_000, days=2, seed=11), os.path.join(work, "log"))
+    run_preprocess(cfg, os.path.join(work, "log"), os.path.join(work, "pre"), list(DEFAULT_BEAM_ARGS), progress=_say)
+    train(TrainOptions(os.path.join(work, "pre"), os.path.join(work, "model"), cfg_path, steps=a.steps), say=_say)
+    export_model(os.path.join(work, "model"), os.path.join(work, "export"), version=1)
+    columns = sorted({f.column for f in [*cfg.features.sparse, *cfg.features.dense]})
+    rows, _ = rest_rows(files[-1], columns, 64)
+    results = bench_serve(os.path.join(work, "export"), cfg.name, rows, _say)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "serve.json"), "w") as fh:
+        json.dump(results, fh, indent=1, sort_keys=True)
+    with open(os.path.join(a.out, "serve.md"), "w") as fh:
+        fh.write(markdown(results))
+    _say(markdown(results))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -171,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--version", type=int, help="integer version (default: epoch seconds, above any existing)")
     x.add_argument("--data", help="preprocessed data whose eval_sample.parquet feeds the skew check "
                                   "(default: the data the model was trained on)")
+    x.add_argument("--top-k", type=int, default=10, help="retrieval models: candidates returned per query")
     x.set_defaults(fn=cmd_export)
 
     s = sub.add_parser("serve", help="serve MODEL_BASE/<version>/ over TF Serving's REST and gRPC APIs")
@@ -195,9 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(fn=cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks -> bench/results/<suite>.json + .md")
-    b.add_argument("suite", nargs="?", default="pipeline", choices=["pipeline", "preprocess"],
+    b.add_argument("suite", nargs="?", default="pipeline", choices=["pipeline", "preprocess", "serve"],
                    help="pipeline: every stage's throughput; preprocess: Beam vs single-process baseline, "
-                        "peak RSS at 1x vs 10x rows, shard formats")
+                        "peak RSS at 1x vs 10x rows, shard formats; serve: QPS/latency at concurrency "
+                        "1/8/32, batching off/on, against in-process calls")
     b.add_argument("--rows", type=int, help="rows (pipeline: 200000; preprocess: 500000 at 1x)")
     b.add_argument("--steps", type=int, default=200)
     b.add_argument("--out", default="bench/results")

@@ -1,5 +1,10 @@
 """Export a trained model as a SavedModel whose `serving_default` takes RAW log columns.
 
+Ranking: `serving_default` returns `score`. Retrieval: `query_embedding` returns the query tower's
+output and `serving_default` the top-K `candidates` (labels) and `scores` by brute force over a
+candidate index stored in the model (every vocabulary value of a single vocabulary candidate
+feature, else every candidate ID tuple seen in the data).
+
 EXPORT_BASE/<version>/saved_model.pb (+ variables/, assets.extra/recpipe.json) is TF Serving's
 versioned layout. The feature transform (vocabulary tables, hashing, dense normalisation) is the
 same features.transform.FeatureTransform the Beam job ran, embedded in the graph. A version is
@@ -18,6 +23,7 @@ import json  # noqa: E402
 import shutil  # noqa: E402
 import time  # noqa: E402
 import uuid  # noqa: E402
+from typing import Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
@@ -49,25 +55,67 @@ def _next_version(export_base: str) -> int:
     return max(now, versions[-1] + 1) if versions else now
 
 
-def _serving_module(artifact: TransformArtifact, model: tf.keras.Model) -> tf.Module:
+def _ranking_module(artifact: TransformArtifact, model: tf.keras.Model) -> tuple[tf.Module, dict]:
     module = tf.Module()
     module.transform = FeatureTransform(artifact)
     module.model = model
-    spec = request_spec(artifact)
 
-    @tf.function(input_signature=[spec])
+    @tf.function(input_signature=[request_spec(artifact)])
     def serve(inputs):
         features = module.transform(canonicalize_request(inputs, artifact))
         return {"score": tf.sigmoid(module.model(features))[:, 0]}
 
     module.serve = serve
-    return module
+    return module, {"serving_default": serve.get_concrete_function()}
 
 
-def example_request(artifact: TransformArtifact, n: int = 2) -> dict[str, np.ndarray]:
+def _candidate_index(cfg, artifact: TransformArtifact, data_dir: str) -> tuple[np.ndarray, list[str]]:
+    """Candidate ID tuples [U, n] and their labels: vocabulary values for a single vocabulary feature
+    (every known value), else the ID tuples seen in the data, joined with '|'."""
+    names = list(cfg.model.candidate_features)
+    owner = cfg.table_owner(cfg.sparse_by_name[names[0]])
+    if len(names) == 1 and owner.vocab is not None:
+        values = artifact.vocabularies[owner.name]
+        return np.arange(len(values), dtype=np.int64)[:, None], list(values)
+    from trainers.evaluate import candidate_universe
+    ids = candidate_universe(cfg, data_dir)
+    return ids, ["|".join(str(x) for x in row) for row in ids.tolist()]
+
+
+def _retrieval_module(cfg, artifact: TransformArtifact, model: tf.keras.Model, data_dir: str,
+                      top_k: int) -> tuple[tf.Module, dict]:
+    """cfg: the TRAINING config (its model section names the towers' features)."""
+    ids, labels = _candidate_index(cfg, artifact, data_dir)
+    names = list(cfg.model.candidate_features)
+    emb = np.concatenate([model.candidate_embedding({n: tf.constant(ids[i:i + 8192, j]) for j, n in enumerate(names)})
+                          .numpy() for i in range(0, len(ids), 8192)])
+    module = tf.Module()
+    module.transform = FeatureTransform(artifact)
+    module.model = model
+    module.index = tf.Variable(emb, trainable=False, name="candidate_embeddings")
+    module.labels = tf.Variable(labels, trainable=False, dtype=tf.string, name="candidate_labels")
+    k = min(top_k, len(labels))
+    spec = request_spec(artifact, list(cfg.model.query_features))
+
+    @tf.function(input_signature=[spec])
+    def query(inputs):
+        features = module.transform(canonicalize_request(inputs, artifact))
+        return {"query_embedding": module.model.query_embedding(features)}
+
+    @tf.function(input_signature=[spec])
+    def serve(inputs):
+        q = query(inputs)["query_embedding"]
+        top = tf.math.top_k(tf.matmul(q, module.index, transpose_b=True), k=k)
+        return {"candidates": tf.gather(module.labels, top.indices), "scores": top.values}
+
+    module.query, module.serve = query, serve
+    return module, {"serving_default": serve.get_concrete_function(), "query_embedding": query.get_concrete_function()}
+
+
+def example_request(serve_fn, n: int = 2) -> dict[str, np.ndarray]:
     """A request of n all-missing rows, with the dtypes the signature expects."""
     out = {}
-    for name, spec in request_spec(artifact).items():
+    for name, spec in serve_fn.structured_input_signature[1].items():
         if spec.dtype == tf.string:
             out[name] = np.array([b""] * n, dtype=object)
         elif spec.dtype == tf.int64:
@@ -93,29 +141,29 @@ def _eval_sample_path(model_dir: str, data_dir: str | None) -> str:
     return path
 
 
-def skew_check(serve_fn, model: tf.keras.Model, artifact: TransformArtifact, sample: pa.Table,
-               tolerance: float = SKEW_TOLERANCE) -> dict:
-    """Score the same raw rows through the serving signature and through Arrow canonicalisation +
-    FeatureTransform + the trainer's model (what the Beam job and the trainer compute)."""
-    cfg = artifact.config
-    served = serve_fn(**request_from_arrow(sample, dict(serve_fn.structured_input_signature[1])))["score"].numpy()
-    canon = canonicalize(sample, cfg)
+def skew_check(signature, output: str, direct: Callable[[dict], tf.Tensor], artifact: TransformArtifact,
+               sample: pa.Table, tolerance: float = SKEW_TOLERANCE) -> dict:
+    """The same raw rows through the exported `signature` (its `output`) and through Arrow
+    canonicalisation + FeatureTransform + `direct` (the trainer's model): what Beam and the trainer
+    compute. Ranking compares scores, retrieval query embeddings."""
+    served = signature(**request_from_arrow(sample, dict(signature.structured_input_signature[1])))[output].numpy()
+    canon = canonicalize(sample, artifact.config)
     feats = FeatureTransform(artifact)(canonical_to_tensors({k: v for k, v in canon.items() if k != LABEL_KEY}))
-    direct = tf.sigmoid(model(feats))[:, 0].numpy()
-    diff = np.abs(served.astype(np.float64) - direct.astype(np.float64))
-    worst = int(np.argmax(diff)) if len(diff) else -1
-    return {"rows": int(len(diff)), "tolerance": tolerance, "max_abs_diff": float(diff.max()) if len(diff) else 0.0,
-            "mean_abs_diff": float(diff.mean()) if len(diff) else 0.0, "worst_row": worst,
-            "passed": bool(len(diff) and diff.max() <= tolerance)}
+    diff = np.abs(served.astype(np.float64) - direct(feats).numpy().astype(np.float64)).reshape(len(served), -1)
+    per_row = diff.max(axis=1) if diff.size else np.zeros(0)
+    return {"rows": int(len(per_row)), "compared": output, "tolerance": tolerance,
+            "max_abs_diff": float(per_row.max()) if len(per_row) else 0.0,
+            "mean_abs_diff": float(diff.mean()) if diff.size else 0.0,
+            "worst_row": int(np.argmax(per_row)) if len(per_row) else -1,
+            "passed": bool(len(per_row) and per_row.max() <= tolerance)}
 
 
-def export_model(model_dir: str, export_base: str, version: int | None = None, data_dir: str | None = None) -> str:
+def export_model(model_dir: str, export_base: str, version: int | None = None, data_dir: str | None = None,
+                 top_k: int = 10) -> str:
     """Write EXPORT_BASE/<version>/ atomically after a passing skew check; return its path."""
     cfg, artifact, model = load_trained(model_dir)
-    if cfg.model.task != "ranking":
-        raise ValueError(f"{model_dir}: a {cfg.model.task} model; this export writes ranking models (raw row in, "
-                         f"score out). Retrieval export (query model + candidate index) is not built yet")
-    sample = pq.read_table(_eval_sample_path(model_dir, data_dir))
+    sample_path = _eval_sample_path(model_dir, data_dir)
+    sample = pq.read_table(sample_path)
     version = version if version is not None else _next_version(export_base)
     final = os.path.join(export_base, str(version))
     if os.path.exists(final):
@@ -124,10 +172,15 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
     tmp = os.path.join(export_base, f".tmp-{version}-{uuid.uuid4().hex[:8]}")
     quiet = tf.get_logger().level
     try:
-        module = _serving_module(artifact, model)
-        # The unbuilt training-only Ranking task triggers a harmless "skipping serialization" warning.
+        if cfg.model.task == "retrieval":
+            module, signatures = _retrieval_module(cfg, artifact, model, os.path.dirname(sample_path), top_k)
+            compare, output, direct = "query_embedding", "query_embedding", model.query_embedding
+        else:
+            module, signatures = _ranking_module(artifact, model)
+            compare, output, direct = "serving_default", "score", lambda f: tf.sigmoid(model(f))[:, 0]
+        # The unbuilt training-only task layer triggers a harmless "skipping serialization" warning.
         tf.get_logger().setLevel("ERROR")
-        tf.saved_model.save(module, tmp, signatures={"serving_default": module.serve.get_concrete_function()})
+        tf.saved_model.save(module, tmp, signatures=signatures)
         tf.get_logger().setLevel(quiet)  # loading and the smoke call below may warn for real
         os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
         with open(os.path.join(tmp, "assets.extra", "recpipe.json"), "w") as fh:
@@ -135,10 +188,10 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
                        "model_dir": os.path.abspath(model_dir), "version": version}, fh, indent=1)
         loaded = tf.saved_model.load(tmp)
         serve_fn = loaded.signatures["serving_default"]
-        scores = serve_fn(**{k: tf.constant(v) for k, v in example_request(artifact).items()})["score"]
-        if not np.all(np.isfinite(scores.numpy())):
+        smoke = serve_fn(**{k: tf.constant(v) for k, v in example_request(serve_fn).items()})
+        if not all(np.all(np.isfinite(v.numpy())) for v in smoke.values() if v.dtype.is_floating):
             raise RuntimeError(f"{tmp}: the exported model returns non-finite scores")
-        report = skew_check(serve_fn, model, artifact, sample)
+        report = skew_check(loaded.signatures[compare], output, direct, artifact, sample)
         with open(os.path.join(tmp, "skew_check.json"), "w") as fh:
             json.dump(report, fh, indent=1)
         if not report["passed"]:

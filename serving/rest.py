@@ -130,10 +130,16 @@ def parse_predict_body(body: Any, inputs: dict[str, tf.TensorSpec]) -> tuple[dic
     return cols, False
 
 
+def _decode(x: Any) -> Any:
+    if isinstance(x, bytes):
+        return x.decode("utf-8", "replace")
+    if isinstance(x, list):
+        return [_decode(v) for v in x]
+    return x
+
+
 def _jsonable(a: np.ndarray) -> Any:
-    if a.dtype == object:
-        return [x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in a.tolist()]
-    return a.tolist()
+    return _decode(a.tolist()) if a.dtype == object else a.tolist()
 
 
 def format_predict_response(outputs: dict[str, np.ndarray], row_format: bool) -> dict:

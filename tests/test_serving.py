@@ -188,3 +188,35 @@ def test_new_version_is_picked_up_and_corrupt_one_refused(server, exported, trai
     assert server.registry.get().version == 4
     code, body = _http("GET", f"http://127.0.0.1:{server.rest_port}/v1/models/small")
     assert body["model_version_status"][0]["version"] == "4"
+
+
+def test_retrieval_export_and_serving(tmp_path, preprocessed, small_log, small_cfg):
+    import yaml
+
+    from conftest import small_config_dict
+    from trainers.train import TrainOptions, train
+    d = small_config_dict()
+    d["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user_id", "hist", "I1"],
+                  "candidate_features": ["item_id"], "tower_layers": [16]}
+    cfg_path = tmp_path / "tt.yaml"
+    cfg_path.write_text(yaml.safe_dump(d))
+    model_dir = str(tmp_path / "tt")
+    train(TrainOptions(preprocessed[0], model_dir, str(cfg_path), steps=60), say=lambda _: None)
+    path = export_model(model_dir, str(tmp_path / "exp"), version=1, top_k=5)
+    report = json.load(open(os.path.join(path, "skew_check.json")))
+    assert report["passed"] and report["compared"] == "query_embedding"
+    loaded = tf.saved_model.load(path)
+    assert set(loaded.signatures) == {"serving_default", "query_embedding"}
+    assert set(loaded.signatures["serving_default"].structured_input_signature[1]) == {"user_id", "hist_items", "I1"}
+    srv = ModelServer(ServeOptions(str(tmp_path / "exp"), "tt", rest_port=0, grpc_port=None)).start()
+    try:
+        rows, _ = _raw_rows(small_log, small_cfg, 3)
+        query_rows = [{k: r[k] for k in ("user_id", "hist_items", "I1") if k in r} for r in rows]
+        code, body = _http("POST", f"http://127.0.0.1:{srv.rest_port}/v1/models/tt:predict", {"instances": query_rows})
+    finally:
+        srv.stop()
+    assert code == 200 and len(body["predictions"]) == 3
+    first = body["predictions"][0]
+    vocab = set(json.load(open(os.path.join(preprocessed[0], "transform", "vocab", "item_id.json")))["values"])
+    assert len(first["candidates"]) == 5 and set(first["candidates"]) <= vocab
+    assert first["scores"] == sorted(first["scores"], reverse=True)

@@ -1,6 +1,5 @@
 """The model server under load and abuse: batching, metrics, fuzzed bodies, hot version swap."""
 import json
-import os
 import threading
 import time
 import urllib.error

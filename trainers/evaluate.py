@@ -15,7 +15,7 @@ from trainers.data import make_dataset  # noqa: E402
 from trainers.metrics import log_loss, ndcg_at_k, rank_of_true, recall_at_k, roc_auc  # noqa: E402
 from trainers.train import load_trained  # noqa: E402
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "candidate_universe"]
 
 
 def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_size: int = 4096) -> dict:
@@ -50,12 +50,18 @@ def _candidate_ids(batch: dict, names: list[str]) -> np.ndarray:
     return np.stack([batch[n].numpy() for n in names], axis=1)
 
 
-def _retrieval(cfg, model, data_dir: str, batch_size: int, k: int = 10) -> dict:
-    """Brute force: score each clicked eval row's query against ALL candidates seen in train+eval."""
+def candidate_universe(cfg, data_dir: str, batch_size: int = 4096) -> np.ndarray:
+    """Every distinct candidate ID tuple in the train and eval splits, [U, len(candidate_features)]."""
     names = list(cfg.model.candidate_features)
     seen = [_candidate_ids(b, names) for split in ("train", "eval")
             for b in make_dataset(cfg, data_dir, split, batch_size, training=False)]
-    universe = np.unique(np.concatenate(seen), axis=0)
+    return np.unique(np.concatenate(seen), axis=0)
+
+
+def _retrieval(cfg, model, data_dir: str, batch_size: int, k: int = 10) -> dict:
+    """Brute force: score each clicked eval row's query against ALL candidates seen in train+eval."""
+    names = list(cfg.model.candidate_features)
+    universe = candidate_universe(cfg, data_dir, batch_size)
     index = {tuple(row): i for i, row in enumerate(universe.tolist())}
     cand_fn = tf.function(model.candidate_embedding, reduce_retracing=True)
     query_fn = tf.function(model.query_embedding, reduce_retracing=True)

@@ -1,0 +1,122 @@
+"""Serving benchmark: QPS and latency percentiles of `recpipe serve` (REST, single-row requests) at
+several concurrencies, batching off and on, against the same SavedModel called in-process.
+
+The server runs in its own process; the load comes from this one over keep-alive connections.
+Both share this machine's cores, so the in-process figure is the ceiling here.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["bench_serve"]
+
+
+def _load(call: Callable[[], None], concurrency: int, seconds: float) -> dict:
+    latencies: list[float] = []
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def worker():
+        mine = []
+        while time.monotonic() < stop:
+            t0 = time.perf_counter()
+            call()
+            mine.append(time.perf_counter() - t0)
+        with lock:
+            latencies.extend(mine)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    lat = np.array(latencies) * 1000
+    return {"qps": len(lat) / wall, "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
+            "requests": int(len(lat))}
+
+
+def _http_caller(port: int, path: str, body: bytes) -> Callable[[], None]:
+    local = threading.local()
+
+    def call():
+        conn = getattr(local, "conn", None)
+        if conn is None:
+            conn = local.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", path, body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}")
+    return call
+
+
+def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callable[[str], None],
+                concurrencies=(1, 8, 32), seconds: float = 4.0) -> dict:
+    import tensorflow as tf
+
+    from recpipe.demo import free_port
+    from serving.registry import _load as load_version
+    from serving.rest import parse_predict_body
+    version = max(int(d) for d in os.listdir(export_base) if d.isdigit())
+    lv = load_version(os.path.join(export_base, str(version)), version)
+    one = [parse_predict_body({"instances": [r]}, lv.inputs)[0] for r in rows]
+    tensors = [{k: tf.constant(v, dtype=lv.inputs[k].dtype) for k, v in c.items()} for c in one]
+    counter = iter(range(10**12))
+    results: dict = {"in_process": {}, "batching_off": {}, "batching_on": {}}
+    for c in concurrencies:
+        say(f"bench serve: in-process, concurrency {c}")
+        results["in_process"][str(c)] = _load(lambda: lv.fn(**tensors[next(counter) % len(tensors)]), c, seconds)
+    for mode, extra in (("batching_off", []), ("batching_on", ["--max-batch-rows", "64", "--batch-timeout-ms", "2"])):
+        port = free_port()
+        proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "serve", "--model-base", export_base,
+                                 "--model-name", model_name, "--rest-port", str(port), "--grpc-port", str(free_port()),
+                                 *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    http.client.HTTPConnection("127.0.0.1", port, timeout=2).request("GET", "/healthz")
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError("model server did not start")
+                    time.sleep(0.3)
+            bodies = [json.dumps({"instances": [r]}).encode() for r in rows]
+            for c in concurrencies:
+                say(f"bench serve: {mode}, concurrency {c}")
+                callers = _http_caller(port, f"/v1/models/{model_name}:predict", bodies[0])
+                _load(callers, c, 0.5)  # warm up connections
+                results[mode][str(c)] = _load(callers, c, seconds)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    best8 = max(results["batching_off"]["8"]["qps"], results["batching_on"]["8"]["qps"])
+    results["ratios"] = {"serve_qps_vs_inprocess": best8 / results["in_process"]["8"]["qps"],
+                         "serve_p99_ms_c8": min(results["batching_off"]["8"]["p99_ms"],
+                                                results["batching_on"]["8"]["p99_ms"])}
+    return results
+
+
+def markdown(results: dict) -> str:
+    lines = ["# Serving benchmark (REST, one row per request; server and load share 2 cores; one run)", "",
+             "| mode | concurrency | QPS | p50 ms | p99 ms |", "|---|---|---|---|---|"]
+    for mode in ("in_process", "batching_off", "batching_on"):
+        for c, r in results[mode].items():
+            lines.append(f"| {mode} | {c} | {r['qps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+    r = results["ratios"]
+    lines += ["", f"- **serve_qps_vs_inprocess** (concurrency 8, best mode): **{r['serve_qps_vs_inprocess']:.2f}** "
+              f"(target >= 0.5)",
+              f"- **serve_p99_ms_c8**: **{r['serve_p99_ms_c8']:.2f} ms** (target < 20)", "",
+              "Reproduce: `.venv/bin/recpipe bench serve`.", ""]
+    return "\n".join(lines)
