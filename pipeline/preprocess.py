@@ -3,7 +3,8 @@
     OUTPUT/transform/     features.artifact.TransformArtifact (vocabularies, dense stats, counts)
     OUTPUT/train/*.tfrecord, OUTPUT/eval/*.tfrecord   features.records batches
     OUTPUT/dead_letter/*.parquet   rows that cannot be used: source_file, row, reason, field, row_json
-    OUTPUT/eval_sample.parquet     up to 1000 raw eval rows, for the export's skew check
+    OUTPUT/eval_sample.parquet     up to 1000 raw eval rows, and eval_sample.tfrecord the same rows
+                                   transformed like the shards: the export's skew check compares them
 
 Runs on any Beam runner given by `beam_args` (default: DirectRunner). The run fails unless
 rows in = rows train + rows eval + rows dead-lettered, exactly.
@@ -118,7 +119,7 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
              | f"ApplyTransform[{split}]" >> ApplyTransform(artifact)
              | f"WriteShards[{split}]" >> beam.io.WriteToTFRecord(
                  fsio.join(out, split, "part"), file_name_suffix=".tfrecord"))
-    _ = splits.eval_raw | "WriteEvalSample" >> WriteEvalSample(fsio.join(out, "eval_sample.parquet"))
+    _ = splits.eval_raw | "WriteEvalSample" >> WriteEvalSample(cfg, out, artifact)
     _ = (validated.dead_letter
          | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
              fsio.join(out, "dead_letter", "part"), schema=DEAD_LETTER_SCHEMA, file_name_suffix=".parquet"))

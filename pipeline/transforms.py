@@ -249,25 +249,36 @@ class _FirstRows(beam.CombineFn):
 
 
 class WriteEvalSample(beam.PTransform):
-    """Raw eval-row tables -> PATH (Parquet, at most EVAL_SAMPLE_ROWS rows; nothing if no eval rows)."""
+    """Raw eval-row tables -> OUT/eval_sample.parquet (at most EVAL_SAMPLE_ROWS raw rows) and
+    OUT/eval_sample.tfrecord (the same rows, in order, transformed by the same DoFn as the shards):
+    the export's skew check compares the SavedModel on the first with the model on the second."""
 
-    def __init__(self, path: str):
+    def __init__(self, cfg: Config, out_dir: str, artifact):
         super().__init__()
-        self._path = path
+        self._cfg, self._out, self._artifact = cfg, out_dir, artifact
 
     def expand(self, tables):
-        path = self._path
+        from features import fsio
+        parquet_path, record_path = fsio.join(self._out, "eval_sample.parquet"), fsio.join(self._out, "eval_sample.tfrecord")
+        cfg = self._cfg
 
-        def write(table):
-            if table is not None and table.num_rows:
-                import pyarrow.parquet as pq
+        def write_raw(table):
+            import pyarrow.parquet as pq
+            fs, p = fsio.resolve(parquet_path)
+            pq.write_table(table, p, filesystem=fs)
+            return table
 
-                from features.fsio import resolve
-                fs, p = resolve(path)
-                pq.write_table(table, p, filesystem=fs)
-            return path
+        def write_record(record: bytes):
+            import tensorflow as tf
+            with tf.io.TFRecordWriter(record_path) as w:
+                w.write(record)
 
-        return tables | "FirstRows" >> beam.CombineGlobally(_FirstRows(EVAL_SAMPLE_ROWS)) | "Write" >> beam.Map(write)
+        sample = (tables | "FirstRows" >> beam.CombineGlobally(_FirstRows(EVAL_SAMPLE_ROWS))
+                  | "NonEmpty" >> beam.Filter(lambda t: t is not None and t.num_rows > 0)
+                  | "WriteRaw" >> beam.Map(write_raw))
+        return (sample | "Canonicalize" >> beam.Map(canonicalize, cfg)
+                | "Transform" >> beam.ParDo(_Transform(), beam.pvalue.AsSingleton(self._artifact))
+                | "WriteTransformed" >> beam.Map(write_record))
 
 
 # ------------------------------------------------------------------------- analyse

@@ -25,11 +25,18 @@ def _load(call: Callable[[], None], concurrency: int, seconds: float) -> dict:
     lock = threading.Lock()
     stop = time.monotonic() + seconds
 
+    errors: list[str] = []
+
     def worker():
         mine = []
         while time.monotonic() < stop:
             t0 = time.perf_counter()
-            call()
+            try:
+                call()
+            except Exception as e:  # noqa: BLE001 - counted and reported, never hidden
+                with lock:
+                    errors.append(f"{type(e).__name__}: {e}")
+                continue
             mine.append(time.perf_counter() - t0)
         with lock:
             latencies.extend(mine)
@@ -43,7 +50,7 @@ def _load(call: Callable[[], None], concurrency: int, seconds: float) -> dict:
     wall = time.perf_counter() - t0
     lat = np.array(latencies) * 1000
     return {"qps": len(lat) / wall, "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
-            "requests": int(len(lat))}
+            "requests": int(len(lat)), "errors": len(errors), "first_error": errors[0] if errors else None}
 
 
 def _http_caller(port: int, path: str, body: bytes) -> Callable[[], None]:
@@ -53,16 +60,20 @@ def _http_caller(port: int, path: str, body: bytes) -> Callable[[], None]:
         conn = getattr(local, "conn", None)
         if conn is None:
             conn = local.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request("POST", path, body, {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        resp.read()
+        try:
+            conn.request("POST", path, body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+        except OSError:
+            local.conn = None  # reconnect next time; the failure is counted by the caller
+            raise
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}")
     return call
 
 
 def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callable[[str], None],
-                concurrencies=(1, 8, 32), seconds: float = 4.0) -> dict:
+                concurrencies=(1, 8, 32), seconds: float = 4.0, batch_timeout_ms: float = 1.0) -> dict:
     import tensorflow as tf
 
     from recpipe.demo import free_port
@@ -77,7 +88,8 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
     for c in concurrencies:
         say(f"bench serve: in-process, concurrency {c}")
         results["in_process"][str(c)] = _load(lambda: lv.fn(**tensors[next(counter) % len(tensors)]), c, seconds)
-    for mode, extra in (("batching_off", []), ("batching_on", ["--max-batch-rows", "64", "--batch-timeout-ms", "2"])):
+    for mode, extra in (("batching_off", []), ("batching_on", ["--max-batch-rows", "64", "--batch-timeout-ms",
+                                                           str(batch_timeout_ms)])):
         port = free_port()
         proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "serve", "--model-base", export_base,
                                  "--model-name", model_name, "--rest-port", str(port), "--grpc-port", str(free_port()),
@@ -101,6 +113,8 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+    results["settings"] = {"max_batch_rows": 64, "batch_timeout_ms": batch_timeout_ms, "seconds_per_level": seconds,
+                           "request_rows": 1}
     best8 = max(results["batching_off"]["8"]["qps"], results["batching_on"]["8"]["qps"])
     results["ratios"] = {"serve_qps_vs_inprocess": best8 / results["in_process"]["8"]["qps"],
                          "serve_p99_ms_c8": min(results["batching_off"]["8"]["p99_ms"],
@@ -109,11 +123,14 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
 
 
 def markdown(results: dict) -> str:
+    st = results["settings"]
     lines = ["# Serving benchmark (REST, one row per request; server and load share 2 cores; one run)", "",
-             "| mode | concurrency | QPS | p50 ms | p99 ms |", "|---|---|---|---|---|"]
+             f"batching_on: --max-batch-rows {st['max_batch_rows']} --batch-timeout-ms {st['batch_timeout_ms']:g}; "
+             f"{st['seconds_per_level']:g} s per level.", "",
+             "| mode | concurrency | QPS | p50 ms | p99 ms | errors |", "|---|---|---|---|---|---|"]
     for mode in ("in_process", "batching_off", "batching_on"):
         for c, r in results[mode].items():
-            lines.append(f"| {mode} | {c} | {r['qps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |")
+            lines.append(f"| {mode} | {c} | {r['qps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} |")
     r = results["ratios"]
     lines += ["", f"- **serve_qps_vs_inprocess** (concurrency 8, best mode): **{r['serve_qps_vs_inprocess']:.2f}** "
               f"(target >= 0.5)",

@@ -109,7 +109,7 @@ class Batcher:
 class Predictor:
     """What the front ends call: validation, optional batching, metrics."""
 
-    def __init__(self, metrics: Metrics, max_batch_rows: int = 0, batch_timeout_s: float = 0.002):
+    def __init__(self, metrics: Metrics, max_batch_rows: int = 0, batch_timeout_s: float = 0.001):
         self.metrics = metrics
         self.batcher = Batcher(max_batch_rows, batch_timeout_s, metrics) if max_batch_rows > 0 else None
 

@@ -8,10 +8,10 @@ feature, else every candidate ID tuple seen in the data).
 EXPORT_BASE/<version>/saved_model.pb (+ variables/, assets.extra/recpipe.json) is TF Serving's
 versioned layout. The feature transform (vocabulary tables, hashing, dense normalisation) is the
 same features.transform.FeatureTransform the Beam job ran, embedded in the graph. A version is
-written to a hidden temp folder, loaded, called, and skew-checked: up to 1000 raw eval rows kept by
-the Beam job are scored through the exported signature and through the Beam/trainer path, and the
-export fails if any score differs by more than 1e-5 (`<version>/skew_check.json` records it). Only
-then is the folder renamed into place.
+written to a hidden temp folder, loaded, called, and skew-checked: up to 1000 eval rows kept by the
+Beam job are scored through the exported signature from their raw columns and through the trained
+model from their preprocessed record, and the export fails if any score differs by more than 1e-5
+(`<version>/skew_check.json` records it). Only then is the folder renamed into place.
 """
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ import tensorflow as tf  # noqa: E402
 
 from features.artifact import TransformArtifact  # noqa: E402
 from features.config import config_to_dict  # noqa: E402
-from features.canonical import LABEL_KEY, canonicalize  # noqa: E402
-from features.transform import (FeatureTransform, canonical_to_tensors, canonicalize_request,  # noqa: E402
-                                request_from_arrow, request_spec)
+from features.records import parse_record  # noqa: E402
+from features.transform import (FeatureTransform, canonicalize_request, request_from_arrow,  # noqa: E402
+                                request_spec)
 from trainers.train import load_trained  # noqa: E402
 
 __all__ = ["export_model", "existing_versions", "example_request", "skew_check", "SkewError", "SKEW_TOLERANCE"]
@@ -136,20 +136,23 @@ def _eval_sample_path(model_dir: str, data_dir: str | None) -> str:
     if data_dir is None:
         raise FileNotFoundError(f"{model_dir}: cannot tell which preprocessed data it was trained on; pass --data")
     path = os.path.join(data_dir, "eval_sample.parquet")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no raw eval sample for the skew check (re-run `recpipe preprocess`)")
+    for p in (path, os.path.join(data_dir, "eval_sample.tfrecord")):
+        if not os.path.exists(p):
+            raise FileNotFoundError(f"{p}: no eval sample for the skew check (re-run `recpipe preprocess`)")
     return path
 
 
-def skew_check(signature, output: str, direct: Callable[[dict], tf.Tensor], artifact: TransformArtifact,
-               sample: pa.Table, tolerance: float = SKEW_TOLERANCE) -> dict:
-    """The same raw rows through the exported `signature` (its `output`) and through Arrow
-    canonicalisation + FeatureTransform + `direct` (the trainer's model): what Beam and the trainer
-    compute. Ranking compares scores, retrieval query embeddings."""
+def skew_check(signature, output: str, direct: Callable[[dict], tf.Tensor], sample: pa.Table,
+               preprocessed: dict, tolerance: float = SKEW_TOLERANCE) -> dict:
+    """The same eval rows scored through the exported `signature` from RAW columns and through the
+    trainer's model (`direct`) from their PREPROCESSED record (written by the Beam job's transform).
+    Ranking compares scores, retrieval query embeddings."""
     served = signature(**request_from_arrow(sample, dict(signature.structured_input_signature[1])))[output].numpy()
-    canon = canonicalize(sample, artifact.config)
-    feats = FeatureTransform(artifact)(canonical_to_tensors({k: v for k, v in canon.items() if k != LABEL_KEY}))
-    diff = np.abs(served.astype(np.float64) - direct(feats).numpy().astype(np.float64)).reshape(len(served), -1)
+    trained = direct(preprocessed).numpy()
+    if trained.shape != served.shape:
+        raise SkewError(f"skew check: {served.shape} served vs {trained.shape} trainer outputs; the eval sample "
+                        f"files do not match")
+    diff = np.abs(served.astype(np.float64) - trained.astype(np.float64)).reshape(len(served), -1)
     per_row = diff.max(axis=1) if diff.size else np.zeros(0)
     return {"rows": int(len(per_row)), "compared": output, "tolerance": tolerance,
             "max_abs_diff": float(per_row.max()) if len(per_row) else 0.0,
@@ -158,12 +161,20 @@ def skew_check(signature, output: str, direct: Callable[[dict], tf.Tensor], arti
             "passed": bool(len(per_row) and per_row.max() <= tolerance)}
 
 
+def _preprocessed_sample(cfg, path: str) -> dict:
+    records = list(tf.data.TFRecordDataset(path))
+    if len(records) != 1:
+        raise FileNotFoundError(f"{path}: expected one transformed eval-sample record, found {len(records)}")
+    return parse_record(cfg)(records[0])
+
+
 def export_model(model_dir: str, export_base: str, version: int | None = None, data_dir: str | None = None,
                  top_k: int = 10) -> str:
     """Write EXPORT_BASE/<version>/ atomically after a passing skew check; return its path."""
     cfg, artifact, model = load_trained(model_dir)
     sample_path = _eval_sample_path(model_dir, data_dir)
     sample = pq.read_table(sample_path)
+    preprocessed = _preprocessed_sample(cfg, sample_path.replace(".parquet", ".tfrecord"))
     version = version if version is not None else _next_version(export_base)
     final = os.path.join(export_base, str(version))
     if os.path.exists(final):
@@ -191,7 +202,7 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
         smoke = serve_fn(**{k: tf.constant(v) for k, v in example_request(serve_fn).items()})
         if not all(np.all(np.isfinite(v.numpy())) for v in smoke.values() if v.dtype.is_floating):
             raise RuntimeError(f"{tmp}: the exported model returns non-finite scores")
-        report = skew_check(loaded.signatures[compare], output, direct, artifact, sample)
+        report = skew_check(loaded.signatures[compare], output, direct, sample, preprocessed)
         with open(os.path.join(tmp, "skew_check.json"), "w") as fh:
             json.dump(report, fh, indent=1)
         if not report["passed"]:

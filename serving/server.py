@@ -24,7 +24,7 @@ class ServeOptions:
     grpc_port: Optional[int] = 8500
     poll_seconds: float = 2.0
     max_batch_rows: int = 0          # 0: no server-side batching
-    batch_timeout_ms: float = 2.0
+    batch_timeout_ms: float = 1.0
 
 
 class ModelServer:

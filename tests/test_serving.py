@@ -65,18 +65,15 @@ def test_export_skew_check_report(exported, preprocessed):
 
 
 def test_export_fails_on_skew_and_publishes_nothing(tmp_path, trained, monkeypatch):
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
     import serving.export as export_mod
-    real = export_mod.canonicalize
+    real = export_mod._preprocessed_sample
 
-    def skewed(table, cfg):  # a training-side bug: I1 read off by one
-        out = real(table, cfg)
-        out["I1"] = pc.add(out["I1"], pa.scalar(1.0, pa.float32()))
-        return out
+    def skewed(cfg, path):  # the preprocessing computed I1 differently from the serving graph
+        batch = dict(real(cfg, path))
+        batch["I1"] = batch["I1"] + 1.0
+        return batch
 
-    monkeypatch.setattr(export_mod, "canonicalize", skewed)
+    monkeypatch.setattr(export_mod, "_preprocessed_sample", skewed)
     base = str(tmp_path / "exp")
     with pytest.raises(export_mod.SkewError, match="skew check failed"):
         export_model(trained, base, version=7)

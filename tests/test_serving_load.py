@@ -122,3 +122,18 @@ def test_version_swap_under_load_loses_no_request(batching_server, trained, smal
             t.join(timeout=30)
     assert srv.registry.get().version == 2 and {"1", "2"} <= versions_seen
     assert len(codes) >= 2000 and set(codes) == {200}, (len(codes), sorted(set(codes)))
+
+
+def test_many_clients_connecting_at_once(batching_server, small_log, small_cfg):
+    """socketserver's default backlog of 5 reset connections when 32 clients connected together."""
+    srv, _ = batching_server
+    rows, _ = _raw_rows(small_log, small_cfg, 1)
+    barrier = threading.Barrier(64)
+
+    def one(_):
+        barrier.wait(timeout=30)
+        return _post(srv.rest_port, {"instances": rows})[0]
+
+    with ThreadPoolExecutor(64) as pool:
+        codes = list(pool.map(one, range(64)))
+    assert codes == [200] * 64
