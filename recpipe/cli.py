@@ -68,6 +68,19 @@ def cmd_train(a) -> None:
          f"-> {a.model_dir}")
 
 
+def cmd_advise(a) -> None:
+    from features.artifact import TransformArtifact
+    from features.config import load_config
+    from trainers.advisor import advise
+    artifact = TransformArtifact.read(os.path.join(a.data, "transform"))
+    cfg = load_config(a.config) if a.config else artifact.config
+    advice = advise(cfg, artifact, a.data, a.workers, a.ps_tasks, a.bandwidth_gbps)
+    _say(advice.table())
+    if a.out:
+        with open(a.out, "w") as fh:
+            json.dump(advice.as_dict(), fh, indent=1)
+
+
 def cmd_evaluate(a) -> None:
     from trainers.evaluate import evaluate
     metrics = evaluate(a.model_dir, a.data, a.out)
@@ -172,9 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="training config (default: the one the data was preprocessed with)")
     t.add_argument("--data", required=True, help="a `recpipe preprocess` output folder")
     t.add_argument("--model-dir", required=True, help="checkpoints go here; rerunning resumes")
-    t.add_argument("--strategy", default="local", choices=["local", "ps", "horovod"],
+    t.add_argument("--strategy", default="local", choices=["local", "ps", "horovod", "auto"],
                    help="ps: ParameterServerStrategy, the cluster from TF_CONFIG or started on 127.0.0.1; "
-                        "horovod: ring-allreduce over Gloo, --np ranks on this host via horovodrun")
+                        "horovod: ring-allreduce over Gloo, --np ranks on this host via horovodrun; "
+                        "auto: ask the advisor (see `recpipe advise`)")
     t.add_argument("--np", type=int, default=2, help="--strategy horovod: ranks to start on this host")
     t.add_argument("--threads", type=int, default=0, help="intra/inter-op threads of each training process")
     t.add_argument("--warm-start", metavar="MODEL_DIR",
@@ -186,6 +200,15 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     t.add_argument("--steps", type=int, help="total steps (default: train.steps of the config)")
     t.set_defaults(fn=cmd_train)
+
+    ad = sub.add_parser("advise", help="PS or ring-allreduce for this model? parameter sizes + a measured probe")
+    ad.add_argument("--config", help="training config (default: the one the data was preprocessed with)")
+    ad.add_argument("--data", required=True, help="a `recpipe preprocess` output folder")
+    ad.add_argument("--workers", type=int, default=8, help="workers of the planned cluster")
+    ad.add_argument("--ps-tasks", type=int, default=2, help="PS tasks of the planned cluster")
+    ad.add_argument("--bandwidth-gbps", type=float, default=10.0, help="network bandwidth per host")
+    ad.add_argument("--out", help="write the advice as JSON")
+    ad.set_defaults(fn=cmd_advise)
 
     e = sub.add_parser("evaluate", help="metrics of a trained model on the eval split, as flat JSON")
     e.add_argument("--model-dir", required=True)

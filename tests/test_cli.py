@@ -11,7 +11,8 @@ import pytest
 from conftest import CONFIGS, SHARED_DATA
 from recpipe.demo import free_port, rest_rows
 
-COMMANDS = ["generate", "criteo-to-parquet", "preprocess", "train", "evaluate", "export", "serve", "demo", "bench"]
+COMMANDS = ["generate", "criteo-to-parquet", "preprocess", "train", "advise", "evaluate", "export", "serve", "demo",
+            "bench"]
 
 
 def recpipe(*args, check=True, timeout=600):

@@ -119,3 +119,32 @@ def test_horovod_dense_sparse_gradients(tmp_path, preprocessed):
     assert r.steps_done == 20
     state = __import__("json").load(open(tmp_path / "m" / "train_state.json"))
     assert state["sparse_gradients"] == "dense" and state["ranks"] == 2
+
+
+def test_advisor_traffic_model():
+    from trainers.advisor import predict
+    # dense-heavy (50M dense, few embedding rows touched): ring-allreduce wins
+    ar, ps = predict(sparse=1_000_000, dense=50_000_000, unique_rows=2_000, dim=16, step_s=0.05, workers=8,
+                     ps_tasks=2, bandwidth_gbps=10)
+    assert ar < ps
+    # sparse-heavy (huge tables, 200k rows touched per batch, tiny MLP) with many workers: PS wins
+    ar, ps = predict(sparse=500_000_000, dense=200_000, unique_rows=200_000, dim=64, step_s=0.05, workers=64,
+                     ps_tasks=16, bandwidth_gbps=10)
+    assert ps < ar
+
+
+def test_advise_probe_and_cli(tmp_path, preprocessed, small_cfg, small_cfg_path):
+    import json
+    from features.artifact import TransformArtifact
+    from trainers.advisor import advise
+    art = TransformArtifact.read(os.path.join(preprocessed[0], "transform"))
+    advice = advise(small_cfg, art, preprocessed[0], workers=2, ps_tasks=2)
+    assert advice.strategy in ("ps", "horovod") and advice.step_compute_s > 0 and advice.unique_rows_per_batch > 0
+    assert advice.sparse_params == sum(t * 8 for t in art.table_sizes().values())  # all dims are 8 here
+    tiny = advise(small_cfg, art, preprocessed[0], workers=2, ps_tasks=2, worker_memory_bytes=1000)
+    assert tiny.strategy == "ps" and "must be sharded" in tiny.reason
+    out = subprocess.run([sys.executable, "-m", "recpipe.cli", "advise", "--data", preprocessed[0], "--config",
+                          small_cfg_path, "--workers", "8", "--out", str(tmp_path / "a.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "advise: -> " in out.stdout and json.load(open(tmp_path / "a.json"))["workers"] == 8

@@ -13,6 +13,7 @@ import os
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 import time  # noqa: E402
@@ -153,8 +154,8 @@ def _checkpoint(model: tf.keras.Model, model_dir: str) -> tuple[tf.train.Checkpo
 
 
 def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainResult:
-    if opts.strategy not in ("local", "ps", "horovod"):
-        raise TrainError(f"--strategy {opts.strategy}: use local, ps or horovod")
+    if opts.strategy not in ("local", "ps", "horovod", "auto"):
+        raise TrainError(f"--strategy {opts.strategy}: use local, ps, horovod or auto")
     if opts.precision not in PRECISION_POLICIES:
         raise TrainError(f"--precision {opts.precision}: use one of {', '.join(PRECISION_POLICIES)}")
     if opts.threads:
@@ -164,6 +165,12 @@ def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainResult
     total = opts.steps if opts.steps is not None else cfg.train.steps
     if total <= 0:
         raise TrainError(f"--steps {total}: must be > 0")
+    if opts.strategy == "auto":
+        from trainers.advisor import advise
+        advice = advise(cfg, artifact, opts.data_dir, workers=opts.np, ps_tasks=opts.ps_servers)
+        for line in advice.table().splitlines():
+            say(line.replace("advise:", "train: advisor:", 1))
+        opts = dataclasses.replace(opts, strategy=advice.strategy)
     if opts.strategy == "horovod":
         return _horovod(cfg, artifact, opts, total, say)
     if opts.strategy == "local":

@@ -1,0 +1,122 @@
+"""Strategy advisor: PS or ring-allreduce for this model, from its parameter sizes and a short probe.
+
+Inputs: sparse (embedding) and dense parameter counts from the model built on the artifact; the
+measured time of a local training step; the measured unique IDs per batch. Per-step traffic of one
+worker, for N workers, M PS tasks and a stated bandwidth:
+  allreduce: ring allreduce of the dense gradients, 2(N-1)/N x dense bytes, plus the allgather of
+             every rank's embedding gradient rows, (N-1) x unique rows x dim x 4 bytes;
+  PS:        pull + push of the dense weights and of the touched embedding rows, 2 x (dense +
+             unique rows x dim) x 4 bytes, with the PS tasks' links shared by N workers.
+A full replica (weights + optimizer slots) must fit one worker for allreduce; if it does not, PS
+is the only choice. Otherwise the lower predicted step time wins.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+import time  # noqa: E402
+from dataclasses import asdict, dataclass  # noqa: E402
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+__all__ = ["Advice", "advise", "predict"]
+
+BYTES = 4  # float32 parameters and gradients
+
+
+@dataclass
+class Advice:
+    strategy: str              # "ps" | "horovod"
+    reason: str
+    sparse_params: int
+    dense_params: int
+    unique_rows_per_batch: float
+    step_compute_s: float
+    workers: int
+    ps_tasks: int
+    bandwidth_gbps: float
+    replica_bytes: int
+    worker_memory_bytes: int
+    allreduce_step_s: float
+    ps_step_s: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def table(self) -> str:
+        return "\n".join([
+            f"advise: sparse (embedding) parameters {self.sparse_params:,}, dense {self.dense_params:,} "
+            f"({self.sparse_params / max(self.sparse_params + self.dense_params, 1):.1%} sparse)",
+            f"advise: measured local step {self.step_compute_s * 1000:.1f} ms, "
+            f"{self.unique_rows_per_batch:,.0f} unique embedding rows per batch",
+            f"advise: predicted step with {self.workers} workers at {self.bandwidth_gbps:g} Gbit/s: "
+            f"allreduce {self.allreduce_step_s * 1000:.1f} ms, PS ({self.ps_tasks} PS) {self.ps_step_s * 1000:.1f} ms",
+            f"advise: -> {self.strategy}: {self.reason}",
+        ])
+
+
+def predict(sparse: int, dense: int, unique_rows: float, dim: float, step_s: float, workers: int, ps_tasks: int,
+            bandwidth_gbps: float) -> tuple[float, float]:
+    """(allreduce step seconds, PS step seconds) for one worker: compute + traffic / bandwidth."""
+    bw = bandwidth_gbps * 1e9 / 8
+    n = max(workers, 1)
+    allreduce_bytes = 2 * (n - 1) / n * dense * BYTES + (n - 1) * unique_rows * dim * BYTES
+    ps_worker_bytes = 2 * (dense + unique_rows * dim) * BYTES
+    ps_link_bytes = max(ps_worker_bytes, n * ps_worker_bytes / max(ps_tasks, 1))  # PS links are shared
+    return step_s + allreduce_bytes / bw, step_s + ps_link_bytes / bw
+
+
+def _probe(model, cfg, data_dir: str, steps: int = 20) -> tuple[float, float, float]:
+    """(seconds per local step, unique embedding rows per batch, mean embedding dim)."""
+    from trainers.data import make_dataset
+    it = iter(make_dataset(cfg, data_dir, "train", cfg.train.batch_size, training=True))
+    batch = next(it)
+    uniques, dims = [], []
+    tables = getattr(model, "spec", {}).get("tables", {})
+    for f in cfg.features.sparse:
+        ids = batch[f.name].flat_values if isinstance(batch[f.name], tf.RaggedTensor) else batch[f.name]
+        uniques.append(len(np.unique(ids.numpy())))
+        dims.append(tables.get(cfg.table_owner(f).name, {}).get("dim", 16))
+    train_step = tf.function(model.train_step, reduce_retracing=True)
+    for _ in range(3):
+        train_step(next(it))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        out = train_step(next(it))
+    float(out["loss"])  # wait for the last step
+    step = (time.perf_counter() - t0) / steps
+    dim = float(np.average(dims, weights=uniques)) if uniques else 0.0
+    return step, float(sum(uniques)), dim
+
+
+def advise(cfg, artifact, data_dir: str, workers: int = 8, ps_tasks: int = 2, bandwidth_gbps: float = 10.0,
+           worker_memory_bytes: int | None = None) -> Advice:
+    from trainers.models import build_model, dummy_batch
+    from trainers.train import _optimizer
+    model = build_model(cfg, artifact)
+    model.compile(optimizer=_optimizer(cfg))
+    model(dummy_batch(cfg))
+    sparse = sum(int(np.prod(w.shape)) for w in model.trainable_weights if "/embeddings/emb_" in w.name)
+    dense = sum(int(np.prod(w.shape)) for w in model.trainable_weights) - sparse
+    step, unique_rows, dim = _probe(model, cfg, data_dir)
+    if worker_memory_bytes is None:
+        worker_memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    replica = (sparse + dense) * BYTES * 3  # weights + optimizer slots + gradients, roughly
+    t_ar, t_ps = predict(sparse, dense, unique_rows, dim, step, workers, ps_tasks, bandwidth_gbps)
+    if replica > worker_memory_bytes:
+        strategy = "ps"
+        reason = (f"a full replica needs ~{replica / 2**30:.1f} GiB, over the {worker_memory_bytes / 2**30:.1f} GiB "
+                  f"a worker has: the embedding tables must be sharded over PS tasks")
+    elif t_ps < t_ar:
+        strategy = "ps"
+        reason = (f"sparse-heavy: allgathering {workers - 1} ranks' embedding rows costs more than pulling and "
+                  f"pushing only the touched rows ({t_ps * 1000:.1f} vs {t_ar * 1000:.1f} ms per step)")
+    else:
+        strategy = "horovod"
+        reason = (f"dense-heavy or small: synchronous ring-allreduce is cheaper per step "
+                  f"({t_ar * 1000:.1f} vs {t_ps * 1000:.1f} ms) and keeps every worker in step")
+    return Advice(strategy, reason, sparse, dense, unique_rows, step, workers, ps_tasks, bandwidth_gbps, replica,
+                  int(worker_memory_bytes), t_ar, t_ps)
