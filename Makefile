@@ -1,5 +1,6 @@
 # The README's first two commands: `make demo` and `make test`. Both create .venv when missing and
-# (re)install the project when setup.cfg changes. pip's cache (~/.cache/pip) lives outside the clone,
+# (re)install the project when setup.cfg changes: the pinned TF/TFRS/Beam stack and Airflow 3 in one
+# venv (pip check passes), Horovod built from source for `make test`. pip's cache (~/.cache/pip) lives outside the clone,
 # so a fresh clone installs from it in about a minute.
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -16,7 +17,8 @@ $(BIN)/python:
 
 $(STAMP): setup.cfg pyproject.toml | $(BIN)/python
 	@echo "installing recpipe and its pinned stack into $(VENV) (log: $(VENV)/pip-install.log)"
-	@$(BIN)/pip install -e '.[dev]' > $(VENV)/pip-install.log 2>&1 || { tail -40 $(VENV)/pip-install.log; exit 1; }
+	@$(BIN)/pip install -e '.[dev,airflow]' > $(VENV)/pip-install.log 2>&1 || { tail -40 $(VENV)/pip-install.log; exit 1; }
+	@$(BIN)/pip check >> $(VENV)/pip-install.log 2>&1 || { tail -20 $(VENV)/pip-install.log; exit 1; }
 	@touch $(STAMP)
 
 # Horovod 0.28.1 built from source against TF 2.21 (~10 min once); the wheel is cached in

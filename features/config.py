@@ -18,7 +18,7 @@ import yaml
 __all__ = [
     "ConfigError", "VocabSpec", "SparseFeature", "DenseFeature", "FeaturesSpec", "InputSpec",
     "SplitSpec", "LabelSpec", "ModelSpec", "TrainSpec", "Config", "load_config", "parse_config",
-    "config_to_dict", "dump_config",
+    "config_to_dict", "dump_config", "build_typed",
 ]
 
 
@@ -306,6 +306,11 @@ def embedding_dim(cfg: Config, feature: SparseFeature) -> int:
 
 
 # ---------------------------------------------------------------- entry points
+def build_typed(cls: type, data: Any) -> Any:
+    """Any config dataclass from parsed YAML, with the same key-naming errors as the main config."""
+    return _build(cls, data, "")
+
+
 def parse_config(data: Any) -> Config:
     """Build and validate a Config from already-parsed YAML/JSON data."""
     return _validate(_build(Config, data, ""))

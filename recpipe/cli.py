@@ -108,6 +108,11 @@ def cmd_demo(a) -> None:
     run_demo(DemoOptions(workdir=a.workdir, rows=a.rows, steps=a.steps, synthetic=a.synthetic), say=_say)
 
 
+def cmd_daily(a) -> int:
+    from recpipe.daily import run_step
+    return run_step(a.step, a.project, a.day, say=_say)
+
+
 def cmd_bench(a) -> None:
     if a.suite == "pipeline":
         from recpipe.bench import BenchOptions, run_bench
@@ -247,6 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--steps", type=int, help="training steps (default: the config's)")
     d.set_defaults(fn=cmd_demo)
 
+    dl = sub.add_parser("daily", help="one idempotent step of the scheduled daily pipeline (what the Airflow "
+                                      "DAG runs): ready | preprocess | train | evaluate | bless | push")
+    dl.add_argument("step", choices=["ready", "preprocess", "train", "evaluate", "bless", "push"])
+    dl.add_argument("--project", required=True, help="project YAML: log_root, work_root, model_base, config, ...")
+    dl.add_argument("--day", required=True, help="the logical date, YYYY-MM-DD")
+    dl.set_defaults(fn=cmd_daily)
+
     b = sub.add_parser("bench", help="benchmarks -> bench/results/<suite>.json + .md")
     b.add_argument("suite", nargs="?", default="pipeline", choices=["pipeline", "preprocess", "serve"],
                    help="pipeline: every stage's throughput; preprocess: Beam vs single-process baseline, "
@@ -276,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     fn: Callable = args.fn
     try:
-        fn(args, extra) if getattr(args, "beam", False) else fn(args)
+        rc = fn(args, extra) if getattr(args, "beam", False) else fn(args)
     except KeyboardInterrupt:
         print(f"recpipe {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -285,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"recpipe {args.command}: error: {_one_line(e)}", file=sys.stderr)
         return 1
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

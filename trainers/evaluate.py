@@ -28,8 +28,10 @@ def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_s
         metrics = _ranking(cfg, model, data_dir, batch_size)
     if out_path:
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-        with open(out_path, "w") as fh:
-            json.dump(metrics, fh, indent=1)
+        text = json.dumps(metrics, indent=1)
+        if not os.path.exists(out_path) or open(out_path).read() != text:  # reruns leave it untouched
+            with open(out_path, "w") as fh:
+                fh.write(text)
     return metrics
 
 

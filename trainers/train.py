@@ -102,9 +102,11 @@ def _prepare_model_dir(opts: TrainOptions) -> tuple[Config, TransformArtifact]:
             os.rename(tmp, art_dir)
         except OSError:  # another process published it first
             shutil.rmtree(tmp, ignore_errors=True)
-    with open(f"{cfg_path}.tmp-{os.getpid()}", "w") as fh:
-        fh.write(dump_config(cfg))
-    os.replace(f"{cfg_path}.tmp-{os.getpid()}", cfg_path)
+    text = dump_config(cfg)
+    if not os.path.exists(cfg_path) or open(cfg_path).read() != text:  # a rerun leaves the file untouched
+        with open(f"{cfg_path}.tmp-{os.getpid()}", "w") as fh:
+            fh.write(text)
+        os.replace(f"{cfg_path}.tmp-{os.getpid()}", cfg_path)
     return cfg, TransformArtifact.read(art_dir)
 
 

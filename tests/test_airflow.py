@@ -1,0 +1,115 @@
+"""The recpipe_daily DAG on real Airflow 3 (dag.test with a sqlite metadata DB), on generated days."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, small_config_dict
+
+AIRFLOW = Path(sys.executable).parent / "airflow"
+DAGS = REPO / "airflow_dags"
+
+
+@pytest.fixture(scope="module")
+def airflow_env(tmp_path_factory):
+    home = tmp_path_factory.mktemp("airflow_home")
+    env = dict(os.environ, AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
+               AIRFLOW__CORE__DAGS_FOLDER=str(DAGS), TF_CPP_MIN_LOG_LEVEL="3",
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    subprocess.run([str(AIRFLOW), "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
+    return env
+
+
+def _python(env, code: str, *args: str, timeout: int = 900) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, timeout=timeout)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+LOAD = """
+import json, sys, time
+t0 = time.perf_counter()
+from airflow.dag_processing.dagbag import DagBag
+bag = DagBag(sys.argv[1])
+parse = time.perf_counter() - t0
+dag = bag.dags.get("recpipe_daily")
+print("RESULT " + json.dumps({"errors": {k: str(v) for k, v in bag.import_errors.items()}, "parse_s": parse,
+      "tensorflow_imported": "tensorflow" in sys.modules, "tasks": sorted(dag.task_ids) if dag else None,
+      "order": [t.task_id for t in dag.topological_sort()] if dag else None}))
+"""
+
+RUN = """
+import json, sys, pendulum
+from airflow.dag_processing.dagbag import DagBag
+dag = DagBag(sys.argv[1]).dags["recpipe_daily"]
+dr = dag.test(logical_date=pendulum.parse(sys.argv[2]), run_conf={"project": sys.argv[3], "recpipe_bin": sys.argv[4]})
+print("RESULT " + json.dumps({"state": str(dr.state), "tasks": {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}}))
+"""
+
+
+def test_dag_loads_fast_without_tensorflow(airflow_env):
+    r = _python(airflow_env, LOAD, str(DAGS))
+    assert r["errors"] == {}
+    assert r["order"] == ["wait_for_partition", "preprocess", "train", "evaluate", "bless", "push"]  # a chain: no cycles
+    assert r["tensorflow_imported"] is False
+    print(f"DAG parse: {r['parse_s'] * 1000:.0f} ms")
+
+
+def _project(tmp, name, config: dict, **extra) -> str:
+    cfg_path = tmp / f"{name}.config.yaml"
+    cfg_path.write_text(yaml.safe_dump(config))
+    project = {"log_root": str(tmp / "log"), "work_root": str(tmp / "work"), "model_base": str(tmp / "serving"),
+               "config": str(cfg_path), "bless_tolerance": 0.02, **extra}
+    path = tmp / f"{name}.project.yaml"
+    path.write_text(yaml.safe_dump(project))
+    return str(path)
+
+
+def _snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_daily_runs_bless_push_idempotent_and_refuse_a_worse_model(airflow_env, tmp_path):
+    from pipeline.synthetic import GenerateSpec, generate_log
+    generate_log(GenerateSpec(rows=9000, days=3, seed=21, num_users=500, num_items=300), str(tmp_path / "log"))
+    good = _project(tmp_path, "good", small_config_dict(steps=150))
+    recpipe = str(Path(sys.executable).parent / "recpipe")
+    run = lambda day, project: _python(airflow_env, RUN, str(DAGS), day, project, recpipe)  # noqa: E731
+
+    day1 = run("2026-01-01", good)
+    assert day1["state"] == "success" and set(day1["tasks"].values()) == {"success"}, day1
+    versions = sorted(os.listdir(tmp_path / "serving"))
+    assert len(versions) == 1
+    assert json.load(open(tmp_path / "work" / "2026-01-01" / "blessing.json"))["reason"] == "no model is served yet"
+
+    day2 = run("2026-01-02", good)
+    assert day2["state"] == "success", day2
+    blessing = json.load(open(tmp_path / "work" / "2026-01-02" / "blessing.json"))
+    assert blessing["metric"] == "auc" and blessing["blessed"] == (len(os.listdir(tmp_path / "serving")) == 2)
+    art = json.load(open(tmp_path / "work" / "2026-01-02" / "preprocessed" / "transform" / "transform.json"))
+    assert art["lineage"]["previous_transform"].endswith("2026-01-01/preprocessed")
+
+    before = _snapshot(tmp_path / "work"), _snapshot(tmp_path / "serving")
+    again = run("2026-01-02", good)  # re-running a day changes nothing
+    assert again["state"] == "success"
+    after = _snapshot(tmp_path / "work"), _snapshot(tmp_path / "serving")
+    changed = {k for k in set(before[0]) | set(after[0]) if before[0].get(k) != after[0].get(k)}
+    assert changed == set(), changed  # not a file written again
+    assert before[1] == after[1]  # no new or changed version
+
+    worse_cfg = small_config_dict(steps=40)
+    worse_cfg["train"].update(optimizer="sgd", learning_rate=300.0)  # deliberately destroys the warm start
+    worse = _project(tmp_path, "worse", worse_cfg)
+    served_before = sorted(os.listdir(tmp_path / "serving"))
+    day3 = run("2026-01-03", worse)
+    assert day3["state"] == "success", day3
+    verdict = json.load(open(tmp_path / "work" / "2026-01-03" / "blessing.json"))
+    assert verdict["blessed"] is False and verdict["new"] < verdict["served"] - 0.02, verdict
+    assert sorted(os.listdir(tmp_path / "serving")) == served_before  # not pushed
+    assert (tmp_path / "work" / "2026-01-03" / "metrics.json").exists()  # kept with its metrics
