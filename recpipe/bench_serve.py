@@ -77,7 +77,7 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
     import tensorflow as tf
 
     from recpipe.demo import free_port
-    from serving.registry import _load as load_version
+    from serving.registry import load_version
     from serving.rest import parse_predict_body
     version = max(int(d) for d in os.listdir(export_base) if d.isdigit())
     lv = load_version(os.path.join(export_base, str(version)), version)

@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.core.protobuf import saved_model_pb2  # noqa: E402
 
-__all__ = ["LoadedVersion", "ModelRegistry", "RequestError", "SIGNATURE"]
+__all__ = ["LoadedVersion", "ModelRegistry", "RequestError", "SIGNATURE", "load_version"]
 
 log = logging.getLogger("recpipe.serving")
 SIGNATURE = "serving_default"
@@ -34,6 +34,7 @@ class LoadedVersion:
     inputs: dict[str, tf.TensorSpec]
     outputs: list[str]
     signature_defs: object           # tensorflow.core.protobuf.meta_graph_pb2 signature_def map
+    loaded: object = None            # the loaded SavedModel object: keeps its variables alive
 
     def validate(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Columns of a request -> 1-D arrays of the signature's dtypes; RequestError if they do not fit."""
@@ -77,7 +78,8 @@ class LoadedVersion:
         return self.run(self.validate(columns))
 
 
-def _load(path: str, version: int) -> LoadedVersion:
+def load_version(path: str, version: int) -> LoadedVersion:
+    """Load, inspect and warm up one SavedModel version."""
     loaded = tf.saved_model.load(path)
     if SIGNATURE not in loaded.signatures:
         raise ValueError(f"{path}: no {SIGNATURE!r} signature")
@@ -87,8 +89,7 @@ def _load(path: str, version: int) -> LoadedVersion:
     with open(os.path.join(path, "saved_model.pb"), "rb") as fh:
         proto.ParseFromString(fh.read())
     sig_defs = proto.meta_graphs[0].signature_def
-    lv = LoadedVersion(version, path, fn, inputs, sorted(fn.structured_outputs), sig_defs)
-    lv._keep = loaded  # keep the loaded object (and its variables) alive
+    lv = LoadedVersion(version, path, fn, inputs, sorted(fn.structured_outputs), sig_defs, loaded)
     _warm_up(lv)
     return lv
 
@@ -128,7 +129,7 @@ class ModelRegistry:
             return
         path = os.path.join(self.base, str(newest))
         try:
-            lv = _load(path, newest)
+            lv = load_version(path, newest)
         except Exception as e:  # a corrupt/partial version must not take the server down
             log.error("refusing %s version %d at %s: %s", self.name, newest, path, e)
             self._refused.add(newest)

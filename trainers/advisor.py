@@ -95,9 +95,9 @@ def _probe(model, cfg, data_dir: str, steps: int = 20) -> tuple[float, float, fl
 def advise(cfg, artifact, data_dir: str, workers: int = 8, ps_tasks: int = 2, bandwidth_gbps: float = 10.0,
            worker_memory_bytes: int | None = None) -> Advice:
     from trainers.models import build_model, dummy_batch
-    from trainers.train import _optimizer
+    from trainers.train import optimizer_for
     model = build_model(cfg, artifact)
-    model.compile(optimizer=_optimizer(cfg))
+    model.compile(optimizer=optimizer_for(cfg))
     model(dummy_batch(cfg))
     sparse = sum(int(np.prod(w.shape)) for w in model.trainable_weights if "/embeddings/emb_" in w.name)
     dense = sum(int(np.prod(w.shape)) for w in model.trainable_weights) - sparse

@@ -76,14 +76,14 @@ def run_rank(cfg, artifact, opts, total: int, say: Callable[[str], None]) -> dic
 
     from trainers.data import make_dataset
     from trainers.models import build_model, dummy_batch
-    from trainers.train import PRECISION_POLICIES, _optimizer
+    from trainers.train import PRECISION_POLICIES, optimizer_for
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     tf.keras.mixed_precision.set_global_policy(PRECISION_POLICIES[opts.precision])
     tf.keras.utils.set_random_seed(cfg.train.seed)
     model = build_model(cfg, artifact)
-    optimizer = _optimizer(cfg)
+    optimizer = optimizer_for(cfg)
     if opts.precision == "fp16":
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
     model.compile(optimizer=optimizer)  # same checkpoint layout as the local and PS strategies
@@ -94,8 +94,8 @@ def run_rank(cfg, artifact, opts, total: int, say: Callable[[str], None]) -> dic
     if manager.latest_checkpoint:  # every rank restores the same files; broadcast keeps them identical
         ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
     elif opts.warm_start:
-        from trainers.train import _warm_start
-        _warm_start(model, cfg, artifact, opts.warm_start, say if rank == 0 else (lambda _: None))
+        from trainers.train import apply_warm_start
+        apply_warm_start(model, cfg, artifact, opts.warm_start, say if rank == 0 else (lambda _: None))
     start = int(optimizer.iterations.numpy())
     if rank == 0 and start:
         say(f"train: resuming from {manager.latest_checkpoint} at step {start}")

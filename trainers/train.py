@@ -27,7 +27,8 @@ from features.config import Config, config_to_dict, dump_config, load_config, pa
 from trainers.data import make_dataset  # noqa: E402
 from trainers.models import build_model, dummy_batch  # noqa: E402
 
-__all__ = ["TrainError", "TrainOptions", "TrainResult", "train", "load_trained", "PRECISION_POLICIES"]
+__all__ = ["TrainError", "TrainOptions", "TrainResult", "train", "load_trained", "apply_warm_start",
+           "optimizer_for", "PRECISION_POLICIES"]
 
 PRECISION_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
@@ -61,7 +62,7 @@ class TrainResult:
     resumed_from: int
 
 
-def _optimizer(cfg: Config) -> tf.keras.optimizers.Optimizer:
+def optimizer_for(cfg: Config) -> tf.keras.optimizers.Optimizer:
     lr = cfg.train.learning_rate
     return {"adagrad": lambda: tf.keras.optimizers.Adagrad(lr),
             "adam": lambda: tf.keras.optimizers.Adam(lr),
@@ -132,7 +133,9 @@ class _Progress(tf.keras.callbacks.Callback):
                  f"({rate:,.0f} ex/s)")
 
 
-def _warm_start(model, cfg: Config, artifact: TransformArtifact, previous: str, say: Callable[[str], None]) -> None:
+def apply_warm_start(model, cfg: Config, artifact: TransformArtifact, previous: str,
+                     say: Callable[[str], None]) -> None:
+    """Warm-start `model` from a previous model dir and say what was copied."""
     from trainers.warm_start import warm_start
     report = warm_start(model, cfg, artifact, previous)
     rows = ", ".join(f"{t}:{n}" for t, n in sorted(report["rows_copied"].items())[:6])
@@ -213,7 +216,7 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
     try:
         with strategy.scope():
             model = build_model(cfg, artifact)
-            model.compile(optimizer=_optimizer(cfg))
+            model.compile(optimizer=optimizer_for(cfg))
             model(dummy_batch(cfg))  # create every variable, so restore checks them all
         ckpt, manager = _checkpoint(model, opts.model_dir)
         start = 0
@@ -222,7 +225,7 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
             start = int(model.optimizer.iterations.numpy())
             say(f"train: resuming from {manager.latest_checkpoint} at step {start}")
         elif opts.warm_start:
-            _warm_start(model, cfg, artifact, opts.warm_start, say)
+            apply_warm_start(model, cfg, artifact, opts.warm_start, say)
         if start >= total:
             say(f"train: already trained {start} >= {total} steps; nothing to do")
             return TrainResult(start, 0, 0.0, float("nan"), start)
