@@ -63,7 +63,7 @@ def cmd_train(a) -> None:
     r = train(TrainOptions(data_dir=a.data, model_dir=a.model_dir, config_path=a.config, strategy=a.strategy,
                            precision=a.precision, steps=a.steps, ps_workers=a.ps_workers, ps_servers=a.ps_servers,
                            ps_task_threads=a.ps_task_threads, np=a.np, threads=a.threads,
-                           warm_start=a.warm_start), say=_say)
+                           warm_start=a.warm_start, synthetic_input=a.synthetic_input), say=_say)
     _say(f"train: {r.steps_done} steps done ({r.steps_this_run} this run, {r.examples_per_sec:,.0f} ex/s) "
          f"-> {a.model_dir}")
 
@@ -123,6 +123,10 @@ def cmd_bench(a) -> None:
     work = a.workdir or tempfile.mkdtemp(prefix="recpipe-bench-")
     if a.suite == "serve":
         _bench_serve(a, work)
+        return
+    if a.suite == "train":
+        from recpipe.bench_train import bench_train
+        bench_train(a.rows or 200_000, a.steps, work, str(repo_configs() / "synthetic.yaml"), a.out, _say)
         return
     from recpipe.bench_preprocess import bench_preprocess, bench_shard_formats, write_report
     pre = bench_preprocess(a.rows or 500_000, work, str(repo_configs() / "synthetic.yaml"), _say)
@@ -196,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "auto: ask the advisor (see `recpipe advise`)")
     t.add_argument("--np", type=int, default=2, help="--strategy horovod: ranks to start on this host")
     t.add_argument("--threads", type=int, default=0, help="intra/inter-op threads of each training process")
+    t.add_argument("--synthetic-input", action="store_true",
+                   help="benchmarks: train on one random in-memory batch (same structure) instead of the shards")
     t.add_argument("--warm-start", metavar="MODEL_DIR",
                    help="initialise a new model from a previous day's model dir (IDs kept stable by "
                         "preprocess --previous-transform); ignored when --model-dir already has a checkpoint")
@@ -260,10 +266,11 @@ def build_parser() -> argparse.ArgumentParser:
     dl.set_defaults(fn=cmd_daily)
 
     b = sub.add_parser("bench", help="benchmarks -> bench/results/<suite>.json + .md")
-    b.add_argument("suite", nargs="?", default="pipeline", choices=["pipeline", "preprocess", "serve"],
+    b.add_argument("suite", nargs="?", default="pipeline", choices=["pipeline", "preprocess", "serve", "train"],
                    help="pipeline: every stage's throughput; preprocess: Beam vs single-process baseline, "
                         "peak RSS at 1x vs 10x rows, shard formats; serve: QPS/latency at concurrency "
-                        "1/8/32, batching off/on, against in-process calls")
+                        "1/8/32, batching off/on, against in-process calls; train: real vs synthetic input, "
+                        "bf16 vs fp32")
     b.add_argument("--rows", type=int, help="rows (pipeline: 200000; preprocess: 500000 at 1x)")
     b.add_argument("--steps", type=int, default=200)
     b.add_argument("--out", default="bench/results")

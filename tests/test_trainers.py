@@ -148,3 +148,18 @@ def test_two_tower_retrieval_trains_and_beats_random(tmp_path, preprocessed):
     random_recall = 10 / metrics["candidates"]
     assert metrics["recall_at_10"] > 2 * random_recall, (metrics, random_recall)
     assert 0 < metrics["ndcg_at_10"] <= metrics["recall_at_10"]
+
+
+def test_synthetic_input_switch(tmp_path, preprocessed, small_cfg, small_cfg_path):
+    from features.artifact import TransformArtifact
+    from trainers.data import synthetic_dataset
+    art = TransformArtifact.read(os.path.join(preprocessed[0], "transform"))
+    sizes = {f.name: art.id_space_size(f) for f in small_cfg.features.sparse}
+    b = next(iter(synthetic_dataset(small_cfg, sizes, 64)))
+    real = next(iter(make_dataset(small_cfg, preprocessed[0], "train", 64, training=True)))
+    assert set(b) == set(real) and isinstance(b["hist"], tf.RaggedTensor) and b["user_id"].shape == (64,)
+    assert all(int(tf.reduce_max(b[f.name] if f.name != "hist" else b[f.name].flat_values)) < sizes[f.name]
+               for f in small_cfg.features.sparse)
+    r = train(TrainOptions(preprocessed[0], str(tmp_path / "m"), small_cfg_path, steps=10, synthetic_input=True),
+              say=lambda _: None)
+    assert r.steps_done == 10 and np.isfinite(r.final_loss)

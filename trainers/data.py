@@ -11,7 +11,7 @@ from features.canonical import LABEL_KEY  # noqa: E402
 from features.config import Config  # noqa: E402
 from features.records import parse_record  # noqa: E402
 
-__all__ = ["DataError", "shard_files", "make_dataset"]
+__all__ = ["DataError", "shard_files", "make_dataset", "synthetic_dataset"]
 
 
 class DataError(ValueError):
@@ -66,3 +66,23 @@ def make_dataset(cfg: Config, data_dir: str, split: str, batch_size: int, *, tra
     if shard_batches:
         ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def synthetic_dataset(cfg: Config, id_space_sizes: dict[str, int], batch_size: int, seed: int = 0,
+                      max_list: int = 5) -> tf.data.Dataset:
+    """One random batch with the shards' structure (IDs inside each ID space), repeated from memory:
+    the input-free ceiling the real input pipeline is benchmarked against."""
+    rng = tf.random.Generator.from_seed(seed)
+    batch: dict = {}
+    for f in cfg.features.sparse:
+        size = id_space_sizes[f.name]
+        if f.multivalent:
+            lengths = rng.uniform([batch_size], 0, max_list + 1, dtype=tf.int64)
+            values = rng.uniform([int(tf.reduce_sum(lengths))], 0, size, dtype=tf.int64)
+            batch[f.name] = tf.RaggedTensor.from_row_lengths(values, lengths)
+        else:
+            batch[f.name] = rng.uniform([batch_size], 0, size, dtype=tf.int64)
+    for d in cfg.features.dense:
+        batch[d.name] = rng.normal([batch_size])
+    batch[LABEL_KEY] = tf.cast(rng.uniform([batch_size]) < 0.25, tf.float32)
+    return tf.data.Dataset.from_tensors(batch).repeat()

@@ -24,7 +24,7 @@ import tensorflow as tf  # noqa: E402
 
 from features.artifact import TransformArtifact  # noqa: E402
 from features.config import Config, config_to_dict, dump_config, load_config, parse_config  # noqa: E402
-from trainers.data import make_dataset  # noqa: E402
+from trainers.data import make_dataset, synthetic_dataset  # noqa: E402
 from trainers.models import build_model, dummy_batch  # noqa: E402
 
 __all__ = ["TrainError", "TrainOptions", "TrainResult", "train", "load_trained", "apply_warm_start",
@@ -51,6 +51,7 @@ class TrainOptions:
     np: int = 2           # --strategy horovod: ranks on this host
     threads: int = 0      # intra- and inter-op threads of this process (0: TensorFlow's default)
     warm_start: Optional[str] = None  # a previous model dir to initialise a NEW model from
+    synthetic_input: bool = False     # benchmarks: one random in-memory batch instead of the shards
 
 
 @dataclass
@@ -234,7 +235,11 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
         every = min(cfg.train.checkpoint_every, remaining)
         seed = cfg.train.seed + start
 
+        sizes = {f.name: artifact.id_space_size(f) for f in cfg.features.sparse}
+
         def dataset_fn(input_context=None):
+            if opts.synthetic_input:
+                return synthetic_dataset(cfg, sizes, cfg.train.batch_size, seed)
             return make_dataset(cfg, opts.data_dir, "train", cfg.train.batch_size, training=True,
                                 input_context=input_context, seed=seed)
 
