@@ -17,7 +17,7 @@ import tensorflow as tf  # noqa: E402
 from features.canonical import LABEL_KEY  # noqa: E402
 from features.config import Config  # noqa: E402
 
-__all__ = ["encode_batch", "column_specs", "parse_record"]
+__all__ = ["encode_batch", "column_specs", "parse_record", "read_single_batch"]
 
 
 def _proto_bytes(arr: np.ndarray) -> bytes:
@@ -69,3 +69,11 @@ def parse_record(cfg: Config):
         return out
 
     return parse
+
+
+def read_single_batch(cfg: Config, path: str) -> dict:
+    """The one record of a single-batch file (e.g. the Beam job's eval_sample.tfrecord), parsed."""
+    records = list(tf.data.TFRecordDataset(path))
+    if len(records) != 1:
+        raise FileNotFoundError(f"{path}: expected one record batch, found {len(records)}")
+    return parse_record(cfg)(records[0])

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-__all__ = ["BenchOptions", "run_bench"]
+__all__ = ["BenchOptions", "run_bench", "run_measured"]
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,9 @@ class BenchOptions:
     name: str = "pipeline"
 
 
-def _child_peak_rss_mb(cmd: list[str]) -> tuple[float, float, str]:
-    """Run a command; return (wall seconds, peak RSS MB of the child, stdout)."""
+def run_measured(cmd: list[str]) -> tuple[float, float, str]:
+    """Run a command; return (wall seconds, peak RSS MB of that child, stdout). Output is spooled to
+    temp files, so a chatty child cannot fill a pipe and block."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
@@ -55,18 +56,18 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
         "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}}
 
     say(f"bench: generate {opts.rows} rows")
-    wall, _, _ = _child_peak_rss_mb([*cli, "generate", "--rows", str(opts.rows), "--days", "3", "--out", log])
+    wall, _, _ = run_measured([*cli, "generate", "--rows", str(opts.rows), "--days", "3", "--out", log])
     results["generate_rows_per_s"] = opts.rows / wall
 
     say("bench: preprocess (DirectRunner in_memory)")
-    wall, peak, _ = _child_peak_rss_mb([*cli, "preprocess", "--config", cfg_path, "--input", log, "--output", pre])
+    wall, peak, _ = run_measured([*cli, "preprocess", "--config", cfg_path, "--input", log, "--output", pre])
     results["preprocess_rows_per_s"] = opts.rows / wall
     results["preprocess_wall_s"] = wall
     results["preprocess_peak_rss_mb"] = peak
 
     for precision in ("fp32", "bf16"):
         say(f"bench: train {opts.steps} steps, {precision}")
-        _, _, out = _child_peak_rss_mb([*cli, "train", "--config", cfg_path, "--data", pre, "--model-dir",
+        _, _, out = run_measured([*cli, "train", "--config", cfg_path, "--data", pre, "--model-dir",
                                         os.path.join(work, f"model_{precision}"), "--steps", str(opts.steps),
                                         "--precision", precision])
         state = json.load(open(os.path.join(work, f"model_{precision}", "train_state.json")))
@@ -74,7 +75,7 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
     results["train_bf16_over_fp32"] = results["train_bf16_examples_per_s"] / results["train_fp32_examples_per_s"]
 
     say("bench: export + SavedModel predict from raw rows")
-    _child_peak_rss_mb([*cli, "export", "--model-dir", os.path.join(work, "model_fp32"), "--export-base",
+    run_measured([*cli, "export", "--model-dir", os.path.join(work, "model_fp32"), "--export-base",
                         os.path.join(work, "export"), "--version", "1"])
     results.update(_predict_throughput(os.path.join(work, "export", "1"), log))
 

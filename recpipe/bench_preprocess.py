@@ -113,14 +113,9 @@ def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65
 
 def _timed_child(cmd: list[str]) -> tuple[float, float]:
     """(wall seconds, this child's peak RSS in MB)."""
-    import subprocess
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(cmd[:5])} failed: {proc.stderr.read()[-500:]}")
-    return wall, usage.ru_maxrss / 1024.0
+    from recpipe.bench import run_measured
+    wall, rss, _ = run_measured(cmd)
+    return wall, rss
 
 
 def bench_preprocess(rows: int, work: str, cfg_path: str, say: Callable[[str], None], scale: int = 10) -> dict:

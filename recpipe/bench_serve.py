@@ -76,7 +76,7 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
                 concurrencies=(1, 8, 32), seconds: float = 4.0, batch_timeout_ms: float = 1.0) -> dict:
     import tensorflow as tf
 
-    from recpipe.demo import free_port
+    from recpipe.demo import free_port, wait_healthy
     from serving.registry import load_version
     from serving.rest import parse_predict_body
     version = max(int(d) for d in os.listdir(export_base) if d.isdigit())
@@ -95,15 +95,7 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
                                  "--model-name", model_name, "--rest-port", str(port), "--grpc-port", str(free_port()),
                                  *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    http.client.HTTPConnection("127.0.0.1", port, timeout=2).request("GET", "/healthz")
-                    break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError("model server did not start")
-                    time.sleep(0.3)
+            wait_healthy(port, proc)
             bodies = [json.dumps({"instances": [r]}).encode() for r in rows]
             for c in concurrencies:
                 say(f"bench serve: {mode}, concurrency {c}")

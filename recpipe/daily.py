@@ -179,10 +179,9 @@ def step_bless(dc: DailyConfig, day: str, say) -> int:
     if served is None:
         verdict = {"blessed": True, "reason": "no model is served yet"}
     elif cfg.model.task == "ranking":
-        from features.records import parse_record
+        from features.records import read_single_batch
         sample = pq.read_table(os.path.join(p["pre"], "eval_sample.parquet"))
-        record = next(iter(tf.data.TFRecordDataset(os.path.join(p["pre"], "eval_sample.tfrecord"))))
-        batch = parse_record(cfg)(record)
+        batch = read_single_batch(cfg, os.path.join(p["pre"], "eval_sample.tfrecord"))
         labels = sample.column(cfg.label.column).to_numpy(zero_copy_only=False).astype(float)
         new_auc = roc_auc(labels, tf.sigmoid(model(batch))[:, 0].numpy())
         served_auc = _sample_auc_of_saved_model(served, sample)

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 import pyarrow.parquet as pq
 
-__all__ = ["DemoOptions", "run_demo", "find_criteo_sample", "repo_configs", "rest_rows", "free_port"]
+__all__ = ["DemoOptions", "run_demo", "find_criteo_sample", "repo_configs", "rest_rows", "free_port", "wait_healthy"]
 
 MARKER = ".recpipe-demo"
 SYNTHETIC_DEMO_STEPS = 800  # ~15 epochs of the 54k-row demo log; keeps the demo near a minute
@@ -85,7 +85,8 @@ def _post(url: str, body: dict, timeout: float = 30.0) -> dict:
         return json.loads(resp.read())
 
 
-def _wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+def wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    """Block until the model server in `proc` answers /healthz on 127.0.0.1:port."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -173,7 +174,7 @@ def run_demo(opts: DemoOptions, say: Callable[[str], None] = print) -> dict:
                              "--model-name", cfg.name, "--rest-port", str(port), "--grpc-port", str(grpc_port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        _wait_healthy(port, proc)
+        wait_healthy(port, proc)
         columns = sorted({f.column for f in [*cfg.features.sparse, *cfg.features.dense]})
         rows, labels = rest_rows(log_files[-1], columns, opts.sample_rows)
         say(f"demo: 7/7 POST /v1/models/{cfg.name}:predict with {len(rows)} raw rows from the end of the log")

@@ -32,7 +32,7 @@ import tensorflow as tf  # noqa: E402
 
 from features.artifact import TransformArtifact  # noqa: E402
 from features.config import config_to_dict  # noqa: E402
-from features.records import parse_record  # noqa: E402
+from features.records import read_single_batch  # noqa: E402
 from features.transform import (FeatureTransform, canonicalize_request, request_from_arrow,  # noqa: E402
                                 request_spec)
 from trainers.train import load_trained  # noqa: E402
@@ -161,20 +161,13 @@ def skew_check(signature, output: str, direct: Callable[[dict], tf.Tensor], samp
             "passed": bool(len(per_row) and per_row.max() <= tolerance)}
 
 
-def _preprocessed_sample(cfg, path: str) -> dict:
-    records = list(tf.data.TFRecordDataset(path))
-    if len(records) != 1:
-        raise FileNotFoundError(f"{path}: expected one transformed eval-sample record, found {len(records)}")
-    return parse_record(cfg)(records[0])
-
-
 def export_model(model_dir: str, export_base: str, version: int | None = None, data_dir: str | None = None,
                  top_k: int = 10) -> str:
     """Write EXPORT_BASE/<version>/ atomically after a passing skew check; return its path."""
     cfg, artifact, model = load_trained(model_dir)
     sample_path = _eval_sample_path(model_dir, data_dir)
     sample = pq.read_table(sample_path)
-    preprocessed = _preprocessed_sample(cfg, sample_path.replace(".parquet", ".tfrecord"))
+    preprocessed = read_single_batch(cfg, sample_path.replace(".parquet", ".tfrecord"))
     version = version if version is not None else _next_version(export_base)
     final = os.path.join(export_base, str(version))
     if os.path.exists(final):

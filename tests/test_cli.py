@@ -3,13 +3,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
 
 from conftest import CONFIGS, SHARED_DATA
-from recpipe.demo import free_port, rest_rows
+from recpipe.demo import free_port, rest_rows, wait_healthy
 
 COMMANDS = ["generate", "criteo-to-parquet", "preprocess", "train", "advise", "evaluate", "export", "serve", "demo",
             "bench"]
@@ -64,14 +63,7 @@ def test_whole_chain_through_the_cli(tmp_path):
                                "synthetic_ctr", "--rest-port", str(port), "--grpc-port", str(gport)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None and time.monotonic() < deadline, server.stdout.read() if server.poll() is not None else "timeout"
-                time.sleep(0.5)
+        wait_healthy(port, server)
         files = sorted(str(p) for p in (tmp_path / "log").rglob("*.parquet"))
         cols = ["user_id", "item_id", "hist_items", *[f"C{i}" for i in range(1, 27)], *[f"I{i}" for i in range(1, 14)]]
         rows, _ = rest_rows(files[-1], cols, 3)

@@ -66,14 +66,14 @@ def test_export_skew_check_report(exported, preprocessed):
 
 def test_export_fails_on_skew_and_publishes_nothing(tmp_path, trained, monkeypatch):
     import serving.export as export_mod
-    real = export_mod._preprocessed_sample
+    real = export_mod.read_single_batch
 
     def skewed(cfg, path):  # the preprocessing computed I1 differently from the serving graph
         batch = dict(real(cfg, path))
         batch["I1"] = batch["I1"] + 1.0
         return batch
 
-    monkeypatch.setattr(export_mod, "_preprocessed_sample", skewed)
+    monkeypatch.setattr(export_mod, "read_single_batch", skewed)
     base = str(tmp_path / "exp")
     with pytest.raises(export_mod.SkewError, match="skew check failed"):
         export_model(trained, base, version=7)
