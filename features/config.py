@@ -79,7 +79,7 @@ class LabelSpec:
 @dataclass(frozen=True)
 class ModelSpec:
     task: Literal["ranking", "retrieval"] = "ranking"
-    type: Literal["dcn_v2", "dlrm", "two_tower"] = "dcn_v2"
+    type: Literal["dcn_v2", "dlrm", "logistic", "two_tower"] = "dcn_v2"  # logistic: the baseline
     cross_layers: int = 2
     low_rank: Optional[int] = None
     deep_layers: list[int] = field(default_factory=lambda: [256, 128])
@@ -87,6 +87,20 @@ class ModelSpec:
     query_features: list[str] = field(default_factory=list)       # retrieval: the query tower's inputs
     candidate_features: list[str] = field(default_factory=list)   # retrieval: sparse single-valued IDs
     tower_layers: list[int] = field(default_factory=lambda: [64, 32])
+
+
+@dataclass(frozen=True)
+class TuningSpec:
+    """Memory/throughput knobs of the trainer. Each one is benchmarked by `recpipe bench train`
+    (bench/results/train.md); the defaults are the measured best on this kind of 2-core CPU box."""
+    dedup_ids: bool = True             # unique-then-gather: one lookup (and one gradient row) per distinct ID
+    grad_accum_steps: int = 1          # split each batch into k micro-batches, one optimizer step (less activation memory)
+    jit_dense: bool = False            # XLA-compile the dense part (cross/deep/top MLP) of ranking models
+    data_ram_budget_mb: int = 0        # tf.data autotune RAM budget (0: tf.data's default, half of RAM)
+    prefetch_batches: int = 0          # prefetch buffer in batches (0: AUTOTUNE)
+    intra_op_threads: int = 0          # TensorFlow thread pools (0: TensorFlow's default = cores)
+    inter_op_threads: int = 0
+    allocator: Literal["system", "tcmalloc", "jemalloc"] = "system"  # LD_PRELOADed by `recpipe train`
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,7 @@ class TrainSpec:
     # Horovod embedding gradients: allgather the IndexedSlices, or densify and allreduce. Measured
     # np=2, 1 thread each: 10.8k vs 6.7k ex/s with a 1M-row table, 17.9k vs 16.4k with 50k rows.
     sparse_gradients: Literal["allgather", "dense"] = "allgather"
+    tuning: TuningSpec = field(default_factory=TuningSpec)
 
 
 @dataclass(frozen=True)
@@ -265,9 +280,16 @@ def _validate(cfg: Config) -> Config:
     _positive(t.learning_rate, "train.learning_rate")
     _positive(t.steps, "train.steps")
     _positive(t.checkpoint_every, "train.checkpoint_every")
+    k = t.tuning
+    _positive(k.grad_accum_steps, "train.tuning.grad_accum_steps")
+    if t.batch_size % k.grad_accum_steps:
+        raise ConfigError(f"train.tuning.grad_accum_steps: {k.grad_accum_steps} must divide train.batch_size "
+                          f"({t.batch_size})")
+    for key in ("data_ram_budget_mb", "prefetch_batches", "intra_op_threads", "inter_op_threads"):
+        _positive(getattr(k, key), f"train.tuning.{key}", allow_zero=True)
 
     m = cfg.model
-    allowed = {"ranking": ("dcn_v2", "dlrm"), "retrieval": ("two_tower",)}[m.task]
+    allowed = {"ranking": ("dcn_v2", "dlrm", "logistic"), "retrieval": ("two_tower",)}[m.task]
     if m.type not in allowed:
         raise ConfigError(f"model.type: {m.type!r} is not a {m.task} model (use {' | '.join(allowed)})")
     for key in ("deep_layers", "bottom_layers", "tower_layers"):

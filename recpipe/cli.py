@@ -58,7 +58,20 @@ def cmd_preprocess(a, extra: list[str]) -> None:
     _say(f"preprocess: done in {time.perf_counter() - t0:.1f}s -> {a.output}")
 
 
+def _train_allocator(a) -> str:
+    """--allocator, else train.tuning.allocator of the config `recpipe train` will use."""
+    if a.allocator:
+        return a.allocator
+    from features.config import load_config
+    for path in (a.config, os.path.join(a.model_dir, "config.yaml"), os.path.join(a.data, "transform", "config.yaml")):
+        if path and os.path.exists(path):
+            return load_config(path).train.tuning.allocator
+    return "system"
+
+
 def cmd_train(a) -> None:
+    from trainers.allocator import reexec_with
+    reexec_with(_train_allocator(a), a.argv, _say)
     from trainers.train import TrainOptions, train
     r = train(TrainOptions(data_dir=a.data, model_dir=a.model_dir, config_path=a.config, strategy=a.strategy,
                            precision=a.precision, steps=a.steps, ps_workers=a.ps_workers, ps_servers=a.ps_servers,
@@ -199,7 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "horovod: ring-allreduce over Gloo, --np ranks on this host via horovodrun; "
                         "auto: ask the advisor (see `recpipe advise`)")
     t.add_argument("--np", type=int, default=2, help="--strategy horovod: ranks to start on this host")
-    t.add_argument("--threads", type=int, default=0, help="intra/inter-op threads of each training process")
+    t.add_argument("--threads", type=int, default=0, help="intra/inter-op threads of each training process "
+                   "(default: train.tuning.intra_op_threads / inter_op_threads)")
+    t.add_argument("--allocator", choices=["system", "tcmalloc", "jemalloc"],
+                   help="memory allocator (default: train.tuning.allocator); preloaded by re-executing")
     t.add_argument("--synthetic-input", action="store_true",
                    help="benchmarks: train on one random in-memory batch (same structure) instead of the shards")
     t.add_argument("--warm-start", metavar="MODEL_DIR",
@@ -294,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and not getattr(args, "beam", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     fn: Callable = args.fn
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         rc = fn(args, extra) if getattr(args, "beam", False) else fn(args)
     except KeyboardInterrupt:

@@ -65,7 +65,18 @@ def make_dataset(cfg: Config, data_dir: str, split: str, batch_size: int, *, tra
     ds = ds.rebatch(batch_size, drop_remainder=training)
     if shard_batches:
         ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    return tuned(ds, cfg)
+
+
+def tuned(ds: tf.data.Dataset, cfg: Config) -> tf.data.Dataset:
+    """Prefetch and the autotune RAM budget from train.tuning."""
+    t = cfg.train.tuning
+    ds = ds.prefetch(t.prefetch_batches or tf.data.AUTOTUNE)
+    if t.data_ram_budget_mb:
+        options = tf.data.Options()
+        options.autotune.ram_budget = t.data_ram_budget_mb << 20
+        ds = ds.with_options(options)
+    return ds
 
 
 def synthetic_dataset(cfg: Config, id_space_sizes: dict[str, int], batch_size: int, seed: int = 0,

@@ -15,6 +15,7 @@ import os
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
 import json  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -22,6 +23,8 @@ import time  # noqa: E402
 from typing import Callable  # noqa: E402
 
 import tensorflow as tf  # noqa: E402
+
+from trainers.progress import ProgressBar  # noqa: E402
 
 __all__ = ["inside_horovod_job", "launch", "run_rank"]
 
@@ -58,6 +61,7 @@ def launch(opts, say: Callable[[str], None]) -> None:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     tail: list[str] = []
+    bar = None
     assert proc.stdout is not None
     for line in proc.stdout:
         # horovodrun prefixes rank output with "[rank]<stdout>:"; show rank 0's progress lines.
@@ -65,7 +69,15 @@ def launch(opts, say: Callable[[str], None]) -> None:
         tail = (tail + [text])[-20:]
         progress = text.startswith(("train: step ", "train: resuming", "train: warm start"))
         if progress and ("[0]" in line.split(">:", 1)[0] or ">:" not in line):
+            if bar is not None:
+                bar.clear()
             say(text)
+            step = re.match(r"train: step (\d+)/(\d+) loss (\S+)", text)
+            if step:  # the terminal bar moves with rank 0's checkpoint lines
+                bar = bar or ProgressBar(int(step[2]), 0, 0)
+                bar.update(int(step[1]), float(step[3]), force=True)
+    if bar is not None:
+        bar.close()
     if proc.wait() != 0:
         raise RuntimeError(f"horovodrun exited with {proc.returncode}: " + " | ".join(t for t in tail if t)[-800:])
 
@@ -75,7 +87,7 @@ def run_rank(cfg, artifact, opts, total: int, say: Callable[[str], None]) -> dic
     import horovod.tensorflow as hvd
 
     from trainers.data import make_dataset
-    from trainers.models import build_model, dummy_batch
+    from trainers.models import accumulated_gradients, build_model, dummy_batch
     from trainers.train import PRECISION_POLICIES, optimizer_for
 
     hvd.init()
@@ -107,15 +119,26 @@ def run_rank(cfg, artifact, opts, total: int, say: Callable[[str], None]) -> dic
                            input_context=ctx, seed=cfg.train.seed + start + rank))
     scaled = isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
 
+    accum = cfg.train.tuning.grad_accum_steps
+
+    def reduce(g):
+        if sparse_as_dense and isinstance(g, tf.IndexedSlices):
+            g = tf.convert_to_tensor(g)
+        return hvd.allreduce(g, op=hvd.Average)  # IndexedSlices: allgathered
+
     @tf.function(reduce_retracing=True)
     def step(batch):
-        with tf.GradientTape() as tape:
-            loss = model.compute_loss(batch, training=True)
-            target = optimizer.get_scaled_loss(loss) if scaled else loss
-        tape = hvd.DistributedGradientTape(tape, sparse_as_dense=sparse_as_dense)
-        grads = tape.gradient(target, model.trainable_variables)
-        if scaled:
-            grads = optimizer.get_unscaled_gradients(grads)
+        if accum > 1:  # accumulate locally over the micro-batches, then ONE exchange per step
+            grads, loss = accumulated_gradients(model, batch, accum, optimizer if scaled else None)
+            grads = [None if g is None else reduce(g) for g in grads]
+        else:
+            with tf.GradientTape() as tape:
+                loss = model.compute_loss(batch, training=True)
+                target = optimizer.get_scaled_loss(loss) if scaled else loss
+            tape = hvd.DistributedGradientTape(tape, sparse_as_dense=sparse_as_dense)
+            grads = tape.gradient(target, model.trainable_variables)
+            if scaled:
+                grads = optimizer.get_unscaled_gradients(grads)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 

@@ -19,13 +19,15 @@ from features.artifact import TransformArtifact  # noqa: E402
 from features.canonical import LABEL_KEY  # noqa: E402
 from features.config import Config, embedding_dim  # noqa: E402
 
-__all__ = ["model_spec", "SparseEmbeddings", "RankingModel", "RetrievalModel", "build_model", "dummy_batch"]
+__all__ = ["model_spec", "SparseEmbeddings", "accumulated_gradients", "micro_batches", "RankingModel", "RetrievalModel", "build_model", "dummy_batch"]
 
 
 def model_spec(cfg: Config, artifact: TransformArtifact) -> dict[str, Any]:
     """Plain-data description of the network (JSON-able, so layers stay serialisable)."""
     return {
-        "tables": {name: {"rows": rows, "dim": embedding_dim(cfg, cfg.sparse_by_name[name])}
+        # Logistic regression: one weight per ID (a 1-wide table) and a linear term on the dense features.
+        "tables": {name: {"rows": rows, "dim": 1 if cfg.model.type == "logistic" else
+                          embedding_dim(cfg, cfg.sparse_by_name[name])}
                    for name, rows in artifact.table_sizes().items()},
         "sparse": [{"name": f.name, "table": cfg.table_owner(f).name, "multivalent": f.multivalent,
                     "combiner": f.combiner} for f in cfg.features.sparse],
@@ -39,34 +41,94 @@ def model_spec(cfg: Config, artifact: TransformArtifact) -> dict[str, Any]:
 
 
 class SparseEmbeddings(tf.keras.layers.Layer):
-    """Looks up every sparse feature in its (possibly shared) table; multivalent ones are pooled."""
+    """Looks up every sparse feature in its (possibly shared) table; multivalent ones are pooled.
 
-    def __init__(self, tables: dict, sparse: list, **kwargs):
+    dedup=True (unique-then-gather): the IDs of every feature that reads one table are
+    concatenated, made unique, looked up once and gathered back, so the table is read (and its
+    gradient carries) one row per distinct ID in the batch instead of one per occurrence.
+    """
+
+    def __init__(self, tables: dict, sparse: list, dedup: bool = False, **kwargs):
         super().__init__(**kwargs)
-        self._tables_cfg, self._sparse_cfg = tables, sparse
+        self._tables_cfg, self._sparse_cfg, self._dedup = tables, sparse, dedup
         self.tables = {name: tf.keras.layers.Embedding(t["rows"], t["dim"], dtype="float32", name=f"emb_{name}")
                        for name, t in tables.items()}
 
     def call(self, features: dict) -> dict[str, tf.Tensor]:
+        present = [f for f in self._sparse_cfg if f["name"] in features]  # e.g. a candidate-only batch
+        vectors = self._lookup_unique(features, present) if self._dedup else {
+            f["name"]: self._flat(features[f["name"]], self.tables[f["table"]]) for f in present}
         out = {}
-        for f in self._sparse_cfg:
-            if f["name"] not in features:  # e.g. a candidate-only batch for a retrieval index
-                continue
-            table = self.tables[f["table"]]
-            ids = features[f["name"]]
+        for f in present:
+            ids, vecs = features[f["name"]], vectors[f["name"]]
             if isinstance(ids, tf.RaggedTensor):
-                vecs = tf.ragged.map_flat_values(table, ids)
-                pooled = tf.reduce_sum(vecs, axis=1)
+                pooled = tf.reduce_sum(ids.with_flat_values(vecs), axis=1)
                 if f["combiner"] == "mean":
                     n = tf.cast(tf.maximum(ids.row_lengths(), 1), pooled.dtype)
                     pooled = pooled / n[:, None]
                 out[f["name"]] = pooled
             else:
-                out[f["name"]] = table(ids)
+                out[f["name"]] = vecs
         return {k: tf.cast(v, self.compute_dtype) for k, v in out.items()}
 
+    @staticmethod
+    def _flat(ids, table) -> tf.Tensor:
+        return table(ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids)
+
+    def _lookup_unique(self, features: dict, present: list) -> dict[str, tf.Tensor]:
+        by_table: dict[str, list] = {}
+        for f in present:
+            by_table.setdefault(f["table"], []).append(f["name"])
+        vectors = {}
+        for table, names in by_table.items():
+            flats = [features[n].flat_values if isinstance(features[n], tf.RaggedTensor) else features[n]
+                     for n in names]
+            unique, index = tf.unique(tf.concat(flats, axis=0) if len(flats) > 1 else flats[0])
+            rows = tf.gather(self.tables[table](unique), index)
+            parts = tf.split(rows, tf.stack([tf.shape(x)[0] for x in flats]), num=len(flats)) \
+                if len(flats) > 1 else [rows]
+            vectors.update(zip(names, parts))
+        return vectors
+
     def get_config(self):
-        return {**super().get_config(), "tables": self._tables_cfg, "sparse": self._sparse_cfg}
+        return {**super().get_config(), "tables": self._tables_cfg, "sparse": self._sparse_cfg, "dedup": self._dedup}
+
+
+def micro_batches(batch: dict, k: int) -> list[dict]:
+    """Split a batch into k equal micro-batches (k divides the batch size; checked by the config)."""
+    if k == 1:
+        return [batch]
+    n = tf.shape(batch[LABEL_KEY])[0] // k
+    return [{key: v[i * n:(i + 1) * n] for key, v in batch.items()} for i in range(k)]
+
+
+def _add_gradients(a, b):
+    if a is None or b is None:
+        return a if b is None else b
+    if isinstance(a, tf.IndexedSlices) and isinstance(b, tf.IndexedSlices):
+        return tf.IndexedSlices(tf.concat([a.values, b.values], 0), tf.concat([a.indices, b.indices], 0),
+                                a.dense_shape)
+    return tf.convert_to_tensor(a) + tf.convert_to_tensor(b)
+
+
+def accumulated_gradients(model: tf.keras.Model, batch: dict, k: int, optimizer=None) -> tuple[list, tf.Tensor]:
+    """Gradients of the mean loss over `batch`, computed over k micro-batches one after another
+    (gradient accumulation: activation memory of batch/k rows, ONE optimizer step). Sparse
+    (IndexedSlices) gradients are concatenated, not densified. With a LossScaleOptimizer the loss
+    is scaled and the gradients unscaled. Returns (gradients, mean loss)."""
+    scaled = optimizer is not None and hasattr(optimizer, "get_scaled_loss")
+    grads, loss_sum = None, tf.constant(0.0)
+    for mb in micro_batches(batch, k):
+        with tf.GradientTape() as tape:
+            loss = model.compute_loss(mb, training=True) / k
+            total = loss + tf.reduce_sum(model.losses) / k if model.losses else loss
+            target = optimizer.get_scaled_loss(total) if scaled else total
+        g = tape.gradient(target, model.trainable_variables)
+        if scaled:
+            g = optimizer.get_unscaled_gradients(g)
+        grads = g if grads is None else [_add_gradients(x, y) for x, y in zip(grads, g)]
+        loss_sum += tf.cast(loss, tf.float32)
+    return grads, loss_sum
 
 
 def _mlp(widths: list[int], name: str) -> list[tf.keras.layers.Layer]:
@@ -74,20 +136,15 @@ def _mlp(widths: list[int], name: str) -> list[tf.keras.layers.Layer]:
 
 
 class _Model(tfrs.Model):
-    """tfrs.Model whose train_step also applies loss scaling when the optimizer has it (fp16)."""
+    """tfrs.Model whose train_step accumulates over micro-batches (tuning.grad_accum_steps) and
+    applies loss scaling when the optimizer has it (fp16)."""
 
     def train_step(self, inputs):
-        opt = self.optimizer
-        with tf.GradientTape() as tape:
-            loss = self.compute_loss(inputs, training=True)
-            total = loss + tf.reduce_sum(self.losses) if self.losses else loss
-            scaled = opt.get_scaled_loss(total) if hasattr(opt, "get_scaled_loss") else total
-        grads = tape.gradient(scaled, self.trainable_variables)
-        if hasattr(opt, "get_unscaled_gradients"):
-            grads = opt.get_unscaled_gradients(grads)
-        opt.apply_gradients(zip(grads, self.trainable_variables))
+        grads, loss = accumulated_gradients(self, inputs, self.spec.get("runtime", {}).get("grad_accum_steps", 1),
+                                            self.optimizer)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
         metrics = {m.name: m.result() for m in self.metrics}
-        metrics.update(loss=loss, total_loss=total)
+        metrics.update(loss=loss)
         return metrics
 
     def get_config(self):
@@ -101,7 +158,9 @@ class RankingModel(_Model):
         super().__init__(**kwargs)
         self.spec = spec
         m = spec["model"]
-        self.embeddings = SparseEmbeddings(spec["tables"], spec["sparse"], name="embeddings")
+        runtime = spec.get("runtime", {})
+        self.embeddings = SparseEmbeddings(spec["tables"], spec["sparse"], dedup=runtime.get("dedup_ids", False),
+                                           name="embeddings")
         self.kind = m["type"]
         if self.kind == "dcn_v2":
             self.cross = [tfrs.layers.dcn.Cross(projection_dim=m["low_rank"], name=f"cross_{i}")
@@ -113,9 +172,15 @@ class RankingModel(_Model):
             self.interaction = tfrs.layers.feature_interaction.DotInteraction(self_interaction=False,
                                                                               skip_gather=True)
             self.deep = _mlp(m["deep_layers"], "top")
+        elif self.kind == "logistic":
+            self.deep = []
         else:
             raise ValueError(f"model.type {self.kind!r} is not a ranking model")
         self.logit = tf.keras.layers.Dense(1, dtype="float32", name="logit")
+        # XLA for the dense part while training only (serving sees every batch size: no recompiles);
+        # set outside Keras' attribute tracking so checkpoints and SavedModels are unchanged.
+        object.__setattr__(self, "_top_xla", tf.function(self._top, jit_compile=True)
+                           if runtime.get("jit_dense") else None)
         self.task = tfrs.tasks.Ranking(
             # SUM, divided by the batch size in compute_loss: strategies forbid the implicit mean.
             loss=tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.SUM),
@@ -132,6 +197,14 @@ class RankingModel(_Model):
         by_name = self.embeddings(features)
         embedded = [by_name[f["name"]] for f in self.spec["sparse"]]
         dense = self._dense(features)
+        top = self._top_xla if training and self._top_xla is not None else self._top
+        return top(embedded, dense)
+
+    def _top(self, embedded: list, dense: tf.Tensor | None) -> tf.Tensor:
+        """Everything after the embedding lookups (the dense part)."""
+        if self.kind == "logistic":
+            x = tf.add_n([tf.cast(e, tf.float32) for e in embedded]) if embedded else 0.0
+            return x + self.logit(dense) if dense is not None else x
         if self.kind == "dcn_v2":
             x0 = tf.concat([*embedded, dense] if dense is not None else embedded, axis=1)
             x = x0
@@ -164,7 +237,8 @@ class RetrievalModel(_Model):
         used = set(m["query_features"]) | set(m["candidate_features"])
         sparse = [f for f in spec["sparse"] if f["name"] in used]
         tables = {f["table"]: spec["tables"][f["table"]] for f in sparse}
-        self.embeddings = SparseEmbeddings(tables, sparse, name="embeddings")
+        self.embeddings = SparseEmbeddings(tables, sparse, dedup=spec.get("runtime", {}).get("dedup_ids", False),
+                                           name="embeddings")
         widths = m["tower_layers"]
         self.query_tower = [*_mlp(widths[:-1], "query"), tf.keras.layers.Dense(widths[-1], name="query_out")]
         self.candidate_tower = [*_mlp(widths[:-1], "candidate"),
@@ -201,6 +275,8 @@ class RetrievalModel(_Model):
 
 def build_model(cfg: Config, artifact: TransformArtifact) -> tf.keras.Model:
     spec = model_spec(cfg, artifact)
+    t = cfg.train.tuning  # how to compute, not what: changing these never changes the weights' layout
+    spec["runtime"] = {"dedup_ids": t.dedup_ids, "jit_dense": t.jit_dense, "grad_accum_steps": t.grad_accum_steps}
     if cfg.model.task == "retrieval":
         return RetrievalModel(spec, name="two_tower_retrieval")
     return RankingModel(spec, name=f"{cfg.model.type}_ranking")

@@ -26,6 +26,7 @@ from features.artifact import TransformArtifact  # noqa: E402
 from features.config import Config, config_to_dict, dump_config, load_config, parse_config  # noqa: E402
 from trainers.data import make_dataset, synthetic_dataset  # noqa: E402
 from trainers.models import build_model, dummy_batch  # noqa: E402
+from trainers.progress import ProgressBar  # noqa: E402
 
 __all__ = ["TrainError", "TrainOptions", "TrainResult", "train", "load_trained", "apply_warm_start",
            "optimizer_for", "PRECISION_POLICIES"]
@@ -113,25 +114,42 @@ def _prepare_model_dir(opts: TrainOptions) -> tuple[Config, TransformArtifact]:
 
 
 class _Progress(tf.keras.callbacks.Callback):
-    """Epoch-level (an epoch = `every` steps): progress line + checkpoint. Batch-level hooks would
-    sync every step and are not allowed under ParameterServerStrategy."""
+    """Checkpoint + progress line at each epoch end (an epoch = `every` steps), and a terminal
+    progress bar. Under ParameterServerStrategy batch-level hooks are not allowed (they would sync
+    every step), so there the bar moves once per epoch."""
 
     def __init__(self, total: int, batch_size: int, start: int, manager: tf.train.CheckpointManager,
-                 say: Callable[[str], None]):
+                 say: Callable[[str], None], per_batch: bool):
         super().__init__()
         self.total, self.batch_size, self.say, self.manager = total, batch_size, say, manager
         self.start_step = start
         self.t0 = time.perf_counter()
         self.last_logs: dict = {}
+        self.bar = ProgressBar(total, start, batch_size)
+        self.step = start
+        self._supports_tf_logs = True  # the bar never reads the logs, so Keras need not fetch them
+        if per_batch and self.bar.enabled:
+            self.on_train_batch_end = self._batch_end
+
+    def _batch_end(self, batch, logs=None):
+        self.step += 1
+        self.bar.update(self.step)
 
     def on_epoch_end(self, epoch, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
+        self.step = step
         self.manager.save(checkpoint_number=step)
         self.last_logs = {k: _scalar(v) for k, v in (logs or {}).items()}
         rate = (step - self.start_step) * self.batch_size / max(time.perf_counter() - self.t0, 1e-9)
         auc = f" auc {self.last_logs['auc']:.4f}" if "auc" in self.last_logs else ""
+        self.bar.clear()
         self.say(f"train: step {step}/{self.total} loss {self.last_logs.get('loss', float('nan')):.4f}{auc} "
                  f"({rate:,.0f} ex/s)")
+        self.bar.update(step, self.last_logs.get("loss"), force=True)
+
+    def on_train_end(self, logs=None):
+        if self.step >= self.total:
+            self.bar.close()
 
 
 def apply_warm_start(model, cfg: Config, artifact: TransformArtifact, previous: str,
@@ -164,10 +182,8 @@ def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainResult
         raise TrainError(f"--strategy {opts.strategy}: use local, ps, horovod or auto")
     if opts.precision not in PRECISION_POLICIES:
         raise TrainError(f"--precision {opts.precision}: use one of {', '.join(PRECISION_POLICIES)}")
-    if opts.threads:
-        tf.config.threading.set_intra_op_parallelism_threads(opts.threads)
-        tf.config.threading.set_inter_op_parallelism_threads(opts.threads)
     cfg, artifact = _prepare_model_dir(opts)
+    _set_threads(opts.threads or cfg.train.tuning.intra_op_threads, opts.threads or cfg.train.tuning.inter_op_threads)
     total = opts.steps if opts.steps is not None else cfg.train.steps
     if total <= 0:
         raise TrainError(f"--steps {total}: must be > 0")
@@ -188,6 +204,20 @@ def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainResult
         return _fit(cfg, artifact, opts, total, make_strategy(cluster), say)
     with LocalPSCluster(opts.ps_workers, opts.ps_servers, opts.ps_task_threads, say=say) as local:
         return _fit(cfg, artifact, opts, total, make_strategy(local.cluster), say)
+
+
+def _set_threads(intra: int, inter: int) -> None:
+    """TensorFlow's thread pools; they can be set only before TensorFlow's runtime starts."""
+    for n, setter, getter in ((intra, tf.config.threading.set_intra_op_parallelism_threads,
+                               tf.config.threading.get_intra_op_parallelism_threads),
+                              (inter, tf.config.threading.set_inter_op_parallelism_threads,
+                               tf.config.threading.get_inter_op_parallelism_threads)):
+        if n and getter() != n:
+            try:
+                setter(n)
+            except RuntimeError as e:  # the runtime already started in this process (e.g. in tests)
+                raise TrainError(f"threads={n}: TensorFlow is already initialised in this process ({e}); "
+                                 f"set it in a fresh `recpipe train`") from None
 
 
 def _horovod(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int,
@@ -244,7 +274,7 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
                                 input_context=input_context, seed=seed)
 
         data = tf.keras.utils.experimental.DatasetCreator(dataset_fn) if ps else dataset_fn()
-        progress = _Progress(total, cfg.train.batch_size, start, manager, say)
+        progress = _Progress(total, cfg.train.batch_size, start, manager, say, per_batch=not ps)
         tensorboard = tf.keras.callbacks.TensorBoard(os.path.join(opts.model_dir, "logs"), update_freq="epoch",
                                                      write_graph=False, profile_batch=0)
         # Epochs of `every` steps (a checkpoint at each end), then one short epoch for the rest.
