@@ -95,6 +95,7 @@ class TuningSpec:
     (bench/results/train.md); the defaults are the measured best on this kind of 2-core CPU box."""
     dedup_ids: bool = True             # unique-then-gather: one lookup (and one gradient row) per distinct ID
     grad_accum_steps: int = 1          # split each batch into k micro-batches, one optimizer step (less activation memory)
+    steps_per_execution: int = 1       # Keras: steps run per dispatched function (PS: per remote call)
     jit_dense: bool = False            # XLA-compile the dense part (cross/deep/top MLP) of ranking models
     data_ram_budget_mb: int = 0        # tf.data autotune RAM budget (0: tf.data's default, half of RAM)
     prefetch_batches: int = 0          # prefetch buffer in batches (0: AUTOTUNE)
@@ -282,6 +283,7 @@ def _validate(cfg: Config) -> Config:
     _positive(t.checkpoint_every, "train.checkpoint_every")
     k = t.tuning
     _positive(k.grad_accum_steps, "train.tuning.grad_accum_steps")
+    _positive(k.steps_per_execution, "train.tuning.steps_per_execution")
     if t.batch_size % k.grad_accum_steps:
         raise ConfigError(f"train.tuning.grad_accum_steps: {k.grad_accum_steps} must divide train.batch_size "
                           f"({t.batch_size})")

@@ -1,8 +1,9 @@
-"""`recpipe bench`: throughput of each stage in ONE run on this machine -> JSON + markdown.
+"""`recpipe bench [preprocess|train|serve|all] [--quick]`: every benchmark of the product, each ratio
+against its baseline measured in the same run, -> bench/results/<suite>.json + .md, and
+bench/results/REPORT.md with PNG plots over whatever suite results are there.
 
-Stages: generate (rows/s), preprocess on the DirectRunner (rows/s, peak RSS of the job), training
-ex/s for fp32 vs bf16 on the same data and model, and SavedModel predict throughput from raw rows.
-Ratios are only meaningful within one run (shared, noisy machines).
+Figures are the median of `reps` runs (min and max kept); ratios are only meaningful within one
+run (shared, noisy machines). `--quick` is the CI smoke run: small sizes, one repetition.
 """
 from __future__ import annotations
 
@@ -16,16 +17,35 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-__all__ = ["BenchOptions", "run_bench", "run_measured"]
+__all__ = ["BenchOptions", "run_bench", "run_measured", "write_report", "TARGETS", "SUITES"]
+
+SUITES = ("preprocess", "train", "serve")
+
+# The ratio keys every full run carries, with their targets: (">=" | "<=", value).
+TARGETS = {
+    "preprocess_beam_vs_pyarrow": (">=", 0.5),
+    "preprocess_rss_10x_vs_1x": ("<=", 1.5),
+    "train_real_vs_synthetic_input": (">=", 0.95),
+    "train_bf16_vs_fp32": (">=", 1.3),
+    "train_horovod_scaling_2": (">=", 0.9),
+    "train_ps_vs_local": (">=", 0.8),
+    "serve_qps_vs_inprocess": (">=", 0.5),
+    "serve_p99_ms_c8": ("<=", 20.0),
+}
 
 
 @dataclass(frozen=True)
 class BenchOptions:
-    rows: int = 200_000
-    steps: int = 200
+    suite: str = "all"
+    quick: bool = False
+    reps: Optional[int] = None     # default: 3, or 1 with --quick
+    rows: Optional[int] = None     # default per suite (smaller with --quick)
+    steps: Optional[int] = None
     out_dir: str = "bench/results"
     workdir: Optional[str] = None
-    name: str = "pipeline"
+
+    def repetitions(self) -> int:
+        return self.reps or (1 if self.quick else 3)
 
 
 def run_measured(cmd: list[str]) -> tuple[float, float, str]:
@@ -41,96 +61,215 @@ def run_measured(cmd: list[str]) -> tuple[float, float, str]:
         err.seek(0)
         stdout, stderr = out.read(), err.read()
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:4])}... failed: {stderr.strip().splitlines()[-1:]}")
+        raise RuntimeError(f"{' '.join(cmd[:6])}... failed: {stderr.strip().splitlines()[-3:]}")
     return wall, usage.ru_maxrss / 1024.0, stdout
 
 
+def machine_info() -> dict:
+    import importlib.metadata as md
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    versions = {}
+    for pkg in ("tensorflow", "tf-keras", "tensorflow-recommenders", "apache-beam", "horovod", "pyarrow", "numpy"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = None
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cpus": os.cpu_count(), "cpu": cpu, "memory_gib": round(mem, 1), "python": platform.python_version(),
+            "platform": platform.platform(), "versions": versions, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def _save(out_dir: str, name: str, result: dict, md: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as fh:
+        json.dump(result, fh, indent=1, sort_keys=True)
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as fh:
+        fh.write(md)
+
+
 def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
-    from recpipe.demo import repo_configs
+    if opts.suite not in (*SUITES, "all"):
+        raise ValueError(f"bench suite {opts.suite!r}: use {', '.join(SUITES)} or all")
+    from recpipe.demo import find_criteo_sample, repo_configs
     work = opts.workdir or tempfile.mkdtemp(prefix="recpipe-bench-")
-    os.makedirs(work, exist_ok=True)
     cfg_path = str(repo_configs() / "synthetic.yaml")
-    log, pre = os.path.join(work, "log"), os.path.join(work, "pre")
-    cli = [sys.executable, "-m", "recpipe.cli"]
-    results: dict = {"rows": opts.rows, "steps": opts.steps, "machine": {
-        "cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}}
-
-    say(f"bench: generate {opts.rows} rows")
-    wall, _, _ = run_measured([*cli, "generate", "--rows", str(opts.rows), "--days", "3", "--out", log])
-    results["generate_rows_per_s"] = opts.rows / wall
-
-    say("bench: preprocess (DirectRunner in_memory)")
-    wall, peak, _ = run_measured([*cli, "preprocess", "--config", cfg_path, "--input", log, "--output", pre])
-    results["preprocess_rows_per_s"] = opts.rows / wall
-    results["preprocess_wall_s"] = wall
-    results["preprocess_peak_rss_mb"] = peak
-
-    for precision in ("fp32", "bf16"):
-        say(f"bench: train {opts.steps} steps, {precision}")
-        _, _, out = run_measured([*cli, "train", "--config", cfg_path, "--data", pre, "--model-dir",
-                                        os.path.join(work, f"model_{precision}"), "--steps", str(opts.steps),
-                                        "--precision", precision])
-        state = json.load(open(os.path.join(work, f"model_{precision}", "train_state.json")))
-        results[f"train_{precision}_examples_per_s"] = state["examples_per_sec_last_run"]
-    results["train_bf16_over_fp32"] = results["train_bf16_examples_per_s"] / results["train_fp32_examples_per_s"]
-
-    say("bench: export + SavedModel predict from raw rows")
-    run_measured([*cli, "export", "--model-dir", os.path.join(work, "model_fp32"), "--export-base",
-                        os.path.join(work, "export"), "--version", "1"])
-    results.update(_predict_throughput(os.path.join(work, "export", "1"), log))
-
-    os.makedirs(opts.out_dir, exist_ok=True)
-    json_path = os.path.join(opts.out_dir, f"{opts.name}.json")
-    with open(json_path, "w") as fh:
-        json.dump(results, fh, indent=1, sort_keys=True)
-    md_path = os.path.join(opts.out_dir, f"{opts.name}.md")
-    with open(md_path, "w") as fh:
-        fh.write(_markdown(results))
-    say(f"bench: wrote {json_path} and {md_path}")
-    say(_markdown(results))
+    reps, quick = opts.repetitions(), opts.quick
+    info = machine_info()
+    results = {}
+    t0 = time.perf_counter()
+    for suite in (SUITES if opts.suite == "all" else (opts.suite,)):
+        sw = os.path.join(work, suite)
+        say(f"bench: {suite} ({'quick, ' if quick else ''}{reps} repetition{'s' * (reps > 1)}) in {sw}")
+        if suite == "preprocess":
+            from recpipe.bench_preprocess import bench_preprocess, bench_shard_formats, report_markdown
+            rows = opts.rows or (5_000 if quick else 500_000)
+            pre = bench_preprocess(rows, sw, cfg_path, say, scale=10, reps=reps)
+            shards = bench_shard_formats(os.path.join(sw, "beam_1x"), say)
+            result = {"suite": suite, "quick": quick, "machine": info, "config": {"rows_1x": rows, "scale": 10},
+                      "preprocess": pre, "shards": shards, "ratios": pre["ratios"]}
+            _save(opts.out_dir, suite, result, report_markdown(result))
+        elif suite == "train":
+            from recpipe.bench_train import TrainBenchOptions, bench_train
+            criteo = find_criteo_sample()
+            o = TrainBenchOptions(rows=opts.rows or (20_000 if quick else 200_000),
+                                  steps=opts.steps or (24 if quick else 300), reps=reps, quick=quick,
+                                  criteo_csv=str(criteo) if criteo and not quick else None)
+            result = bench_train(o, sw, cfg_path, say)
+            result["machine"] = info
+            from recpipe.bench_train import markdown
+            _save(opts.out_dir, suite, result, markdown(result))
+        else:
+            from recpipe.bench_serve import run_serve_bench
+            result = run_serve_bench(sw, cfg_path, rows=opts.rows or (5_000 if quick else 100_000),
+                                     steps=opts.steps or (20 if quick else 200), reps=reps,
+                                     seconds=1.0 if quick else 4.0, say=say)
+            result.update(suite=suite, quick=quick, machine=info)
+            from recpipe.bench_serve import markdown
+            _save(opts.out_dir, suite, result, markdown(result))
+        results[suite] = result
+        say(f"bench: {suite} done ({time.perf_counter() - t0:,.0f} s so far) -> {opts.out_dir}/{suite}.json")
+    path = write_report(opts.out_dir)
+    say(f"bench: wrote {path}")
     return results
 
 
-def _predict_throughput(version_dir: str, log_dir: str) -> dict:
-    import glob
-
-    import pyarrow.parquet as pq
-    import tensorflow as tf
-
-    from features.transform import request_from_arrow
-    fn = tf.saved_model.load(version_dir).signatures["serving_default"]
-    specs = dict(fn.structured_input_signature[1])
-    table = pq.read_table(sorted(glob.glob(os.path.join(log_dir, "*", "*.parquet")))[-1]).slice(0, 1024)
-    request = request_from_arrow(table, specs)
-    out = {}
-    for batch in (1, 256):
-        sub = {k: v[:batch] for k, v in request.items()}
-        fn(**sub)
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < 3.0:
-            fn(**sub)
-            n += 1
-        secs = time.perf_counter() - t0
-        out[f"predict_b{batch}_rows_per_s"] = n * batch / secs
-        out[f"predict_b{batch}_ms_per_call"] = 1000 * secs / n
-    return out
+# ---------------------------------------------------------------- REPORT.md and plots
+def _load_results(out_dir: str) -> dict:
+    found = {}
+    for suite in SUITES:
+        path = os.path.join(out_dir, f"{suite}.json")
+        if os.path.exists(path):
+            found[suite] = json.load(open(path))
+    return found
 
 
-def _markdown(r: dict) -> str:
-    return "\n".join([
-        f"# recpipe pipeline benchmark ({r['rows']:,} generated rows, {r['machine']['cpus']} cores, one run)",
-        "",
-        "| stage | figure |",
-        "|---|---|",
-        f"| generate | {r['generate_rows_per_s']:,.0f} rows/s |",
-        f"| preprocess (Beam DirectRunner, in_memory; wall time incl. start-up) | {r['preprocess_rows_per_s']:,.0f} rows/s, "
-        f"peak RSS {r['preprocess_peak_rss_mb']:,.0f} MB |",
-        f"| train DCN-v2 fp32 | {r['train_fp32_examples_per_s']:,.0f} ex/s |",
-        f"| train DCN-v2 bf16 (mixed_bfloat16) | {r['train_bf16_examples_per_s']:,.0f} ex/s "
-        f"({r['train_bf16_over_fp32']:.2f}x fp32) |",
-        f"| SavedModel predict, raw rows, batch 1 | {r['predict_b1_ms_per_call']:.2f} ms/call |",
-        f"| SavedModel predict, raw rows, batch 256 | {r['predict_b256_rows_per_s']:,.0f} rows/s |",
-        "",
-        "Reproduce: `make bench` (or `.venv/bin/recpipe bench --rows N --steps S`).",
-        "",
-    ])
+def _meets(key: str, value: float) -> bool:
+    op, target = TARGETS[key]
+    return value >= target if op == ">=" else value <= target
+
+
+def write_report(out_dir: str) -> str:
+    """bench/results/REPORT.md (+ PNG plots) from the suite results in out_dir."""
+    found = _load_results(out_dir)
+    ratios: dict[str, float] = {}
+    for r in found.values():
+        ratios.update(r.get("ratios", {}))
+    plots = _plots(found, out_dir)
+    any_r = next(iter(found.values()), {})
+    m = any_r.get("machine", {})
+    lines = ["# recpipe performance report", "",
+             f"Machine: {m.get('cpus')} cores ({m.get('cpu', '?')}), {m.get('memory_gib')} GiB, Python "
+             f"{m.get('python')}; " + ", ".join(f"{k} {v}" for k, v in (m.get("versions") or {}).items() if v) + ".",
+             "Each suite's figures are medians of its repetitions (min–max in the suite reports); every ratio is "
+             "against a baseline measured in the same run.", "",
+             "| ratio | value | target | met | suite run |", "|---|---|---|---|---|"]
+    for key, (op, target) in TARGETS.items():
+        suite = key.split("_", 1)[0]
+        r = found.get(suite)
+        if key in ratios:
+            mark = "yes" if _meets(key, ratios[key]) else "**no**: see below"
+            when = f"{r['machine'].get('date', '')}{' (quick)' if r.get('quick') else ''}" if r else ""
+            lines.append(f"| {key} | {ratios[key]:.3f} | {op} {target:g} | {mark} | {when} |")
+        else:
+            lines.append(f"| {key} | not run | {op} {target:g} | | |")
+    missed = [k for k in TARGETS if k in ratios and not _meets(k, ratios[k])]
+    if missed:
+        lines += ["", "## Targets missed, and why", ""]
+        lines += [f"- **{k}** = {ratios[k]:.3f}: {MISS_REASONS.get(k, 'no explanation recorded yet')}" for k in missed]
+    other = {k: v for k, v in ratios.items() if k not in TARGETS}
+    if other:
+        lines += ["", "## Other ratios", "", "| ratio | value |", "|---|---|",
+                  *[f"| {k} | {v:.3f} |" for k, v in sorted(other.items())]]
+    if plots:
+        lines += ["", "## Plots", "", *[f"![{title}]({name})" for title, name in plots]]
+    lines += ["", "Suite reports: " + ", ".join(f"[{s}.md]({s}.md)" for s in found), "",
+              "Reproduce: `make bench` (all suites, about an hour on 2 cores) or `.venv/bin/recpipe bench SUITE`; "
+              "`--quick` for the smoke run CI does.", ""]
+    path = os.path.join(out_dir, "REPORT.md")
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines))
+    return path
+
+
+# Why a target is missed on this machine, from what the runs measured (see the suite reports).
+MISS_REASONS: dict[str, str] = {}
+
+
+def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    made = []
+
+    def save(fig, name: str, title: str) -> None:
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, name), dpi=90)
+        plt.close(fig)
+        made.append((title, name))
+
+    if "preprocess" in found:
+        p = found["preprocess"]["preprocess"]
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for job in ("beam", "baseline"):
+            keys = sorted((k for k in p["rows_per_s"] if k.startswith(job)), key=lambda k: int(k.split("_")[1][:-1]))
+            xs = [p["rows"] * int(k.split("_")[1][:-1]) for k in keys]
+            ax.errorbar(xs, [p["rows_per_s"][k]["median"] for k in keys], marker="o",
+                        yerr=[[p["rows_per_s"][k]["median"] - p["rows_per_s"][k]["min"] for k in keys],
+                              [p["rows_per_s"][k]["max"] - p["rows_per_s"][k]["median"] for k in keys]],
+                        label={"beam": "Beam DirectRunner", "baseline": "single process, no Beam"}[job])
+        ax.set_xscale("log")
+        ax.set_xlabel("rows")
+        ax.set_ylabel("rows/s")
+        ax.set_title("Preprocessing throughput vs rows")
+        ax.legend()
+        save(fig, "preprocess_throughput.png", "preprocess throughput vs rows")
+    if "train" in found:
+        t = found["train"]
+        names = [n for n in t["runs"] if not n.startswith(("rss_", "data_", "criteo_"))]
+        med = [t["runs"][n]["examples_per_s"]["median"] for n in names]
+        lo = [m - t["runs"][n]["examples_per_s"]["min"] for n, m in zip(names, med)]
+        hi = [t["runs"][n]["examples_per_s"]["max"] - m for n, m in zip(names, med)]
+        fig, ax = plt.subplots(figsize=(8, 0.3 * len(names) + 1.5))
+        ax.barh(names, med, xerr=[lo, hi], color="tab:blue")
+        ax.invert_yaxis()
+        ax.set_xlabel("examples/s (median, min–max)")
+        ax.set_title("Training throughput per precision / strategy / knob")
+        save(fig, "train_throughput.png", "training ex/s per precision, strategy and knob")
+        rss = t.get("rss_vs_table") or {}
+        if rss.get("table_rows"):
+            fig, ax = plt.subplots(figsize=(6, 3.5))
+            ax.plot(rss["table_rows"], rss["peak_rss_mb"], marker="o", label="peak RSS")
+            ax.plot(rss["table_rows"], [rss["peak_rss_mb"][0] - rss["table_mb"][0] + mb for mb in rss["table_mb"]],
+                    linestyle="--", label="first point + table and Adagrad bytes")
+            if "data_4x_peak_rss_mb" in rss:
+                ax.scatter([rss["table_rows"][0]], [rss["data_4x_peak_rss_mb"]], color="tab:red", zorder=3,
+                           label="4x the data, smallest table")
+            ax.set_xlabel("embedding-table rows")
+            ax.set_ylabel("MB")
+            ax.set_title("Peak RSS vs embedding-table size")
+            ax.legend()
+            save(fig, "train_rss_vs_table.png", "peak RSS vs embedding-table size")
+    if "serve" in found:
+        s = found["serve"]
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for mode, color in (("in_process", "tab:gray"), ("batching_off", "tab:orange"), ("batching_on", "tab:blue")):
+            cs = sorted(s[mode], key=int)
+            for pct, style in (("p50_ms", ":"), ("p99_ms", "-")):
+                ax.plot([int(c) for c in cs], [s[mode][c][pct] for c in cs], style, marker="o", color=color,
+                        label=f"{mode} {pct[:3]}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel("latency ms")
+        ax.set_title("Serving latency percentiles vs concurrency")
+        ax.legend(fontsize=7)
+        save(fig, "serve_latency.png", "serving latency percentiles vs concurrency")
+    return made
+
+
+if __name__ == "__main__":  # python -m recpipe.bench OUT_DIR: rewrite REPORT.md from existing results
+    print(write_report(sys.argv[1] if len(sys.argv) > 1 else "bench/results"))

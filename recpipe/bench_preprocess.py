@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import glob
-import json
 import os
 import sys
 import time
@@ -16,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["baseline_preprocess", "bench_preprocess", "bench_shard_formats"]
+__all__ = ["baseline_preprocess", "bench_preprocess", "bench_shard_formats", "report_markdown"]
 
 
 def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65_536) -> dict:
@@ -118,31 +117,45 @@ def _timed_child(cmd: list[str]) -> tuple[float, float]:
     return wall, rss
 
 
-def bench_preprocess(rows: int, work: str, cfg_path: str, say: Callable[[str], None], scale: int = 10) -> dict:
-    """Beam vs baseline rows/s on scale x rows; peak RSS of the Beam job at rows and scale x rows."""
+def bench_preprocess(rows: int, work: str, cfg_path: str, say: Callable[[str], None], scale: int = 10,
+                     reps: int = 3) -> dict:
+    """Beam vs baseline rows/s at rows and scale x rows; peak RSS of each; `reps` runs of each."""
+    import shutil
+
+    from recpipe.bench_train import summary
     cli = [sys.executable, "-m", "recpipe.cli"]
-    small, big = os.path.join(work, "log_1x"), os.path.join(work, f"log_{scale}x")
+    logs = {1: os.path.join(work, "log_1x"), scale: os.path.join(work, f"log_{scale}x")}
     say(f"bench preprocess: generating {rows:,} and {rows * scale:,} rows")
-    _timed_child([*cli, "generate", "--rows", str(rows), "--days", "3", "--out", small])
-    _timed_child([*cli, "generate", "--rows", str(rows * scale), "--days", "3", "--out", big])
-    r: dict = {"rows": rows, "scale": scale}
-    say("bench preprocess: Beam job (DirectRunner in_memory), 1x")
-    r["beam_wall_s"], r["beam_peak_rss_mb_1x"] = _timed_child(
-        [*cli, "preprocess", "--config", cfg_path, "--input", small, "--output", os.path.join(work, "beam_1x")])
-    say(f"bench preprocess: Beam job, {scale}x")
-    r[f"beam_wall_s_{scale}x"], r[f"beam_peak_rss_mb_{scale}x"] = _timed_child(
-        [*cli, "preprocess", "--config", cfg_path, "--input", big, "--output", os.path.join(work, f"beam_{scale}x")])
-    say(f"bench preprocess: single-process baseline, {scale}x")
-    r[f"baseline_wall_s_{scale}x"], r[f"baseline_peak_rss_mb_{scale}x"] = _timed_child(
-        [sys.executable, "-c", "import sys; from features.config import load_config; "
-         "from recpipe.bench_preprocess import baseline_preprocess; "
-         "print(baseline_preprocess(load_config(sys.argv[1]), sys.argv[2], sys.argv[3]))",
-         cfg_path, big, os.path.join(work, f"baseline_{scale}x")])
-    r["beam_rows_per_s"] = rows * scale / r[f"beam_wall_s_{scale}x"]
-    r["baseline_rows_per_s"] = rows * scale / r[f"baseline_wall_s_{scale}x"]
-    r["beam_rows_per_s_1x"] = rows / r["beam_wall_s"]
-    r["ratios"] = {"preprocess_beam_vs_pyarrow": r["beam_rows_per_s"] / r["baseline_rows_per_s"],
-                   f"preprocess_rss_{scale}x_vs_1x": r[f"beam_peak_rss_mb_{scale}x"] / r["beam_peak_rss_mb_1x"]}
+    for mult, path in logs.items():
+        if not os.path.isdir(path):
+            _timed_child([*cli, "generate", "--rows", str(rows * mult), "--days", "3", "--out", path])
+    walls: dict = collections.defaultdict(list)
+    rss: dict = collections.defaultdict(list)
+    for rep in range(reps):
+        for mult, log in logs.items():
+            for job in ("beam", "baseline"):
+                out = os.path.join(work, f"{job}_{mult}x" if rep == 0 else f"{job}_{mult}x_rep{rep}")
+                shutil.rmtree(out, ignore_errors=True)
+                say(f"bench preprocess: {job}, {rows * mult:,} rows (rep {rep + 1}/{reps})")
+                cmd = ([*cli, "preprocess", "--config", cfg_path, "--input", log, "--output", out] if job == "beam" else
+                       [sys.executable, "-c", "import sys; from features.config import load_config; "
+                        "from recpipe.bench_preprocess import baseline_preprocess; "
+                        "print(baseline_preprocess(load_config(sys.argv[1]), sys.argv[2], sys.argv[3]))",
+                        cfg_path, log, out])
+                wall, peak = _timed_child(cmd)
+                walls[f"{job}_{mult}x"].append(wall)
+                rss[f"{job}_{mult}x"].append(peak)
+                if rep:
+                    shutil.rmtree(out, ignore_errors=True)
+    r: dict = {"rows": rows, "scale": scale, "reps": reps,
+               "rows_per_s": {k: summary([rows * int(k.split("_")[1][:-1]) / w for w in v]) for k, v in walls.items()},
+               "wall_s": {k: summary(v) for k, v in walls.items()},
+               "peak_rss_mb": {k: summary(v) for k, v in rss.items()}}
+    med = {k: v["median"] for k, v in r["rows_per_s"].items()}
+    mem = {k: v["median"] for k, v in r["peak_rss_mb"].items()}
+    r["ratios"] = {"preprocess_beam_vs_pyarrow": med[f"beam_{scale}x"] / med[f"baseline_{scale}x"],
+                   "preprocess_rss_10x_vs_1x" if scale == 10 else f"preprocess_rss_{scale}x_vs_1x":
+                       mem[f"beam_{scale}x"] / mem["beam_1x"]}
     return r
 
 
@@ -201,31 +214,28 @@ def bench_shard_formats(pre_dir: str, say: Callable[[str], None], batch_size: in
     return out
 
 
-def write_report(results: dict, out_dir: str, name: str = "preprocess") -> tuple[str, str]:
-    os.makedirs(out_dir, exist_ok=True)
-    jp, mp = os.path.join(out_dir, f"{name}.json"), os.path.join(out_dir, f"{name}.md")
-    with open(jp, "w") as fh:
-        json.dump(results, fh, indent=1, sort_keys=True)
+def report_markdown(results: dict) -> str:
     p, s = results["preprocess"], results["shards"]
-    scale = p["scale"]
+    scale, n = p["scale"], p["rows"]
+    rps, mem, ratios = p["rows_per_s"], p["peak_rss_mb"], p["ratios"]
+
+    def cell(d: dict, fmt: str = ",.0f") -> str:
+        return f"{d['median']:{fmt}} ({d['min']:{fmt}}–{d['max']:{fmt}})"
+
     lines = [
-        f"# Preprocessing benchmark ({p['rows'] * scale:,} generated rows; memory at 1x = {p['rows']:,}; "
-        f"one run, 2 cores)", "",
-        "| figure | value | target |", "|---|---|---|",
-        f"| Beam job (DirectRunner in_memory), {p['rows'] * scale:,} rows | {p['beam_rows_per_s']:,.0f} rows/s | |",
-        f"| single-process baseline, same functions, no Beam | {p['baseline_rows_per_s']:,.0f} rows/s | |",
-        f"| **preprocess_beam_vs_pyarrow** | **{p['ratios']['preprocess_beam_vs_pyarrow']:.2f}** | >= 0.5 |",
-        f"| Beam peak RSS at {p['rows']:,} / {p['rows'] * scale:,} rows | {p['beam_peak_rss_mb_1x']:,.0f} / "
-        f"{p[f'beam_peak_rss_mb_{scale}x']:,.0f} MB | |",
-        f"| **preprocess_rss_{scale}x_vs_1x** | **{p['ratios'][f'preprocess_rss_{scale}x_vs_1x']:.2f}** | <= 1.5 |",
-        f"| baseline peak RSS at {p['rows'] * scale:,} rows | {p[f'baseline_peak_rss_mb_{scale}x']:,.0f} MB | |",
+        f"# Preprocessing benchmark ({n:,} and {n * scale:,} generated rows; median (min–max) of {p['reps']} runs; "
+        f"{os.cpu_count()} cores)", "",
+        "| job | rows | rows/s | peak RSS MB |", "|---|---|---|---|",
+        *[f"| {'Beam DirectRunner in_memory' if k.startswith('beam') else 'single-process baseline (no Beam)'} | "
+          f"{n * int(k.split('_')[1][:-1]):,} | {cell(rps[k])} | {cell(mem[k])} |" for k in sorted(rps)], "",
+        f"- **preprocess_beam_vs_pyarrow** ({n * scale:,} rows): **{ratios['preprocess_beam_vs_pyarrow']:.2f}** "
+        f"(target >= 0.5)",
+        *[f"- **{k}**: **{v:.2f}** (target <= 1.5)" for k, v in ratios.items() if k.startswith("preprocess_rss")],
         "", "## Shard format (train split of the 1x run)", "",
         "| format | write | tf.data read (batches of 1024) | bytes/row |", "|---|---|---|---|",
         f"| columnar record batches (chosen) | vectorised in the Beam job | "
         f"{s['columnar_records_read_rows_per_s']:,.0f} rows/s | {s['columnar_records_bytes_per_row']:.0f} |",
         f"| one tf.train.Example per row | {s['per_row_examples_write_rows_per_s']:,.0f} rows/s (Python loop) | "
         f"{s['per_row_examples_read_rows_per_s']:,.0f} rows/s | {s['per_row_examples_bytes_per_row']:.0f} |",
-        "", "Reproduce: `.venv/bin/recpipe bench preprocess --rows 500000` (1x; the ratio runs on 10x).", ""]
-    with open(mp, "w") as fh:
-        fh.write("\n".join(lines))
-    return jp, mp
+        "", "Reproduce: `.venv/bin/recpipe bench preprocess` (`--rows N` sets the 1x size).", ""]
+    return "\n".join(lines)

@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["bench_serve"]
+__all__ = ["bench_serve", "run_serve_bench", "markdown"]
 
 
 def _load(call: Callable[[], None], concurrency: int, seconds: float) -> dict:
@@ -72,8 +72,17 @@ def _http_caller(port: int, path: str, body: bytes) -> Callable[[], None]:
     return call
 
 
+def _repeat(measure: Callable[[], dict], reps: int) -> dict:
+    from recpipe.bench_train import summary
+    runs = sorted((measure() for _ in range(reps)), key=lambda r: r["qps"])
+    return {**runs[len(runs) // 2], "qps_reps": summary([r["qps"] for r in runs]),
+            "p99_ms_reps": summary([r["p99_ms"] for r in runs])}
+
+
 def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callable[[str], None],
-                concurrencies=(1, 8, 32), seconds: float = 4.0, batch_timeout_ms: float = 1.0) -> dict:
+                concurrencies=(1, 8, 32), seconds: float = 4.0, batch_timeout_ms: float = 1.0, reps: int = 3) -> dict:
+    """QPS and latency percentiles per mode and concurrency; each level is measured `reps` times and
+    reported as the median rep (by QPS) with the min/median/max of QPS and p99 over the reps."""
     import tensorflow as tf
 
     from recpipe.demo import free_port, wait_healthy
@@ -87,7 +96,8 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
     results: dict = {"in_process": {}, "batching_off": {}, "batching_on": {}}
     for c in concurrencies:
         say(f"bench serve: in-process, concurrency {c}")
-        results["in_process"][str(c)] = _load(lambda: lv.fn(**tensors[next(counter) % len(tensors)]), c, seconds)
+        results["in_process"][str(c)] = _repeat(lambda: _load(lambda: lv.fn(**tensors[next(counter) % len(tensors)]),
+                                                              c, seconds), reps)
     for mode, extra in (("batching_off", []), ("batching_on", ["--max-batch-rows", "64", "--batch-timeout-ms",
                                                            str(batch_timeout_ms)])):
         port = free_port()
@@ -101,12 +111,12 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
                 say(f"bench serve: {mode}, concurrency {c}")
                 callers = _http_caller(port, f"/v1/models/{model_name}:predict", bodies[0])
                 _load(callers, c, 0.5)  # warm up connections
-                results[mode][str(c)] = _load(callers, c, seconds)
+                results[mode][str(c)] = _repeat(lambda: _load(callers, c, seconds), reps)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
     results["settings"] = {"max_batch_rows": 64, "batch_timeout_ms": batch_timeout_ms, "seconds_per_level": seconds,
-                           "request_rows": 1}
+                           "request_rows": 1, "reps": reps}
     best8 = max(results["batching_off"]["8"]["qps"], results["batching_on"]["8"]["qps"])
     results["ratios"] = {"serve_qps_vs_inprocess": best8 / results["in_process"]["8"]["qps"],
                          "serve_p99_ms_c8": min(results["batching_off"]["8"]["p99_ms"],
@@ -116,16 +126,41 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
 
 def markdown(results: dict) -> str:
     st = results["settings"]
-    lines = ["# Serving benchmark (REST, one row per request; server and load share 2 cores; one run)", "",
+    lines = [f"# Serving benchmark (REST, one row per request; server and load share {os.cpu_count()} cores; "
+             f"median of {st.get('reps', 1)} runs per level)", "",
              f"batching_on: --max-batch-rows {st['max_batch_rows']} --batch-timeout-ms {st['batch_timeout_ms']:g}; "
              f"{st['seconds_per_level']:g} s per level.", "",
-             "| mode | concurrency | QPS | p50 ms | p99 ms | errors |", "|---|---|---|---|---|---|"]
+             "| mode | concurrency | QPS | QPS min–max | p50 ms | p99 ms | p99 min–max | errors |",
+             "|---|---|---|---|---|---|---|---|"]
     for mode in ("in_process", "batching_off", "batching_on"):
         for c, r in results[mode].items():
-            lines.append(f"| {mode} | {c} | {r['qps']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['errors']} |")
+            q, p = r.get("qps_reps", {"min": r["qps"], "max": r["qps"]}), r.get("p99_ms_reps", {"min": r["p99_ms"],
+                                                                                                 "max": r["p99_ms"]})
+            lines.append(f"| {mode} | {c} | {r['qps']:,.0f} | {q['min']:,.0f}–{q['max']:,.0f} | {r['p50_ms']:.2f} | "
+                         f"{r['p99_ms']:.2f} | {p['min']:.2f}–{p['max']:.2f} | {r['errors']} |")
     r = results["ratios"]
     lines += ["", f"- **serve_qps_vs_inprocess** (concurrency 8, best mode): **{r['serve_qps_vs_inprocess']:.2f}** "
               f"(target >= 0.5)",
               f"- **serve_p99_ms_c8**: **{r['serve_p99_ms_c8']:.2f} ms** (target < 20)", "",
               "Reproduce: `.venv/bin/recpipe bench serve`.", ""]
     return "\n".join(lines)
+
+
+def run_serve_bench(work: str, cfg_path: str, rows: int, steps: int, reps: int, seconds: float,
+                    say: Callable[[str], None]) -> dict:
+    """Generate a log, preprocess, train `steps`, export version 1, then bench_serve it."""
+    from features.config import load_config
+    from pipeline.preprocess import run_preprocess
+    from pipeline.synthetic import GenerateSpec, generate_log
+    from recpipe.demo import rest_rows
+    from serving.export import export_model
+    from trainers.train import TrainOptions, train
+    cfg = load_config(cfg_path)
+    files = generate_log(GenerateSpec(rows=rows, days=2, seed=11), os.path.join(work, "log"))
+    run_preprocess(cfg, os.path.join(work, "log"), os.path.join(work, "pre"),
+                   ["--runner=DirectRunner", "--direct_running_mode=in_memory"], progress=say)
+    train(TrainOptions(os.path.join(work, "pre"), os.path.join(work, "model"), cfg_path, steps=steps), say=say)
+    export_model(os.path.join(work, "model"), os.path.join(work, "export"), version=1)
+    columns = sorted({f.column for f in [*cfg.features.sparse, *cfg.features.dense]})
+    request_rows, _ = rest_rows(files[-1], columns, 64)
+    return bench_serve(os.path.join(work, "export"), cfg.name, request_rows, say, seconds=seconds, reps=reps)

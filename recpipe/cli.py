@@ -127,51 +127,9 @@ def cmd_daily(a) -> int:
 
 
 def cmd_bench(a) -> None:
-    if a.suite == "pipeline":
-        from recpipe.bench import BenchOptions, run_bench
-        run_bench(BenchOptions(rows=a.rows or 200_000, steps=a.steps, out_dir=a.out, workdir=a.workdir), say=_say)
-        return
-    import tempfile
-    from recpipe.demo import repo_configs
-    work = a.workdir or tempfile.mkdtemp(prefix="recpipe-bench-")
-    if a.suite == "serve":
-        _bench_serve(a, work)
-        return
-    if a.suite == "train":
-        from recpipe.bench_train import bench_train
-        bench_train(a.rows or 200_000, a.steps, work, str(repo_configs() / "synthetic.yaml"), a.out, _say)
-        return
-    from recpipe.bench_preprocess import bench_preprocess, bench_shard_formats, write_report
-    pre = bench_preprocess(a.rows or 500_000, work, str(repo_configs() / "synthetic.yaml"), _say)
-    shards = bench_shard_formats(os.path.join(work, "beam_1x"), _say)
-    json_path, md_path = write_report({"preprocess": pre, "shards": shards, "ratios": pre["ratios"]}, a.out)
-    _say(open(md_path).read())
-    _say(f"bench: wrote {json_path} and {md_path}")
-
-
-def _bench_serve(a, work: str) -> None:
-    from features.config import load_config
-    from pipeline.preprocess import run_preprocess
-    from pipeline.synthetic import GenerateSpec, generate_log
-    from recpipe.bench_serve import bench_serve, markdown
-    from recpipe.demo import repo_configs, rest_rows
-    from serving.export import export_model
-    from trainers.train import TrainOptions, train
-    cfg_path = str(repo_configs() / "synthetic.yaml")
-    cfg = load_config(cfg_path)
-    files = generate_log(GenerateSpec(rows=a.rows or 100_000, days=2, seed=11), os.path.join(work, "log"))
-    run_preprocess(cfg, os.path.join(work, "log"), os.path.join(work, "pre"), list(DEFAULT_BEAM_ARGS), progress=_say)
-    train(TrainOptions(os.path.join(work, "pre"), os.path.join(work, "model"), cfg_path, steps=a.steps), say=_say)
-    export_model(os.path.join(work, "model"), os.path.join(work, "export"), version=1)
-    columns = sorted({f.column for f in [*cfg.features.sparse, *cfg.features.dense]})
-    rows, _ = rest_rows(files[-1], columns, 64)
-    results = bench_serve(os.path.join(work, "export"), cfg.name, rows, _say)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "serve.json"), "w") as fh:
-        json.dump(results, fh, indent=1, sort_keys=True)
-    with open(os.path.join(a.out, "serve.md"), "w") as fh:
-        fh.write(markdown(results))
-    _say(markdown(results))
+    from recpipe.bench import BenchOptions, run_bench
+    run_bench(BenchOptions(suite=a.suite, quick=a.quick, reps=a.reps, rows=a.rows, steps=a.steps, out_dir=a.out,
+                           workdir=a.workdir), say=_say)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -281,14 +239,16 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--day", required=True, help="the logical date, YYYY-MM-DD")
     dl.set_defaults(fn=cmd_daily)
 
-    b = sub.add_parser("bench", help="benchmarks -> bench/results/<suite>.json + .md")
-    b.add_argument("suite", nargs="?", default="pipeline", choices=["pipeline", "preprocess", "serve", "train"],
-                   help="pipeline: every stage's throughput; preprocess: Beam vs single-process baseline, "
-                        "peak RSS at 1x vs 10x rows, shard formats; serve: QPS/latency at concurrency "
-                        "1/8/32, batching off/on, against in-process calls; train: real vs synthetic input, "
-                        "bf16 vs fp32")
-    b.add_argument("--rows", type=int, help="rows (pipeline: 200000; preprocess: 500000 at 1x)")
-    b.add_argument("--steps", type=int, default=200)
+    b = sub.add_parser("bench", help="benchmarks -> bench/results/<suite>.json + .md and REPORT.md with plots")
+    b.add_argument("suite", nargs="?", default="all", choices=["preprocess", "train", "serve", "all"],
+                   help="preprocess: Beam vs single-process baseline, peak RSS at 1x vs 10x rows, shard formats; "
+                        "train: real vs synthetic input, bf16 vs fp32, every tuning knob, Horovod and PS scaling, "
+                        "RSS vs table size, FLOP/s ceiling, Criteo AUC per strategy, scale-out model; "
+                        "serve: QPS/latency at concurrency 1/8/32, batching off/on, against in-process calls")
+    b.add_argument("--quick", action="store_true", help="smoke run: small sizes, one repetition (CI)")
+    b.add_argument("--reps", type=int, help="repetitions of every measurement (default 3; 1 with --quick)")
+    b.add_argument("--rows", type=int, help="generated rows (default per suite)")
+    b.add_argument("--steps", type=int, help="training steps per run (default per suite)")
     b.add_argument("--out", default="bench/results")
     b.add_argument("--workdir", default=None, help="scratch folder (default: a temp dir)")
     b.set_defaults(fn=cmd_bench)

@@ -14,6 +14,7 @@ import os
 
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 
+import importlib  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
@@ -36,7 +37,7 @@ def inside_horovod_job() -> bool:
 def _horovodrun() -> str:
     found = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or shutil.which("horovodrun")
     try:
-        import horovod.tensorflow  # noqa: F401
+        importlib.import_module("horovod.tensorflow")  # built for this TensorFlow?
     except ImportError:
         found = None
     if not found:
@@ -88,7 +89,7 @@ def run_rank(cfg, artifact, opts, total: int, say: Callable[[str], None]) -> dic
 
     from trainers.data import make_dataset
     from trainers.models import accumulated_gradients, build_model, dummy_batch
-    from trainers.train import PRECISION_POLICIES, optimizer_for
+    from trainers.train import PRECISION_POLICIES, optimizer_for, steady_rate
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
@@ -147,6 +148,7 @@ def run_rank(cfg, artifact, opts, total: int, say: Callable[[str], None]) -> dic
     auc = next((m for m in model.metrics if m.name == "auc"), None)
     t0 = time.perf_counter()
     loss = float("nan")
+    first_interval = last_interval = None
     for i in range(start, total):
         loss_t = step(next(it))
         if i == start:
@@ -155,6 +157,7 @@ def run_rank(cfg, artifact, opts, total: int, say: Callable[[str], None]) -> dic
         done = i + 1
         if done % every == 0 or done == total:
             loss = float(hvd.allreduce(loss_t, op=hvd.Average).numpy())
+            last_interval = (done, time.perf_counter())
             if rank == 0:
                 manager.save(checkpoint_number=done)
                 rate = (done - start) * cfg.train.batch_size * size / max(time.perf_counter() - t0, 1e-9)
@@ -165,10 +168,13 @@ def run_rank(cfg, artifact, opts, total: int, say: Callable[[str], None]) -> dic
                     tf.summary.scalar("loss", loss, step=done)
                     if auc_v is not None:
                         tf.summary.scalar("auc", auc_v, step=done)
+            first_interval = first_interval or (done, time.perf_counter())
     elapsed = time.perf_counter() - t0
     state = {"steps_done": total, "steps_this_run": total - start, "resumed_from": start,
              "examples_per_sec_last_run": (total - start) * cfg.train.batch_size * size / max(elapsed, 1e-9),
              "final_loss": loss, "ranks": size, "sparse_gradients": cfg.train.sparse_gradients}
+    state["examples_per_sec_steady"] = steady_rate(first_interval, last_interval, cfg.train.batch_size * size,
+                                                   state["examples_per_sec_last_run"])
     if rank == 0:
         with open(os.path.join(opts.model_dir, "train_state.json"), "w") as fh:
             json.dump({**state, "precision": opts.precision, "strategy": "horovod",

@@ -19,7 +19,7 @@ from features.artifact import TransformArtifact  # noqa: E402
 from features.canonical import LABEL_KEY  # noqa: E402
 from features.config import Config, embedding_dim  # noqa: E402
 
-__all__ = ["model_spec", "SparseEmbeddings", "accumulated_gradients", "micro_batches", "RankingModel", "RetrievalModel", "build_model", "dummy_batch"]
+__all__ = ["model_spec", "SparseEmbeddings", "accumulated_gradients", "micro_batches", "dense_flops_per_example", "RankingModel", "RetrievalModel", "build_model", "dummy_batch"]
 
 
 def model_spec(cfg: Config, artifact: TransformArtifact) -> dict[str, Any]:
@@ -292,3 +292,33 @@ def dummy_batch(cfg: Config, n: int = 2) -> dict:
         batch[d.name] = tf.zeros([n], tf.float32)
     batch[LABEL_KEY] = tf.zeros([n], tf.float32)
     return batch
+
+
+def dense_flops_per_example(spec: dict) -> int:
+    """Forward FLOPs of the dense part of a ranking model per example (2 per multiply-add of each
+    matmul; element-wise ops not counted). Training costs about 3x this (forward + two backward
+    matmuls). Embedding lookups are memory traffic, not FLOPs."""
+    m = spec["model"]
+    dims = {f["name"]: spec["tables"][f["table"]]["dim"] for f in spec["sparse"]}
+    width = sum(dims.values()) + len(spec["dense"])
+
+    def mlp(n_in: int, widths: list[int]) -> tuple[int, int]:
+        flops = 0
+        for w in widths:
+            flops, n_in = flops + 2 * n_in * w, w
+        return flops, n_in
+
+    if m["type"] == "logistic":
+        return 2 * len(spec["dense"])
+    if m["type"] == "dcn_v2":
+        per_cross = 2 * width * width if not m["low_rank"] else 4 * width * m["low_rank"]
+        deep, last = mlp(width, m["deep_layers"])
+        return m["cross_layers"] * per_cross + deep + 2 * last
+    if m["type"] == "dlrm":
+        dim = next(iter(spec["tables"].values()))["dim"]
+        bottom, _ = mlp(len(spec["dense"]) or 1, [*m["bottom_layers"], dim])
+        n = len(spec["sparse"]) + 1
+        interaction = 2 * n * n * dim
+        top, last = mlp(dim + n * n, m["deep_layers"])  # skip_gather: the whole (masked) n x n matrix
+        return bottom + interaction + top + 2 * last
+    raise ValueError(f"model type {m['type']!r}: no ranking FLOP count")

@@ -62,8 +62,11 @@ def serve_task(cluster: dict[str, list[str]], job: str, index: int) -> None:
     """Run one worker/PS server until killed (the body of a launched task process)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
     config = tf.compat.v1.ConfigProto()
-    config.inter_op_parallelism_threads = int(os.environ.get("RECPIPE_TASK_THREADS", "0"))
-    config.intra_op_parallelism_threads = int(os.environ.get("RECPIPE_TASK_THREADS", "0"))
+    threads = int(os.environ.get("RECPIPE_TASK_THREADS", "0"))
+    config.intra_op_parallelism_threads = threads
+    # One inter-op thread deadlocks a worker (the step function waits on its own input pipeline's
+    # ops; seen: every worker idle, the job hung), so a thread-limited task keeps two.
+    config.inter_op_parallelism_threads = max(threads, 2) if threads else 0
     server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job, task_index=index,
                                   protocol="grpc", config=config, start=True)
     server.join()

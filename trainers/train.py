@@ -127,6 +127,9 @@ class _Progress(tf.keras.callbacks.Callback):
         self.last_logs: dict = {}
         self.bar = ProgressBar(total, start, batch_size)
         self.step = start
+        # (step, time) after the first epoch's checkpoint and before the last one's: the steady window
+        self.first_epoch: tuple[int, float] | None = None
+        self.last_epoch: tuple[int, float] | None = None
         self._supports_tf_logs = True  # the bar never reads the logs, so Keras need not fetch them
         if per_batch and self.bar.enabled:
             self.on_train_batch_end = self._batch_end
@@ -138,7 +141,10 @@ class _Progress(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         step = int(self.model.optimizer.iterations.numpy())
         self.step = step
+        self.last_epoch = (step, time.perf_counter())
         self.manager.save(checkpoint_number=step)
+        if self.first_epoch is None:
+            self.first_epoch = (step, time.perf_counter())
         self.last_logs = {k: _scalar(v) for k, v in (logs or {}).items()}
         rate = (step - self.start_step) * self.batch_size / max(time.perf_counter() - self.t0, 1e-9)
         auc = f" auc {self.last_logs['auc']:.4f}" if "auc" in self.last_logs else ""
@@ -247,7 +253,7 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
     try:
         with strategy.scope():
             model = build_model(cfg, artifact)
-            model.compile(optimizer=optimizer_for(cfg))
+            model.compile(optimizer=optimizer_for(cfg), steps_per_execution=cfg.train.tuning.steps_per_execution)
             model(dummy_batch(cfg))  # create every variable, so restore checks them all
         ckpt, manager = _checkpoint(model, opts.model_dir)
         start = 0
@@ -290,11 +296,24 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
         result = TrainResult(done, done - start, rate, progress.last_logs.get("loss", float("nan")), start)
         with open(os.path.join(opts.model_dir, "train_state.json"), "w") as fh:
             json.dump({"steps_done": done, "precision": opts.precision, "strategy": opts.strategy,
-                       "examples_per_sec_last_run": rate, "batch_size": cfg.train.batch_size,
+                       "examples_per_sec_last_run": rate,
+                       "examples_per_sec_steady": steady_rate(progress.first_epoch, progress.last_epoch,
+                                                              cfg.train.batch_size, rate),
+                       "batch_size": cfg.train.batch_size,
                        "data_dir": os.path.abspath(opts.data_dir)}, fh, indent=1)
         return result
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
+
+
+def steady_rate(first: tuple[int, float] | None, last: tuple[int, float] | None, examples_per_step: int,
+                overall: float) -> float:
+    """ex/s between the end of the first checkpoint interval (after its save) and the end of the last
+    (before its save): no graph tracing, XLA compiling, warm-up or first/last checkpoint writes in it.
+    The overall rate when the run had a single interval."""
+    if first is None or last is None or last[0] <= first[0]:
+        return overall
+    return (last[0] - first[0]) * examples_per_step / max(last[1] - first[1], 1e-9)
 
 
 def load_trained(model_dir: str) -> tuple[Config, TransformArtifact, tf.keras.Model]:

@@ -1,0 +1,141 @@
+"""Scale-out model: predicted throughput and scaling efficiency of PS and ring-allreduce for 8, 64
+and 512 workers, from figures measured on this machine.
+
+Inputs (all measured here, except the network bandwidth, which is stated):
+  - compute time of one step: batch / steady ex/s of the one-thread Horovod np=1 run;
+  - dense parameter bytes (allreduced, or pulled and pushed through the PS, every step);
+  - embedding rows a step touches, per table, with ID dedup (unique IDs) and without (every
+    occurrence), read from a real batch of the shards; times the row width;
+  - the per-step traffic formulas of trainers.advisor.predict (ring allreduce 2(N-1)/N x dense
+    bytes + allgather of (N-1) ranks' embedding rows; PS pull + push of dense + touched rows, the
+    PS links shared by N workers over M = max(2, N/4) PS tasks); no overlap of compute and traffic.
+Validated against the measured 1 -> 2 runs on this box, with loopback's measured bandwidth.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from typing import Callable
+
+__all__ = ["scale_out_report", "loopback_gbps", "traffic_inputs"]
+
+WORKERS = (8, 64, 512)
+
+
+def loopback_gbps(megabytes: int = 256) -> float:
+    """TCP throughput over 127.0.0.1 between two threads of this process, in Gbit/s."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    chunk = b"\0" * (1 << 20)
+
+    def sink():
+        conn, _ = srv.accept()
+        with conn:
+            while conn.recv(1 << 20):
+                pass
+
+    t = threading.Thread(target=sink, daemon=True)
+    t.start()
+    with socket.create_connection(srv.getsockname()) as c:
+        t0 = time.perf_counter()
+        for _ in range(megabytes):
+            c.sendall(chunk)
+    t.join()
+    secs = time.perf_counter() - t0
+    srv.close()
+    return megabytes * 8 * (1 << 20) / secs / 1e9
+
+
+def traffic_inputs(data_dir: str, cfg_path: str) -> dict:
+    """Parameter counts and embedding rows touched per batch (with and without dedup)."""
+    import numpy as np
+    import tensorflow as tf
+
+    from features.artifact import TransformArtifact
+    from features.config import load_config
+    from trainers.data import make_dataset
+    from trainers.models import model_spec
+    cfg = load_config(cfg_path)
+    artifact = TransformArtifact.read(os.path.join(data_dir, "transform"))
+    spec = model_spec(cfg, artifact)
+    from trainers.models import build_model, dummy_batch
+    model = build_model(cfg, artifact)
+    model(dummy_batch(cfg))
+    total = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    sparse = sum(t["rows"] * t["dim"] for t in spec["tables"].values())
+    batch = next(iter(make_dataset(cfg, data_dir, "train", cfg.train.batch_size, training=True)))
+    unique = occurrences = 0.0
+    unique_bytes = occurrence_bytes = 0.0
+    by_table: dict[str, list] = {}
+    for f in spec["sparse"]:
+        ids = batch[f["name"]]
+        by_table.setdefault(f["table"], []).append((ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids).numpy())
+    for table, parts in by_table.items():
+        ids = np.concatenate(parts)
+        dim = spec["tables"][table]["dim"]
+        u = len(np.unique(ids))
+        unique, occurrences = unique + u, occurrences + len(ids)
+        unique_bytes += u * dim * 4 + u * 8          # float32 rows + int64 indices
+        occurrence_bytes += len(ids) * dim * 4 + len(ids) * 8
+    return {"dense_params": total - sparse, "sparse_params": sparse, "batch_size": cfg.train.batch_size,
+            "rows_unique": unique, "rows_occurrences": occurrences,
+            "row_bytes_unique": unique_bytes, "row_bytes_occurrences": occurrence_bytes}
+
+
+def _step_times(t_c: float, dense_bytes: float, row_bytes: float, n: int, m: int, bw_bytes: float) -> dict:
+    ring = 2 * (n - 1) / n * dense_bytes + (n - 1) * row_bytes
+    ps_worker = 2 * (dense_bytes + row_bytes)
+    ps_link = max(ps_worker, n * ps_worker / m)
+    return {"allreduce": t_c + ring / bw_bytes, "ps": t_c + ps_link / bw_bytes}
+
+
+def scale_out_report(data_dir: str, cfg_path: str, runs: dict, bandwidth_gbps: float,
+                     say: Callable[[str], None]) -> dict:
+    x = traffic_inputs(data_dir, cfg_path)
+    b = x["batch_size"]
+    t_c = b / runs["horovod_np1"]["examples_per_s"]["median"]
+    dense_bytes = x["dense_params"] * 4
+    bw = bandwidth_gbps * 1e9 / 8
+    rows = []
+    for n in WORKERS:
+        m = max(2, n // 4)
+        dedup = _step_times(t_c, dense_bytes, x["row_bytes_unique"], n, m, bw)
+        nodedup = _step_times(t_c, dense_bytes, x["row_bytes_occurrences"], n, m, bw)
+        rows.append({"workers": n, "ps_tasks": m,
+                     "allreduce_ex_per_s": n * b / dedup["allreduce"], "allreduce_efficiency": t_c / dedup["allreduce"],
+                     "ps_ex_per_s": n * b / dedup["ps"], "ps_efficiency": t_c / dedup["ps"],
+                     "ps_no_dedup_ex_per_s": n * b / nodedup["ps"],
+                     "allreduce_no_dedup_ex_per_s": n * b / nodedup["allreduce"],
+                     "winner": "ps" if dedup["ps"] < dedup["allreduce"] else "allreduce"})
+    # Validation: N=2 on this box's loopback, against the measured runs.
+    lo = loopback_gbps()
+    two = _step_times(t_c, dense_bytes, x["row_bytes_unique"], 2, 2, lo * 1e9 / 8)
+    predicted_hvd = t_c / two["allreduce"]
+    predicted_ps = (2 * b / two["ps"]) / runs["local_threads2"]["examples_per_s"]["median"]
+    measured_hvd = runs["horovod_np2"]["examples_per_s"]["median"] / (2 * runs["horovod_np1"]["examples_per_s"]["median"])
+    measured_ps = runs["ps_2w_2ps"]["examples_per_s"]["median"] / runs["local_threads2"]["examples_per_s"]["median"]
+    validation = {"loopback_gbps": lo, "horovod_scaling_2": {"predicted": predicted_hvd, "measured": measured_hvd},
+                  "ps_vs_local": {"predicted": predicted_ps, "measured": measured_ps}}
+    md = "\n".join([
+        f"Inputs: step compute {t_c * 1000:.1f} ms for {b} rows (Horovod np=1, 1 thread); dense parameters "
+        f"{x['dense_params']:,} ({dense_bytes / 2**20:.1f} MB); embedding parameters {x['sparse_params']:,}; "
+        f"rows touched per batch {x['rows_unique']:,.0f} unique vs {x['rows_occurrences']:,.0f} occurrences "
+        f"({x['row_bytes_unique'] / 2**20:.2f} vs {x['row_bytes_occurrences'] / 2**20:.2f} MB with indices); "
+        f"network {bandwidth_gbps:g} Gbit/s per worker and per PS task (stated).", "",
+        "| workers | PS tasks | allreduce ex/s | eff. | PS ex/s | eff. | PS ex/s without ID dedup | winner |",
+        "|---|---|---|---|---|---|---|---|",
+        *[f"| {r['workers']} | {r['ps_tasks']} | {r['allreduce_ex_per_s']:,.0f} | {r['allreduce_efficiency']:.0%} | "
+          f"{r['ps_ex_per_s']:,.0f} | {r['ps_efficiency']:.0%} | {r['ps_no_dedup_ex_per_s']:,.0f} | {r['winner']} |"
+          for r in rows], "",
+        f"Validation on this box (loopback measured at {lo:.1f} Gbit/s): Horovod 1->2 scaling predicted "
+        f"{predicted_hvd:.2f}, measured {measured_hvd:.2f}; PS (2 workers) / local (2 threads) predicted "
+        f"{predicted_ps:.2f}, measured {measured_ps:.2f}. The model counts bytes and bandwidth only: on a "
+        f"2-core box the gap is CPU time spent on communication (Gloo / gRPC serialisation) and per-step "
+        f"latency, which it does not model.",
+    ])
+    say("bench train: scale-out model\n" + md)
+    return {"inputs": {**x, "step_compute_s": t_c, "bandwidth_gbps": bandwidth_gbps}, "predictions": rows,
+            "validation": validation, "markdown": md}
