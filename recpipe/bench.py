@@ -100,24 +100,28 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
     reps, quick = opts.repetitions(), opts.quick
     info = machine_info()
     results = {}
+    shared = None  # (raw log, preprocessed) of the preprocess suite, reused by the others in this run
     t0 = time.perf_counter()
     for suite in (SUITES if opts.suite == "all" else (opts.suite,)):
         sw = os.path.join(work, suite)
         say(f"bench: {suite} ({'quick, ' if quick else ''}{reps} repetition{'s' * (reps > 1)}) in {sw}")
         if suite == "preprocess":
             from recpipe.bench_preprocess import bench_preprocess, bench_shard_formats, report_markdown
-            rows = opts.rows or (5_000 if quick else 500_000)
-            pre = bench_preprocess(rows, sw, cfg_path, say, scale=10, reps=reps)
+            rows = opts.rows or (3_000 if quick else 500_000)
+            pre = bench_preprocess(rows, sw, cfg_path, say, scale=10, reps=reps, quick=quick)
             shards = bench_shard_formats(os.path.join(sw, "beam_1x"), say)
             result = {"suite": suite, "quick": quick, "machine": info, "config": {"rows_1x": rows, "scale": 10},
                       "preprocess": pre, "shards": shards, "ratios": pre["ratios"]}
+            mult = 10 if quick else 1  # quick: the 10x data (50k rows); full: the 1x data (500k rows)
+            shared = (os.path.join(sw, f"log_{mult}x"), os.path.join(sw, f"beam_{mult}x"))
             _save(opts.out_dir, suite, result, report_markdown(result))
         elif suite == "train":
             from recpipe.bench_train import TrainBenchOptions, bench_train
             criteo = find_criteo_sample()
-            o = TrainBenchOptions(rows=opts.rows or (20_000 if quick else 200_000),
+            o = TrainBenchOptions(rows=opts.rows or (10_000 if quick else 200_000),
                                   steps=opts.steps or (24 if quick else 300), reps=reps, quick=quick,
-                                  criteo_csv=str(criteo) if criteo and not quick else None)
+                                  criteo_csv=str(criteo) if criteo and not quick else None,
+                                  data_dir=shared[1] if shared and not opts.rows else None)
             result = bench_train(o, sw, cfg_path, say)
             result["machine"] = info
             from recpipe.bench_train import markdown
@@ -126,7 +130,9 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
             from recpipe.bench_serve import run_serve_bench
             result = run_serve_bench(sw, cfg_path, rows=opts.rows or (5_000 if quick else 100_000),
                                      steps=opts.steps or (20 if quick else 200), reps=reps,
-                                     seconds=1.0 if quick else 4.0, say=say)
+                                     seconds=0.5 if quick else 4.0, say=say,
+                                     data=shared if shared and not opts.rows else None,
+                                     concurrencies=(1, 8) if quick else (1, 8, 32))
             result.update(suite=suite, quick=quick, machine=info)
             from recpipe.bench_serve import markdown
             _save(opts.out_dir, suite, result, markdown(result))

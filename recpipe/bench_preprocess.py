@@ -118,8 +118,9 @@ def _timed_child(cmd: list[str]) -> tuple[float, float]:
 
 
 def bench_preprocess(rows: int, work: str, cfg_path: str, say: Callable[[str], None], scale: int = 10,
-                     reps: int = 3) -> dict:
-    """Beam vs baseline rows/s at rows and scale x rows; peak RSS of each; `reps` runs of each."""
+                     reps: int = 3, quick: bool = False) -> dict:
+    """Beam vs baseline rows/s at rows and scale x rows; peak RSS of each; `reps` runs of each
+    (quick: no baseline at 1x, which only the throughput-vs-rows plot uses)."""
     import shutil
 
     from recpipe.bench_train import summary
@@ -128,12 +129,13 @@ def bench_preprocess(rows: int, work: str, cfg_path: str, say: Callable[[str], N
     say(f"bench preprocess: generating {rows:,} and {rows * scale:,} rows")
     for mult, path in logs.items():
         if not os.path.isdir(path):
-            _timed_child([*cli, "generate", "--rows", str(rows * mult), "--days", "3", "--out", path])
+            from pipeline.synthetic import GenerateSpec, generate_log
+            generate_log(GenerateSpec(rows=rows * mult, days=3), path)
     walls: dict = collections.defaultdict(list)
     rss: dict = collections.defaultdict(list)
     for rep in range(reps):
         for mult, log in logs.items():
-            for job in ("beam", "baseline"):
+            for job in ("beam", "baseline") if mult != 1 or not quick else ("beam",):
                 out = os.path.join(work, f"{job}_{mult}x" if rep == 0 else f"{job}_{mult}x_rep{rep}")
                 shutil.rmtree(out, ignore_errors=True)
                 say(f"bench preprocess: {job}, {rows * mult:,} rows (rep {rep + 1}/{reps})")

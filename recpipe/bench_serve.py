@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -110,7 +110,7 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
             for c in concurrencies:
                 say(f"bench serve: {mode}, concurrency {c}")
                 callers = _http_caller(port, f"/v1/models/{model_name}:predict", bodies[0])
-                _load(callers, c, 0.5)  # warm up connections
+                _load(callers, c, min(0.5, seconds / 2))  # warm up connections
                 results[mode][str(c)] = _repeat(lambda: _load(callers, c, seconds), reps)
         finally:
             proc.terminate()
@@ -147,8 +147,12 @@ def markdown(results: dict) -> str:
 
 
 def run_serve_bench(work: str, cfg_path: str, rows: int, steps: int, reps: int, seconds: float,
-                    say: Callable[[str], None]) -> dict:
-    """Generate a log, preprocess, train `steps`, export version 1, then bench_serve it."""
+                    say: Callable[[str], None], data: Optional[tuple[str, str]] = None,
+                    concurrencies: tuple[int, ...] = (1, 8, 32)) -> dict:
+    """Train `steps` on `data` = (raw log dir, its preprocessed dir) or on a generated log of `rows`,
+    export version 1, then bench_serve it with raw rows of the log's last file."""
+    import glob
+
     from features.config import load_config
     from pipeline.preprocess import run_preprocess
     from pipeline.synthetic import GenerateSpec, generate_log
@@ -156,11 +160,15 @@ def run_serve_bench(work: str, cfg_path: str, rows: int, steps: int, reps: int, 
     from serving.export import export_model
     from trainers.train import TrainOptions, train
     cfg = load_config(cfg_path)
-    files = generate_log(GenerateSpec(rows=rows, days=2, seed=11), os.path.join(work, "log"))
-    run_preprocess(cfg, os.path.join(work, "log"), os.path.join(work, "pre"),
-                   ["--runner=DirectRunner", "--direct_running_mode=in_memory"], progress=say)
-    train(TrainOptions(os.path.join(work, "pre"), os.path.join(work, "model"), cfg_path, steps=steps), say=say)
+    if data is None:
+        log, pre = os.path.join(work, "log"), os.path.join(work, "pre")
+        generate_log(GenerateSpec(rows=rows, days=2, seed=11), log)
+        run_preprocess(cfg, log, pre, ["--runner=DirectRunner", "--direct_running_mode=in_memory"], progress=say)
+    else:
+        log, pre = data
+    train(TrainOptions(pre, os.path.join(work, "model"), cfg_path, steps=steps), say=say)
     export_model(os.path.join(work, "model"), os.path.join(work, "export"), version=1)
     columns = sorted({f.column for f in [*cfg.features.sparse, *cfg.features.dense]})
-    request_rows, _ = rest_rows(files[-1], columns, 64)
-    return bench_serve(os.path.join(work, "export"), cfg.name, request_rows, say, seconds=seconds, reps=reps)
+    request_rows, _ = rest_rows(sorted(glob.glob(os.path.join(log, "*", "*.parquet")))[-1], columns, 64)
+    return bench_serve(os.path.join(work, "export"), cfg.name, request_rows, say, concurrencies=concurrencies,
+                       seconds=seconds, reps=reps)

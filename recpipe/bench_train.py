@@ -20,6 +20,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -52,6 +53,7 @@ class TrainBenchOptions:
     quick: bool = False
     bandwidth_gbps: float = 10.0
     criteo_csv: Optional[str] = None  # the shared Criteo sample (CSV); None skips the quality runs
+    data_dir: Optional[str] = None    # already preprocessed data (e.g. the preprocess suite's); else generated
 
 
 def summary(values: list[float]) -> dict:
@@ -81,6 +83,7 @@ class _Runs:
             keep: bool = False) -> dict:
         from recpipe.bench import run_measured
         rates, rss = [], []
+        t0 = time.perf_counter()
         for rep in range(reps or self.reps):
             model_dir = os.path.join(self.work, "models", f"{name}-{rep}")
             shutil.rmtree(model_dir, ignore_errors=True)
@@ -94,30 +97,39 @@ class _Runs:
         r = {"examples_per_s": summary(rates), "peak_rss_mb": summary(rss), "steps": steps, "flags": list(flags)}
         self.results[name] = r
         self.say(f"bench train: {name}: median {r['examples_per_s']['median']:,.0f} ex/s "
-                 f"(min {min(rates):,.0f}, max {max(rates):,.0f}), peak RSS {r['peak_rss_mb']['median']:,.0f} MB")
+                 f"(min {min(rates):,.0f}, max {max(rates):,.0f}), peak RSS {r['peak_rss_mb']['median']:,.0f} MB "
+                 f"[{time.perf_counter() - t0:.0f} s]")
         return r
 
     def median(self, name: str, key: str = "examples_per_s") -> float:
         return self.results[name][key]["median"]
 
 
-def _preprocess(cfg_path: str, log: str, out: str) -> str:
+def _preprocess(cfg_path: str, log: str, out: str, beam: bool = True) -> str:
+    """`recpipe preprocess` (Beam), or with beam=False the single-process baseline (same functions,
+    same artifact and shards, no runner start-up: for the quick run's small side datasets)."""
     if not os.path.exists(os.path.join(out, "transform", "transform.json")):
-        subprocess.run([*CLI, "preprocess", "--config", cfg_path, "--input", log, "--output", out], check=True,
-                       capture_output=True)
+        if beam:
+            subprocess.run([*CLI, "preprocess", "--config", cfg_path, "--input", log, "--output", out], check=True,
+                           capture_output=True)
+        else:
+            from features.config import load_config
+            from recpipe.bench_preprocess import baseline_preprocess
+            baseline_preprocess(load_config(cfg_path), log, out)
     return out
 
 
 def _generate(rows: int, out: str, seed: int = 7) -> str:
     if not os.path.isdir(out):
-        subprocess.run([*CLI, "generate", "--rows", str(rows), "--days", "2", "--seed", str(seed), "--out", out],
-                       check=True, capture_output=True)
+        from pipeline.synthetic import GenerateSpec, generate_log
+        generate_log(GenerateSpec(rows=rows, days=2, seed=seed), out)
     return out
 
 
-def _ceiling(reps: int) -> dict:
-    out = subprocess.run([sys.executable, "-m", "recpipe.flops", "2048", str(reps)], check=True, capture_output=True,
-                         text=True).stdout
+def _ceiling(reps: int, seconds: float) -> dict:
+    """The matmul ceiling, measured in a fresh process (this one's thread pools may be set up)."""
+    out = subprocess.run([sys.executable, "-m", "recpipe.flops", "2048", str(reps), str(seconds)], check=True,
+                         capture_output=True, text=True).stdout
     return {k: summary(v) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
@@ -138,8 +150,12 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
     # Two checkpoint intervals per run: the steady rate is the second (no tracing, XLA compile, warm-up
     # or checkpoint write in it).
     train_cfg = {"checkpoint_every": max(steps // 2, 1)}
-    say(f"bench train: {o.rows:,} generated rows -> preprocess")
-    pre = _preprocess(cfg_path, _generate(o.rows, os.path.join(work, "log")), os.path.join(work, "pre"))
+    if o.data_dir:
+        pre = o.data_dir
+        say(f"bench train: data {pre}")
+    else:
+        say(f"bench train: {o.rows:,} generated rows -> preprocess")
+        pre = _preprocess(cfg_path, _generate(o.rows, os.path.join(work, "log")), os.path.join(work, "pre"))
 
     default = runs.config("default", base, train=train_cfg)
     runs.run("real_fp32", pre, default, steps)
@@ -159,13 +175,16 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
     hvd_steps = steps if not o.quick else max(steps // 2, 8)
     runs.run("horovod_np1", pre, default, hvd_steps, "--strategy", "horovod", "--np", "1", "--threads", "1")
     runs.run("horovod_np2", pre, default, hvd_steps, "--strategy", "horovod", "--np", "2", "--threads", "1")
-    runs.run("local_threads2", pre, default, steps, "--threads", "2")
+    if os.cpu_count() == 2:  # TensorFlow's default pools are the core count: the defaults run IS this run
+        runs.results["local_threads2"] = runs.results["real_fp32"]
+    else:
+        runs.run("local_threads2", pre, default, steps, "--threads", "2")
     runs.run("ps_2w_2ps", pre, default, steps, "--strategy", "ps", "--ps-workers", "2", "--ps-servers", "2",
              "--ps-task-threads", "1")
 
     rss = _rss_vs_table(o, work, base, runs, say)
     say("bench train: matmul ceiling (fp32, bf16)")
-    ceiling = _ceiling(o.reps)
+    ceiling = _ceiling(o.reps, 0.5 if o.quick else 1.5)
     flops = {"default": _flops_per_example(default, pre), "dense_heavy": _flops_per_example(dense, pre)}
     fraction = {}
     for name, r in runs.results.items():
@@ -209,7 +228,7 @@ def _rss_vs_table(o: TrainBenchOptions, work: str, base: dict, runs: _Runs, say:
     """Peak RSS of local training with one hashed table of growing size (same data), and at a fixed
     table with 4x the data: memory should follow the table, not the data."""
     sizes = (100_000, 1_000_000) if o.quick else (100_000, 1_000_000, 4_000_000)
-    rows = 20_000 if o.quick else 50_000
+    rows = 5_000 if o.quick else 50_000
     small = _generate(rows, os.path.join(work, "rss_log"), seed=11)
     cfg = {**base, "features": {"sparse": [{"name": "user_id", "column": "user_id", "hash_buckets": 0,
                                            "embedding_dim": 32}],
@@ -220,7 +239,7 @@ def _rss_vs_table(o: TrainBenchOptions, work: str, base: dict, runs: _Runs, say:
     for n in sizes:
         cfg["features"]["sparse"][0]["hash_buckets"] = n
         path = runs.config(f"rss_{n}", cfg)
-        data = _preprocess(path, small, os.path.join(work, f"rss_pre_{n}"))
+        data = _preprocess(path, small, os.path.join(work, f"rss_pre_{n}"), beam=not o.quick)
         r = runs.run(f"rss_{n}", data, path, 100, reps=1)
         out["table_rows"].append(n)
         out["peak_rss_mb"].append(r["peak_rss_mb"]["median"])

@@ -1,6 +1,6 @@
 """This CPU's large-matmul ceiling in fp32 and bf16 (TensorFlow, all cores), in GFLOP/s.
 
-`python -m recpipe.flops [N] [REPS]` prints JSON {"fp32": [..], "bf16": [..]} (one figure per rep).
+`python -m recpipe.flops [N] [REPS] [SECONDS]` prints JSON {"fp32": [..], "bf16": [..]} (one figure per rep).
 """
 from __future__ import annotations
 
@@ -40,4 +40,5 @@ def matmul_gflops(dtype: str, n: int = 2048, reps: int = 3, seconds: float = 1.5
 if __name__ == "__main__":
     size = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
     reps = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    print(json.dumps({d: matmul_gflops(d, size, reps) for d in ("fp32", "bf16")}))
+    seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 1.5
+    print(json.dumps({d: matmul_gflops(d, size, reps, seconds) for d in ("fp32", "bf16")}))

@@ -229,7 +229,7 @@ def _set_threads(intra: int, inter: int) -> None:
 def _horovod(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int,
              say: Callable[[str], None]) -> TrainResult:
     from trainers import hvd
-    if hvd.inside_horovod_job():
+    if hvd.inside_horovod_job() or opts.np == 1:  # one rank needs no launcher: hvd.init() alone gives size 1
         try:
             state = hvd.run_rank(cfg, artifact, opts, total, say)
         finally:
