@@ -49,20 +49,23 @@ class BenchOptions:
 
 
 def run_measured(cmd: list[str]) -> tuple[float, float, str]:
-    """Run a command; return (wall seconds, peak RSS MB of that child, stdout). Output is spooled to
-    temp files, so a chatty child cannot fill a pipe and block."""
+    """Run a command; return (wall seconds, peak RSS MB of that command, stdout). The command is
+    started by the small `recpipe.measure` process, so its peak RSS is its own and not this
+    (possibly big) process's, which fork + exec would carry over. Output is spooled to temp files,
+    so a chatty child cannot fill a pipe and block."""
     t0 = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage, not all children's
-        proc.returncode = os.waitstatus_to_exitcode(status)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
+            tempfile.NamedTemporaryFile("r", suffix=".json") as usage:
+        proc = subprocess.run([sys.executable, "-m", "recpipe.measure", usage.name, *cmd], stdout=out, stderr=err,
+                              text=True)
         wall = time.perf_counter() - t0
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read(), err.read()
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:6])}... failed: {stderr.strip().splitlines()[-3:]}")
-    return wall, usage.ru_maxrss / 1024.0, stdout
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:6])}... failed: {stderr.strip().splitlines()[-3:]}")
+        peak = json.load(open(usage.name))["peak_rss_mb"]
+    return wall, peak, stdout
 
 
 def machine_info() -> dict:
@@ -211,6 +214,12 @@ def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
     import matplotlib.pyplot as plt
     made = []
 
+    def label(ax, xlabel: str, ylabel: str, title: str, legend_size: float = 9) -> None:
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend(fontsize=legend_size)
+
     def save(fig, name: str, title: str) -> None:
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, name), dpi=90)
@@ -228,10 +237,7 @@ def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
                               [p["rows_per_s"][k]["max"] - p["rows_per_s"][k]["median"] for k in keys]],
                         label={"beam": "Beam DirectRunner", "baseline": "single process, no Beam"}[job])
         ax.set_xscale("log")
-        ax.set_xlabel("rows")
-        ax.set_ylabel("rows/s")
-        ax.set_title("Preprocessing throughput vs rows")
-        ax.legend()
+        label(ax, "rows", "rows/s", "Preprocessing throughput vs rows")
         save(fig, "preprocess_throughput.png", "preprocess throughput vs rows")
     if "train" in found:
         t = found["train"]
@@ -254,10 +260,7 @@ def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
             if "data_4x_peak_rss_mb" in rss:
                 ax.scatter([rss["table_rows"][0]], [rss["data_4x_peak_rss_mb"]], color="tab:red", zorder=3,
                            label="4x the data, smallest table")
-            ax.set_xlabel("embedding-table rows")
-            ax.set_ylabel("MB")
-            ax.set_title("Peak RSS vs embedding-table size")
-            ax.legend()
+            label(ax, "embedding-table rows", "MB", "Peak RSS vs embedding-table size")
             save(fig, "train_rss_vs_table.png", "peak RSS vs embedding-table size")
     if "serve" in found:
         s = found["serve"]
@@ -269,10 +272,7 @@ def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
                         label=f"{mode} {pct[:3]}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("concurrent clients")
-        ax.set_ylabel("latency ms")
-        ax.set_title("Serving latency percentiles vs concurrency")
-        ax.legend(fontsize=7)
+        label(ax, "concurrent clients", "latency ms", "Serving latency percentiles vs concurrency", 7)
         save(fig, "serve_latency.png", "serving latency percentiles vs concurrency")
     return made
 
