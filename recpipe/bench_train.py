@@ -101,6 +101,25 @@ class _Runs:
                  f"[{time.perf_counter() - t0:.0f} s]")
         return r
 
+    def run_concurrent(self, name: str, copies: int, data: str, cfg_path: str, steps: int, *flags: str) -> dict:
+        """`copies` independent runs at the same time; ex/s is their sum. Two one-thread processes
+        with nothing to exchange: the ceiling of any 2-process scaling on this box."""
+        from concurrent.futures import ThreadPoolExecutor
+        sub = _Runs(self.work, 1, lambda _: None)
+        rates, rss = [], []
+        t0 = time.perf_counter()
+        for rep in range(self.reps):
+            with ThreadPoolExecutor(copies) as pool:
+                done = list(pool.map(lambda i: sub.run(f"{name}-{rep}-{i}", data, cfg_path, steps, *flags), range(copies)))
+            rates.append(sum(r["examples_per_s"]["median"] for r in done))
+            rss.append(max(r["peak_rss_mb"]["median"] for r in done))
+        r = {"examples_per_s": summary(rates), "peak_rss_mb": summary(rss), "steps": steps, "flags": list(flags),
+             "copies": copies}
+        self.results[name] = r
+        self.say(f"bench train: {name}: median {r['examples_per_s']['median']:,.0f} ex/s in total "
+                 f"({copies} at once) [{time.perf_counter() - t0:.0f} s]")
+        return r
+
     def median(self, name: str, key: str = "examples_per_s") -> float:
         return self.results[name][key]["median"]
 
@@ -175,6 +194,9 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
     hvd_steps = steps if not o.quick else max(steps // 2, 8)
     runs.run("horovod_np1", pre, default, hvd_steps, "--strategy", "horovod", "--np", "1", "--threads", "1")
     runs.run("horovod_np2", pre, default, hvd_steps, "--strategy", "horovod", "--np", "2", "--threads", "1")
+    if not o.quick:  # the same one-thread rank twice at once, nothing exchanged: this box's 2-process ceiling
+        runs.run_concurrent("independent_np1_x2", 2, pre, default, hvd_steps, "--strategy", "horovod", "--np", "1",
+                            "--threads", "1")
     if os.cpu_count() == 2:  # TensorFlow's default pools are the core count: the defaults run IS this run
         runs.results["local_threads2"] = runs.results["real_fp32"]
     else:
@@ -209,6 +231,8 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
         **rss.get("ratios", {}),
     }
     if not o.quick:
+        ratios["train_two_independent_vs_2x_one"] = runs.median("independent_np1_x2") / (2 * runs.median("horovod_np1"))
+        ratios["train_horovod_np2_vs_two_independent"] = runs.median("horovod_np2") / runs.median("independent_np1_x2")
         ratios["train_bf16_vs_fp32_embedding_heavy"] = runs.median("real_bf16") / runs.median("real_fp32")
         ratios["train_bf16_vs_fp32_dense_synthetic"] = (runs.median("dense_bf16_synthetic") /
                                                         runs.median("dense_fp32_synthetic"))
@@ -302,6 +326,7 @@ def markdown(r: dict) -> str:
             "real_bf16": "mixed_bfloat16", "dense_fp32": "dense-heavy DCN-v2", "dense_bf16": "dense-heavy, bf16",
             "dense_fp32_synthetic": "dense-heavy, synthetic input", "dense_bf16_synthetic": "dense-heavy, bf16, synthetic",
             "horovod_np1": "Horovod np=1, 1 thread", "horovod_np2": "Horovod np=2, 1 thread each",
+            "independent_np1_x2": "two np=1 runs at once (no exchange), 1 thread each",
             "local_threads2": "local, 2 threads", "ps_2w_2ps": "PS 2 workers (1 thread) + 2 PS"}
     what.update({f"knob_{k}": f"tuning {v}" for k, v in r["config"]["knobs"].items()})
     c = r["ceiling_gflops"]
