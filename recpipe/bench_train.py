@@ -66,6 +66,7 @@ class _Runs:
     def __init__(self, work: str, reps: int, say: Callable[[str], None]):
         self.work, self.reps, self.say = work, reps, say
         self.results: dict[str, dict] = {}
+        self.planned: list[tuple] = []
 
     def config(self, name: str, base: dict, **overrides) -> str:
         cfg = copy.deepcopy(base)
@@ -79,46 +80,58 @@ class _Runs:
             yaml.safe_dump(cfg, fh)
         return path
 
-    def run(self, name: str, data: str, cfg_path: str, steps: int, *flags: str, reps: Optional[int] = None,
-            keep: bool = False) -> dict:
+    def _once(self, name: str, data: str, cfg_path: str, steps: int, flags: tuple, keep: bool) -> tuple[float, float]:
+        """One `recpipe train` in a fresh model dir: (steady ex/s, peak RSS MB)."""
         from recpipe.bench import run_measured
-        rates, rss = [], []
-        t0 = time.perf_counter()
-        for rep in range(reps or self.reps):
-            model_dir = os.path.join(self.work, "models", f"{name}-{rep}")
+        model_dir = os.path.join(self.work, "models", name)
+        shutil.rmtree(model_dir, ignore_errors=True)
+        _, peak, _ = run_measured([*CLI, "train", "--data", data, "--model-dir", model_dir, "--config", cfg_path,
+                                   "--steps", str(steps), *flags])
+        state = json.load(open(os.path.join(model_dir, "train_state.json")))
+        if not keep:
             shutil.rmtree(model_dir, ignore_errors=True)
-            _, peak, _ = run_measured([*CLI, "train", "--data", data, "--model-dir", model_dir, "--config", cfg_path,
-                                       "--steps", str(steps), *flags])
-            state = json.load(open(os.path.join(model_dir, "train_state.json")))
-            rates.append(state.get("examples_per_sec_steady", state["examples_per_sec_last_run"]))
-            rss.append(peak)
-            if not keep:
-                shutil.rmtree(model_dir, ignore_errors=True)
-        r = {"examples_per_s": summary(rates), "peak_rss_mb": summary(rss), "steps": steps, "flags": list(flags)}
+        return state.get("examples_per_sec_steady", state["examples_per_sec_last_run"]), peak
+
+    def _record(self, name: str, rates: list, rss: list, steps: int, flags: tuple, t0: float, **extra) -> dict:
+        r = {"examples_per_s": summary(rates), "peak_rss_mb": summary(rss), "steps": steps, "flags": list(flags),
+             **extra}
         self.results[name] = r
         self.say(f"bench train: {name}: median {r['examples_per_s']['median']:,.0f} ex/s "
                  f"(min {min(rates):,.0f}, max {max(rates):,.0f}), peak RSS {r['peak_rss_mb']['median']:,.0f} MB "
                  f"[{time.perf_counter() - t0:.0f} s]")
         return r
 
-    def run_concurrent(self, name: str, copies: int, data: str, cfg_path: str, steps: int, *flags: str) -> dict:
-        """`copies` independent runs at the same time; ex/s is their sum. Two one-thread processes
-        with nothing to exchange: the ceiling of any 2-process scaling on this box."""
+    def run(self, name: str, data: str, cfg_path: str, steps: int, *flags: str, reps: Optional[int] = None,
+            keep: bool = False) -> dict:
+        """`reps` runs of one configuration, one after another."""
+        t0 = time.perf_counter()
+        got = [self._once(f"{name}-{rep}", data, cfg_path, steps, flags, keep) for rep in range(reps or self.reps)]
+        return self._record(name, [g[0] for g in got], [g[1] for g in got], steps, flags, t0)
+
+    def plan(self, name: str, data: str, cfg_path: str, steps: int, *flags: str, copies: int = 1) -> None:
+        """Queue a configuration for run_planned(); copies > 1: that many independent runs AT ONCE
+        (ex/s is their sum; two one-thread processes exchanging nothing are this box's ceiling for
+        any 2-process scaling)."""
+        self.planned.append((name, data, cfg_path, steps, flags, copies))
+
+    def run_planned(self) -> None:
+        """Every queued configuration once per repetition, round-robin: a drift of the shared
+        machine's speed during the suite hits all of them alike instead of the ones run last."""
         from concurrent.futures import ThreadPoolExecutor
-        sub = _Runs(self.work, 1, lambda _: None)
-        rates, rss = [], []
+        got: dict[str, list] = {p[0]: [] for p in self.planned}
         t0 = time.perf_counter()
         for rep in range(self.reps):
-            with ThreadPoolExecutor(copies) as pool:
-                done = list(pool.map(lambda i: sub.run(f"{name}-{rep}-{i}", data, cfg_path, steps, *flags), range(copies)))
-            rates.append(sum(r["examples_per_s"]["median"] for r in done))
-            rss.append(max(r["peak_rss_mb"]["median"] for r in done))
-        r = {"examples_per_s": summary(rates), "peak_rss_mb": summary(rss), "steps": steps, "flags": list(flags),
-             "copies": copies}
-        self.results[name] = r
-        self.say(f"bench train: {name}: median {r['examples_per_s']['median']:,.0f} ex/s in total "
-                 f"({copies} at once) [{time.perf_counter() - t0:.0f} s]")
-        return r
+            for name, data, cfg_path, steps, flags, copies in self.planned:
+                with ThreadPoolExecutor(copies) as pool:
+                    done = list(pool.map(lambda i: self._once(f"{name}-{rep}-{i}", data, cfg_path, steps, flags, False),
+                                         range(copies)))
+                got[name].append((sum(d[0] for d in done), max(d[1] for d in done)))
+            self.say(f"bench train: repetition {rep + 1}/{self.reps} of {len(self.planned)} configurations done "
+                     f"[{time.perf_counter() - t0:.0f} s]")
+        for name, data, cfg_path, steps, flags, copies in self.planned:
+            self._record(name, [g[0] for g in got[name]], [g[1] for g in got[name]], steps, flags, t0,
+                         **({"copies": copies} if copies > 1 else {}))
+        self.planned = []
 
     def median(self, name: str, key: str = "examples_per_s") -> float:
         return self.results[name][key]["median"]
@@ -177,32 +190,33 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
         pre = _preprocess(cfg_path, _generate(o.rows, os.path.join(work, "log")), os.path.join(work, "pre"))
 
     default = runs.config("default", base, train=train_cfg)
-    runs.run("real_fp32", pre, default, steps)
-    runs.run("synthetic_fp32", pre, default, steps, "--synthetic-input")
+    runs.plan("real_fp32", pre, default, steps)
+    runs.plan("synthetic_fp32", pre, default, steps, "--synthetic-input")
     dense = runs.config("dense_heavy", base, model=DENSE_HEAVY, train=train_cfg)
-    runs.run("dense_fp32", pre, dense, steps)
-    runs.run("dense_bf16", pre, dense, steps, "--precision", "bf16")
+    runs.plan("dense_fp32", pre, dense, steps)
+    runs.plan("dense_bf16", pre, dense, steps, "--precision", "bf16")
     if not o.quick:  # bf16 on the embedding-heavy default, and on the dense-heavy model without input
-        runs.run("real_bf16", pre, default, steps, "--precision", "bf16")
-        runs.run("dense_fp32_synthetic", pre, dense, steps, "--synthetic-input")
-        runs.run("dense_bf16_synthetic", pre, dense, steps, "--precision", "bf16", "--synthetic-input")
+        runs.plan("real_bf16", pre, default, steps, "--precision", "bf16")
+        runs.plan("dense_fp32_synthetic", pre, dense, steps, "--synthetic-input")
+        runs.plan("dense_bf16_synthetic", pre, dense, steps, "--precision", "bf16", "--synthetic-input")
     knobs = {} if o.quick else KNOBS
     for name, tuning in knobs.items():
-        runs.run(f"knob_{name}", pre, runs.config(f"knob_{name}", base, train={**train_cfg, "tuning": tuning}), steps)
+        runs.plan(f"knob_{name}", pre, runs.config(f"knob_{name}", base, train={**train_cfg, "tuning": tuning}), steps)
 
     # Strategies: Horovod one thread per rank; PS workers one thread each vs local with 2 threads.
     hvd_steps = steps if not o.quick else max(steps // 2, 8)
-    runs.run("horovod_np1", pre, default, hvd_steps, "--strategy", "horovod", "--np", "1", "--threads", "1")
-    runs.run("horovod_np2", pre, default, hvd_steps, "--strategy", "horovod", "--np", "2", "--threads", "1")
+    runs.plan("horovod_np1", pre, default, hvd_steps, "--strategy", "horovod", "--np", "1", "--threads", "1")
+    runs.plan("horovod_np2", pre, default, hvd_steps, "--strategy", "horovod", "--np", "2", "--threads", "1")
     if not o.quick:  # the same one-thread rank twice at once, nothing exchanged: this box's 2-process ceiling
-        runs.run_concurrent("independent_np1_x2", 2, pre, default, hvd_steps, "--strategy", "horovod", "--np", "1",
-                            "--threads", "1")
-    if os.cpu_count() == 2:  # TensorFlow's default pools are the core count: the defaults run IS this run
+        runs.plan("independent_np1_x2", pre, default, hvd_steps, "--strategy", "horovod", "--np", "1",
+                  "--threads", "1", copies=2)
+    if os.cpu_count() != 2:  # TensorFlow's default pools are the core count: on 2 cores real_fp32 IS this run
+        runs.plan("local_threads2", pre, default, steps, "--threads", "2")
+    runs.plan("ps_2w_2ps", pre, default, steps, "--strategy", "ps", "--ps-workers", "2", "--ps-servers", "2",
+              "--ps-task-threads", "1")
+    runs.run_planned()
+    if "local_threads2" not in runs.results:
         runs.results["local_threads2"] = runs.results["real_fp32"]
-    else:
-        runs.run("local_threads2", pre, default, steps, "--threads", "2")
-    runs.run("ps_2w_2ps", pre, default, steps, "--strategy", "ps", "--ps-workers", "2", "--ps-servers", "2",
-             "--ps-task-threads", "1")
 
     rss = _rss_vs_table(o, work, base, runs, say)
     say("bench train: matmul ceiling (fp32, bf16)")
