@@ -6,7 +6,7 @@ Inputs (all measured here, except the network bandwidth, which is stated):
   - dense parameter bytes (allreduced, or pulled and pushed through the PS, every step);
   - embedding rows a step touches, per table, with ID dedup (unique IDs) and without (every
     occurrence), read from a real batch of the shards; times the row width;
-  - the per-step traffic formulas of trainers.advisor.predict (ring allreduce 2(N-1)/N x dense
+  - the per-step traffic formulas of trainers.advisor.step_times (ring allreduce 2(N-1)/N x dense
     bytes + allgather of (N-1) ranks' embedding rows; PS pull + push of dense + touched rows, the
     PS links shared by N workers over M = max(2, N/4) PS tasks); no overlap of compute and traffic.
 Validated against the measured 1 -> 2 runs on this box, with loopback's measured bandwidth.
@@ -86,10 +86,9 @@ def traffic_inputs(data_dir: str, cfg_path: str) -> dict:
 
 
 def _step_times(t_c: float, dense_bytes: float, row_bytes: float, n: int, m: int, bw_bytes: float) -> dict:
-    ring = 2 * (n - 1) / n * dense_bytes + (n - 1) * row_bytes
-    ps_worker = 2 * (dense_bytes + row_bytes)
-    ps_link = max(ps_worker, n * ps_worker / m)
-    return {"allreduce": t_c + ring / bw_bytes, "ps": t_c + ps_link / bw_bytes}
+    from trainers.advisor import step_times
+    allreduce, ps = step_times(t_c, dense_bytes, row_bytes, n, m, bw_bytes)
+    return {"allreduce": allreduce, "ps": ps}
 
 
 def scale_out_report(data_dir: str, cfg_path: str, runs: dict, bandwidth_gbps: float,

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-__all__ = ["Advice", "advise", "predict"]
+__all__ = ["Advice", "advise", "predict", "step_times"]
 
 BYTES = 4  # float32 parameters and gradients
 
@@ -58,15 +58,21 @@ class Advice:
         ])
 
 
+def step_times(step_s: float, dense_bytes: float, row_bytes: float, workers: int, ps_tasks: int,
+               bandwidth_bytes_per_s: float) -> tuple[float, float]:
+    """(allreduce step seconds, PS step seconds) for one worker: compute + traffic / bandwidth, no
+    overlap. row_bytes: the embedding-gradient rows one worker's step touches, in bytes."""
+    n = max(workers, 1)
+    allreduce_bytes = 2 * (n - 1) / n * dense_bytes + (n - 1) * row_bytes
+    ps_worker_bytes = 2 * (dense_bytes + row_bytes)
+    ps_link_bytes = max(ps_worker_bytes, n * ps_worker_bytes / max(ps_tasks, 1))  # PS links are shared
+    return step_s + allreduce_bytes / bandwidth_bytes_per_s, step_s + ps_link_bytes / bandwidth_bytes_per_s
+
+
 def predict(sparse: int, dense: int, unique_rows: float, dim: float, step_s: float, workers: int, ps_tasks: int,
             bandwidth_gbps: float) -> tuple[float, float]:
-    """(allreduce step seconds, PS step seconds) for one worker: compute + traffic / bandwidth."""
-    bw = bandwidth_gbps * 1e9 / 8
-    n = max(workers, 1)
-    allreduce_bytes = 2 * (n - 1) / n * dense * BYTES + (n - 1) * unique_rows * dim * BYTES
-    ps_worker_bytes = 2 * (dense + unique_rows * dim) * BYTES
-    ps_link_bytes = max(ps_worker_bytes, n * ps_worker_bytes / max(ps_tasks, 1))  # PS links are shared
-    return step_s + allreduce_bytes / bw, step_s + ps_link_bytes / bw
+    """(allreduce step seconds, PS step seconds) for one worker of this model."""
+    return step_times(step_s, dense * BYTES, unique_rows * dim * BYTES, workers, ps_tasks, bandwidth_gbps * 1e9 / 8)
 
 
 def _probe(model, cfg, data_dir: str, steps: int = 20) -> tuple[float, float, float]:
