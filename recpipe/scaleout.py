@@ -52,16 +52,14 @@ def loopback_gbps(megabytes: int = 256) -> float:
 def traffic_inputs(data_dir: str, cfg_path: str) -> dict:
     """Parameter counts and embedding rows touched per batch (with and without dedup)."""
     import numpy as np
-    import tensorflow as tf
 
     from features.artifact import TransformArtifact
     from features.config import load_config
     from trainers.data import make_dataset
-    from trainers.models import model_spec
+    from trainers.models import build_model, dummy_batch, ids_by_table, model_spec
     cfg = load_config(cfg_path)
     artifact = TransformArtifact.read(os.path.join(data_dir, "transform"))
     spec = model_spec(cfg, artifact)
-    from trainers.models import build_model, dummy_batch
     model = build_model(cfg, artifact)
     model(dummy_batch(cfg))
     total = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
@@ -69,12 +67,8 @@ def traffic_inputs(data_dir: str, cfg_path: str) -> dict:
     batch = next(iter(make_dataset(cfg, data_dir, "train", cfg.train.batch_size, training=True)))
     unique = occurrences = 0.0
     unique_bytes = occurrence_bytes = 0.0
-    by_table: dict[str, list] = {}
-    for f in spec["sparse"]:
-        ids = batch[f["name"]]
-        by_table.setdefault(f["table"], []).append((ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids).numpy())
-    for table, parts in by_table.items():
-        ids = np.concatenate(parts)
+    for table, named in ids_by_table(spec["sparse"], batch).items():
+        ids = np.concatenate([flat.numpy() for _, flat in named])
         dim = spec["tables"][table]["dim"]
         u = len(np.unique(ids))
         unique, occurrences = unique + u, occurrences + len(ids)

@@ -78,12 +78,13 @@ def predict(sparse: int, dense: int, unique_rows: float, dim: float, step_s: flo
 def _probe(model, cfg, data_dir: str, steps: int = 20) -> tuple[float, float, float]:
     """(seconds per local step, unique embedding rows per batch, mean embedding dim)."""
     from trainers.data import make_dataset
+    from trainers.models import flat_ids
     it = iter(make_dataset(cfg, data_dir, "train", cfg.train.batch_size, training=True))
     batch = next(it)
     uniques, dims = [], []
     tables = getattr(model, "spec", {}).get("tables", {})
     for f in cfg.features.sparse:
-        ids = batch[f.name].flat_values if isinstance(batch[f.name], tf.RaggedTensor) else batch[f.name]
+        ids = flat_ids(batch[f.name])
         uniques.append(len(np.unique(ids.numpy())))
         dims.append(tables.get(cfg.table_owner(f).name, {}).get("dim", 16))
     train_step = tf.function(model.train_step, reduce_retracing=True)

@@ -19,7 +19,8 @@ from features.artifact import TransformArtifact  # noqa: E402
 from features.canonical import LABEL_KEY  # noqa: E402
 from features.config import Config, embedding_dim  # noqa: E402
 
-__all__ = ["model_spec", "SparseEmbeddings", "accumulated_gradients", "micro_batches", "dense_flops_per_example", "RankingModel", "RetrievalModel", "build_model", "dummy_batch"]
+__all__ = ["model_spec", "SparseEmbeddings", "flat_ids", "ids_by_table", "accumulated_gradients", "micro_batches",
+           "dense_flops_per_example", "RankingModel", "RetrievalModel", "build_model", "dummy_batch"]
 
 
 def model_spec(cfg: Config, artifact: TransformArtifact) -> dict[str, Any]:
@@ -40,6 +41,21 @@ def model_spec(cfg: Config, artifact: TransformArtifact) -> dict[str, Any]:
     }
 
 
+def flat_ids(ids) -> tf.Tensor:
+    """Every ID of a feature's batch: a ragged list feature's flat values, else the tensor itself."""
+    return ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
+
+
+def ids_by_table(sparse: list, features: dict) -> dict[str, list[tuple[str, tf.Tensor]]]:
+    """(feature name, flat IDs) of every sparse feature present in `features`, grouped by the
+    (possibly shared) table it reads."""
+    grouped: dict[str, list] = {}
+    for f in sparse:
+        if f["name"] in features:
+            grouped.setdefault(f["table"], []).append((f["name"], flat_ids(features[f["name"]])))
+    return grouped
+
+
 class SparseEmbeddings(tf.keras.layers.Layer):
     """Looks up every sparse feature in its (possibly shared) table; multivalent ones are pooled.
 
@@ -56,8 +72,8 @@ class SparseEmbeddings(tf.keras.layers.Layer):
 
     def call(self, features: dict) -> dict[str, tf.Tensor]:
         present = [f for f in self._sparse_cfg if f["name"] in features]  # e.g. a candidate-only batch
-        vectors = self._lookup_unique(features, present) if self._dedup else {
-            f["name"]: self._flat(features[f["name"]], self.tables[f["table"]]) for f in present}
+        vectors = self._lookup_unique(features) if self._dedup else {
+            f["name"]: self.tables[f["table"]](flat_ids(features[f["name"]])) for f in present}
         out = {}
         for f in present:
             ids, vecs = features[f["name"]], vectors[f["name"]]
@@ -71,18 +87,10 @@ class SparseEmbeddings(tf.keras.layers.Layer):
                 out[f["name"]] = vecs
         return {k: tf.cast(v, self.compute_dtype) for k, v in out.items()}
 
-    @staticmethod
-    def _flat(ids, table) -> tf.Tensor:
-        return table(ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids)
-
-    def _lookup_unique(self, features: dict, present: list) -> dict[str, tf.Tensor]:
-        by_table: dict[str, list] = {}
-        for f in present:
-            by_table.setdefault(f["table"], []).append(f["name"])
+    def _lookup_unique(self, features: dict) -> dict[str, tf.Tensor]:
         vectors = {}
-        for table, names in by_table.items():
-            flats = [features[n].flat_values if isinstance(features[n], tf.RaggedTensor) else features[n]
-                     for n in names]
+        for table, named in ids_by_table(self._sparse_cfg, features).items():
+            names, flats = [n for n, _ in named], [ids for _, ids in named]
             unique, index = tf.unique(tf.concat(flats, axis=0) if len(flats) > 1 else flats[0])
             rows = tf.gather(self.tables[table](unique), index)
             parts = tf.split(rows, tf.stack([tf.shape(x)[0] for x in flats]), num=len(flats)) \
