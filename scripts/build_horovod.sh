@@ -5,9 +5,14 @@
 # through a folder of links only, the GPU-only xla_mpi_ops.cc dropped from the TF build, Gloo on CPU.
 set -euo pipefail
 BIN=${1:?usage: build_horovod.sh VENV_BIN_DIR}
+[ -x "$BIN/pip" ] || { echo "build_horovod.sh: $BIN/pip not found (give the venv's bin folder)" >&2; exit 1; }
+# Absolute from here on: the build below runs from inside the unpacked sdist, where a relative
+# venv path (make passes .venv/bin) would point nowhere.
+BIN=$(cd "$BIN" && pwd)
 CACHE=${RECPIPE_WHEEL_CACHE:-$HOME/.cache/recpipe/wheels}
-VERSION=0.28.1
 mkdir -p "$CACHE"
+CACHE=$(cd "$CACHE" && pwd)
+VERSION=0.28.1
 wheel=$(ls "$CACHE"/horovod-$VERSION-*.whl 2>/dev/null | head -1 || true)
 if [ -z "$wheel" ]; then
   if [ ! -f /usr/include/farmhash.h ] || [ ! -d /usr/include/highwayhash ]; then
