@@ -1,12 +1,6 @@
-"""Feature spec (YAML config), transform artifact and the one feature transform.
+"""Feature spec (YAML config), the artifacts stages exchange, and the one feature transform."""
+from features import tf_env  # noqa: F401  (first: sets TF_USE_LEGACY_KERAS before TensorFlow loads)
+from features.config import Config, ConfigError, load_config, parse_config
+from features.errors import RecpipeError
 
-Importing the TensorFlow parts (features.transform, features.records) sets TF_USE_LEGACY_KERAS=1
-first, because TensorFlow Recommenders needs tf-keras (Keras 2), never Keras 3.
-"""
-import os
-
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
-
-from features.config import Config, ConfigError, load_config, parse_config  # noqa: E402
-
-__all__ = ["Config", "ConfigError", "load_config", "parse_config"]
+__all__ = ["Config", "ConfigError", "RecpipeError", "load_config", "parse_config"]

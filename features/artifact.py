@@ -17,6 +17,7 @@ import yaml
 
 from features.config import Config, SparseFeature, dump_config, parse_config
 from features import fsio
+from features.errors import RecpipeError
 
 __all__ = ["RAW_KINDS", "TransformArtifact", "ArtifactError", "FORMAT_VERSION"]
 
@@ -25,7 +26,7 @@ FORMAT_VERSION = 1
 RAW_KINDS = ("string", "int", "float", "list<string>", "list<int>")
 
 
-class ArtifactError(ValueError):
+class ArtifactError(RecpipeError, ValueError):
     """A transform artifact is missing, incomplete or from another format version."""
 
 
@@ -57,9 +58,15 @@ class TransformArtifact:
 
     # ------------------------------------------------------------ files
     def write(self, directory: str) -> None:
-        fsio.makedirs(directory)
         fsio.makedirs(fsio.join(directory, "vocab"))
         fsio.write_text(fsio.join(directory, "config.yaml"), dump_config(self.config))
+        for name, values in self.vocabularies.items():
+            body = {"values": values, "counts": self.vocab_counts.get(name, [])}
+            fsio.write_text(fsio.join(directory, "vocab", f"{name}.json"), json.dumps(body))
+        self.write_meta(directory)  # last: its presence marks a complete artifact
+
+    def write_meta(self, directory: str) -> None:
+        """(Re)write transform.json alone, e.g. once the job knows its row counts."""
         meta = {
             "format_version": FORMAT_VERSION,
             "raw_schema": self.raw_schema,
@@ -70,21 +77,23 @@ class TransformArtifact:
             "versions": self.versions,
             "lineage": self.lineage,
         }
-        for name, values in self.vocabularies.items():
-            body = {"values": values, "counts": self.vocab_counts.get(name, [])}
-            fsio.write_text(fsio.join(directory, "vocab", f"{name}.json"), json.dumps(body))
-        # transform.json last: its presence marks a complete artifact.
         fsio.write_text(fsio.join(directory, "transform.json"), json.dumps(meta, indent=1, sort_keys=True))
 
-    @classmethod
-    def read(cls, directory: str) -> "TransformArtifact":
+    @staticmethod
+    def read_meta(directory: str) -> dict[str, Any]:
+        """transform.json of an artifact folder, its format version checked."""
         meta_path = fsio.join(directory, "transform.json")
         if not fsio.exists(meta_path):
             raise ArtifactError(f"{directory}: not a transform artifact (no transform.json)")
-        meta = json.loads(fsio.read_text(meta_path))
+        meta = fsio.read_json(meta_path)
         if meta.get("format_version") != FORMAT_VERSION:
             raise ArtifactError(f"{meta_path}: format_version {meta.get('format_version')} "
                                 f"is not {FORMAT_VERSION}")
+        return meta
+
+    @classmethod
+    def read(cls, directory: str) -> "TransformArtifact":
+        meta = cls.read_meta(directory)
         config = parse_config(yaml.safe_load(fsio.read_text(fsio.join(directory, "config.yaml"))))
         vocabularies, counts = {}, {}
         for f in config.features.sparse:
@@ -92,7 +101,7 @@ class TransformArtifact:
                 path = fsio.join(directory, "vocab", f"{f.name}.json")
                 if not fsio.exists(path):
                     raise ArtifactError(f"{path}: vocabulary file missing")
-                body = json.loads(fsio.read_text(path))
+                body = fsio.read_json(path)
                 vocabularies[f.name] = body["values"]
                 counts[f.name] = body.get("counts", [])
         return cls(config=config, raw_schema=meta["raw_schema"], vocabularies=vocabularies,

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.config import Config, SparseFeature
+from features.errors import RecpipeError
 
 __all__ = ["LABEL_KEY", "SchemaError", "raw_kind", "check_schema", "validate_batch", "canonicalize",
            "dense_prenorm", "numeric", "DEFAULT_SEPARATOR", "BadRows"]
@@ -25,7 +26,7 @@ LABEL_KEY = "target.label"  # not a valid feature name, so it cannot collide
 DEFAULT_SEPARATOR = "|"
 
 
-class SchemaError(ValueError):
+class SchemaError(RecpipeError, ValueError):
     """A log file's columns do not fit the config; the message names file, column and feature."""
 
 

@@ -15,14 +15,16 @@ from typing import Any, Literal, Optional
 
 import yaml
 
+from features.errors import RecpipeError
+
 __all__ = [
     "ConfigError", "VocabSpec", "SparseFeature", "DenseFeature", "FeaturesSpec", "InputSpec",
     "SplitSpec", "LabelSpec", "ModelSpec", "TrainSpec", "Config", "load_config", "parse_config",
-    "config_to_dict", "dump_config", "build_typed",
+    "config_to_dict", "dump_config", "build_typed", "check_typed", "literal_choices",
 ]
 
 
-class ConfigError(ValueError):
+class ConfigError(RecpipeError, ValueError):
     """A config is invalid; the message names the key."""
 
 
@@ -184,6 +186,9 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         (item_tp,) = typing.get_args(tp)
         return [_coerce(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):  # an already-built instance (check_typed): check its fields
+            _check_fields(value, path)
+            return value
         return _build(tp, value, path)
     if tp is bool:
         if not isinstance(value, bool):
@@ -333,6 +338,27 @@ def embedding_dim(cfg: Config, feature: SparseFeature) -> int:
 def build_typed(cls: type, data: Any) -> Any:
     """Any config dataclass from parsed YAML, with the same key-naming errors as the main config."""
     return _build(cls, data, "")
+
+
+def _check_fields(obj: Any, path: str) -> None:
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        _coerce(hints[f.name], getattr(obj, f.name), f"{path}.{f.name}" if path else f.name)
+
+
+def check_typed(obj: Any) -> Any:
+    """Check an already-built config dataclass field by field against its annotations (Literal
+    choices, int/float/str/bool, nested dataclasses), with the same key-naming errors; returns it."""
+    _check_fields(obj, "")
+    return obj
+
+
+def literal_choices(cls: type, name: str) -> tuple:
+    """The allowed values of a Literal-typed field, e.g. for argparse `choices`."""
+    tp = typing.get_type_hints(cls)[name]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):  # Optional[Literal[...]]
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    return typing.get_args(tp) if typing.get_origin(tp) is Literal else ()
 
 
 def parse_config(data: Any) -> Config:

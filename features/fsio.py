@@ -1,12 +1,16 @@
 """Small file helpers over pyarrow.fs, so artifacts work on local paths and any URL pyarrow knows."""
 from __future__ import annotations
 
+import json
 import os
 import posixpath
+import uuid
+from typing import Any
 
 import pyarrow.fs as pafs
 
-__all__ = ["resolve", "join", "makedirs", "exists", "write_text", "read_text", "write_bytes", "read_bytes"]
+__all__ = ["resolve", "join", "makedirs", "exists", "write_text", "read_text", "write_bytes", "read_bytes",
+           "read_json", "write_json", "list_files", "SubPath"]
 
 
 def resolve(path: str) -> tuple[pafs.FileSystem, str]:
@@ -49,3 +53,45 @@ def write_text(path: str, text: str) -> None:
 
 def read_text(path: str) -> str:
     return read_bytes(path).decode("utf-8")
+
+
+def read_json(path: str) -> Any:
+    return json.loads(read_text(path))
+
+
+def write_json(path: str, data: Any, *, indent: int = 1, sort_keys: bool = True, only_if_changed: bool = False) -> bool:
+    """Write `data` as JSON; atomically (temp file + rename) on local paths. With only_if_changed, a
+    file that already holds the same text is left untouched (a rerun changes nothing). Returns
+    whether the file was written."""
+    text = json.dumps(data, indent=indent, sort_keys=sort_keys)
+    if only_if_changed and exists(path) and read_text(path) == text:
+        return False
+    if "://" in path:
+        write_text(path, text)
+        return True
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "w") as fh:
+        fh.write(text)
+    os.replace(tmp, path)
+    return True
+
+
+def list_files(directory: str, suffix: str = "") -> list[str]:
+    """Files directly in `directory` whose names end with `suffix`, sorted; [] when it does not exist.
+    Hidden and '_'-prefixed names (temp and marker files) are skipped."""
+    fs, p = resolve(directory)
+    if fs.get_file_info(p).type != pafs.FileType.Directory:
+        return []
+    names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(p)) if i.type == pafs.FileType.File]
+    return sorted(join(directory, n) for n in names if n.endswith(suffix) and not n.startswith((".", "_")))
+
+
+class SubPath:
+    """A path inside an artifact folder, as a read-only attribute of the folder's class:
+    `config_path = SubPath("config.yaml")` reads as `fsio.join(self.root, "config.yaml")`."""
+
+    def __init__(self, *parts: str):
+        self.parts = parts
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else join(obj.root, *self.parts)

@@ -7,15 +7,12 @@ tf.data's C++ runtime. The Beam job writes them; trainers.data reads them.
 """
 from __future__ import annotations
 
-import os
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import numpy as np
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from features.canonical import LABEL_KEY  # noqa: E402
-from features.config import Config  # noqa: E402
+from features.canonical import LABEL_KEY
+from features.config import Config
 
 __all__ = ["encode_batch", "column_specs", "parse_record", "read_single_batch"]
 

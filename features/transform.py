@@ -9,16 +9,13 @@ SavedModel behind `canonicalize_request`, which builds canonical tensors from ra
 """
 from __future__ import annotations
 
-import os
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import numpy as np
+import pyarrow as pa
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from features.artifact import TransformArtifact  # noqa: E402
-from features.canonical import DEFAULT_SEPARATOR  # noqa: E402
+from features.artifact import TransformArtifact
+from features.canonical import DEFAULT_SEPARATOR
 
 __all__ = ["FeatureTransform", "canonical_to_tensors", "canonicalize_request", "request_spec", "request_from_arrow"]
 

@@ -1,4 +1,2 @@
 """Beam preprocessing: Parquet click logs -> sparse ID features (see pipeline.preprocess)."""
-import os
-
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+from features import tf_env  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)

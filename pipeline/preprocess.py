@@ -1,17 +1,11 @@
-"""The `recpipe preprocess` Beam job: Parquet click logs -> transform artifact + training shards.
+"""The `recpipe preprocess` Beam job: Parquet click logs -> a features.preprocessed.PreprocessedData
+folder (transform artifact, train/eval shards, dead letter, eval sample).
 
-    OUTPUT/transform/     features.artifact.TransformArtifact (vocabularies, dense stats, counts)
-    OUTPUT/train/*.tfrecord, OUTPUT/eval/*.tfrecord   features.records batches
-    OUTPUT/dead_letter/*.parquet   rows that cannot be used: source_file, row, reason, field, row_json
-    OUTPUT/eval_sample.parquet     up to 1000 raw eval rows, and eval_sample.tfrecord the same rows
-                                   transformed like the shards: the export's skew check compares them
-
-Runs on any Beam runner given by `beam_args` (default: DirectRunner). The run fails unless
-rows in = rows train + rows eval + rows dead-lettered, exactly.
+Runs on any Beam runner given by `beam_args` (default: pipeline.options.DEFAULT_BEAM_ARGS). The run
+fails unless rows in = rows train + rows eval + rows dead-lettered, exactly.
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -22,9 +16,11 @@ import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from features import fsio
 from features.artifact import TransformArtifact
 from features.config import Config, config_to_dict
+from features.errors import RecpipeError
+from features.preprocessed import PreprocessedData
+from pipeline.options import beam_args_with_defaults
 from pipeline.sources import inspect_inputs, list_input_files
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
                                  ComputeDenseStats, ComputeVocabularies, EvalCutoff, ReadClickLogs, SplitRows,
@@ -33,7 +29,7 @@ from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, 
 __all__ = ["PreprocessError", "PreprocessResult", "build_pipeline", "run_preprocess", "load_previous_transform"]
 
 
-class PreprocessError(RuntimeError):
+class PreprocessError(RecpipeError, RuntimeError):
     pass
 
 
@@ -69,8 +65,7 @@ def _versions() -> dict[str, str]:
 
 def load_previous_transform(path: str, cfg: Config, raw_schema: dict[str, str]) -> TransformArtifact:
     """A previous run's artifact (its output folder or its transform/ folder) this run will extend."""
-    art_dir = path if fsio.exists(fsio.join(path, "transform.json")) else fsio.join(path, "transform")
-    prev = TransformArtifact.read(art_dir)
+    prev = PreprocessedData.at(path).transform()
     ours, theirs = config_to_dict(cfg), config_to_dict(prev.config)
     for key in ("features", "label", "input"):
         if ours[key] != theirs[key]:
@@ -82,7 +77,7 @@ def load_previous_transform(path: str, cfg: Config, raw_schema: dict[str, str]) 
     return prev
 
 
-def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, str], out: str,
+def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, str], out: PreprocessedData,
                    previous: TransformArtifact | None = None, previous_path: str | None = None) -> None:
     total = sum(f.num_rows for f in files)
     split_info = ({"kind": "timestamp", "column": cfg.input.timestamp} if cfg.input.timestamp
@@ -113,16 +108,18 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     batches = p | "ReadClickLogs" >> ReadClickLogs(files_arg, columns, count_rows=True)
     validated = batches | "ValidateRows" >> ValidateRows(cfg)
     splits = validated.good | "SplitByTime" >> SplitRows(cfg, cutoff)
-    _ = artifact | "WriteArtifact" >> beam.Map(lambda a: a.write(fsio.join(out, "transform")))
+    transform_dir = out.transform_dir
+    _ = artifact | "WriteArtifact" >> beam.Map(lambda a: a.write(transform_dir))
     for split in ("train", "eval"):
         _ = (splits[split]
              | f"ApplyTransform[{split}]" >> ApplyTransform(artifact)
-             | f"WriteShards[{split}]" >> beam.io.WriteToTFRecord(
-                 fsio.join(out, split, "part"), file_name_suffix=".tfrecord"))
-    _ = splits.eval_raw | "WriteEvalSample" >> WriteEvalSample(cfg, out, artifact)
+             | f"WriteShards[{split}]" >> beam.io.WriteToTFRecord(out.shard_prefix(split),
+                                                                   file_name_suffix=".tfrecord"))
+    _ = splits.eval_raw | "WriteEvalSample" >> WriteEvalSample(cfg, out.eval_sample_parquet, out.eval_sample_records,
+                                                               artifact)
     _ = (validated.dead_letter
          | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
-             fsio.join(out, "dead_letter", "part"), schema=DEAD_LETTER_SCHEMA, file_name_suffix=".parquet"))
+             out.dead_letter_prefix, schema=DEAD_LETTER_SCHEMA, file_name_suffix=".parquet"))
 
 
 def _counter(result, name: str) -> int:
@@ -141,16 +138,17 @@ def _dead_letter_counts(result) -> dict[str, int]:
 
 
 def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[str] | None = None,
-                   progress=print, previous_transform: str | None = None) -> PreprocessResult:
+                   say=print, previous_transform: str | None = None) -> PreprocessResult:
     """Run the job; publish OUTPUT atomically (local paths) and check the row accounting.
 
+    beam_args: Beam options on top of pipeline.options.DEFAULT_BEAM_ARGS.
     previous_transform: extend that run's vocabularies (IDs of known values never change).
     """
     files = list_input_files(input_spec)
     raw_schema, inputs = inspect_inputs(files, cfg)
     previous = load_previous_transform(previous_transform, cfg, raw_schema) if previous_transform else None
     total = sum(f.num_rows for f in inputs)
-    progress(f"preprocess: {len(inputs)} file(s), {total} rows")
+    say(f"preprocess: {len(inputs)} file(s), {total} rows")
 
     local = "://" not in output
     if local and os.path.exists(output) and os.listdir(output):
@@ -159,24 +157,22 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
                             f".{os.path.basename(os.path.abspath(output))}.staging-{uuid.uuid4().hex[:8]}")
                if local else output)
 
-    options = PipelineOptions(beam_args or [])
+    options = PipelineOptions(beam_args_with_defaults(beam_args))
     try:
         p = beam.Pipeline(options=options)
-        build_pipeline(p, cfg, inputs, raw_schema, staging, previous, previous_transform)
+        build_pipeline(p, cfg, inputs, raw_schema, PreprocessedData(staging), previous, previous_transform)
         result = p.run()
         result.wait_until_finish()
         res = PreprocessResult(output, _counter(result, "rows_in"), _counter(result, "rows_train"),
                                _counter(result, "rows_eval"), _dead_letter_counts(result))
         if res.rows_in != total or res.rows_in != res.rows_train + res.rows_eval + res.rows_dead:
             raise PreprocessError(f"row accounting does not balance: footers say {total} rows; {res.summary()}")
-        art_dir = fsio.join(staging, "transform")
-        meta_path = fsio.join(art_dir, "transform.json")
-        meta = json.loads(fsio.read_text(meta_path))
-        meta["row_counts"] = {"in": res.rows_in, "train": res.rows_train, "eval": res.rows_eval,
-                              "dead_letter": res.rows_dead, "dead_letter_by_reason": res.dead_letter,
-                              "files": len(inputs)}
-        fsio.write_text(meta_path, json.dumps(meta, indent=1, sort_keys=True))
-        TransformArtifact.read(art_dir)  # the published artifact must load
+        staged = PreprocessedData(staging)
+        artifact = staged.transform()  # the published artifact must load
+        artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "eval": res.rows_eval,
+                               "dead_letter": res.rows_dead, "dead_letter_by_reason": res.dead_letter,
+                               "files": len(inputs)}
+        artifact.write_meta(staged.transform_dir)  # last: the row counts mark the folder complete
         if local:
             if os.path.exists(output):
                 os.rmdir(output)
@@ -185,5 +181,5 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
         if local and os.path.isdir(staging):
             shutil.rmtree(staging, ignore_errors=True)
         raise
-    progress(f"preprocess: {res.summary()}")
+    say(f"preprocess: {res.summary()}")
     return res

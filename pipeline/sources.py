@@ -17,12 +17,13 @@ import pyarrow.parquet as pq
 
 from features.canonical import SchemaError, check_schema
 from features.config import Config
+from features.errors import RecpipeError
 from features.fsio import resolve
 
 __all__ = ["InputError", "InputFile", "list_input_files", "inspect_inputs", "open_parquet"]
 
 
-class InputError(ValueError):
+class InputError(RecpipeError, ValueError):
     """The input cannot be used; the message names the path."""
 
 

@@ -106,7 +106,7 @@ def _hidden_model(spec: GenerateSpec) -> dict:
     }
 
 
-def generate_log(spec: GenerateSpec, out_dir: str, progress=None) -> list[str]:
+def generate_log(spec: GenerateSpec, out_dir: str, say=None) -> list[str]:
     """Write spec.rows rows over spec.days days; return the files written (sorted)."""
     if spec.rows <= 0 or spec.days <= 0:
         raise ValueError(f"rows and days must be positive (got rows={spec.rows}, days={spec.days})")
@@ -132,6 +132,6 @@ def generate_log(spec: GenerateSpec, out_dir: str, progress=None) -> list[str]:
             path = os.path.join(day_dir, f"part-{part:05d}.parquet")
             pq.write_table(table, path, row_group_size=128 * 1024)
             written.append(path)
-            if progress:
-                progress(f"wrote {path} ({n} rows)")
+            if say:
+                say(f"wrote {path} ({n} rows)")
     return sorted(written)

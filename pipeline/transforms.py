@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
+from features import fsio
 from features.artifact import TransformArtifact
 from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, numeric, validate_batch
 from features.config import Config
@@ -249,18 +250,16 @@ class _FirstRows(beam.CombineFn):
 
 
 class WriteEvalSample(beam.PTransform):
-    """Raw eval-row tables -> OUT/eval_sample.parquet (at most EVAL_SAMPLE_ROWS raw rows) and
-    OUT/eval_sample.tfrecord (the same rows, in order, transformed by the same DoFn as the shards):
-    the export's skew check compares the SavedModel on the first with the model on the second."""
+    """Raw eval-row tables -> `parquet_path` (at most EVAL_SAMPLE_ROWS raw rows) and `record_path`
+    (the same rows, in order, transformed by the same DoFn as the shards): the export's skew check
+    compares the SavedModel on the first with the model on the second."""
 
-    def __init__(self, cfg: Config, out_dir: str, artifact):
+    def __init__(self, cfg: Config, parquet_path: str, record_path: str, artifact):
         super().__init__()
-        self._cfg, self._out, self._artifact = cfg, out_dir, artifact
+        self._cfg, self._parquet, self._records, self._artifact = cfg, parquet_path, record_path, artifact
 
     def expand(self, tables):
-        from features import fsio
-        parquet_path, record_path = fsio.join(self._out, "eval_sample.parquet"), fsio.join(self._out, "eval_sample.tfrecord")
-        cfg = self._cfg
+        parquet_path, record_path = self._parquet, self._records
 
         def write_raw(table):
             import pyarrow.parquet as pq
@@ -276,7 +275,7 @@ class WriteEvalSample(beam.PTransform):
         sample = (tables | "FirstRows" >> beam.CombineGlobally(_FirstRows(EVAL_SAMPLE_ROWS))
                   | "NonEmpty" >> beam.Filter(lambda t: t is not None and t.num_rows > 0)
                   | "WriteRaw" >> beam.Map(write_raw))
-        return (sample | "Canonicalize" >> beam.Map(canonicalize, cfg)
+        return (sample | "Canonicalize" >> beam.Map(canonicalize, self._cfg)
                 | "Transform" >> beam.ParDo(_Transform(), beam.pvalue.AsSingleton(self._artifact))
                 | "WriteTransformed" >> beam.Map(write_record))
 

@@ -1,4 +1,2 @@
-"""The `recpipe` command line: a thin layer over features, pipeline, trainers and serving."""
-import os
-
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+"""The `recpipe` command line, demo, daily steps and benchmarks: thin layers over the packages."""
+from features import tf_env  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)

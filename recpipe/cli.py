@@ -1,37 +1,87 @@
-"""`recpipe` command line: each subcommand maps to one public entry point of the packages."""
+"""`recpipe` command line: each subcommand maps to one public entry point of the packages.
+
+Start-up is quiet: TensorFlow's C++ start-up lines (CUDA stub, oneDNN/CPU features, absl's
+pre-init notice) and library warnings (Beam's "apitools not found", ...) are hidden unless `-v` or
+RECPIPE_DEBUG=1 asks for them; errors still surface as one line `recpipe CMD: error: ...`
+(RECPIPE_DEBUG=1: with the traceback).
+"""
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
+import logging
 import os
+import sys
+import tempfile
+import time
+import warnings
+from typing import Callable
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
-# TensorFlow's C++ start-up chatter (CPU flags, "no CUDA device") is noise on the CLI; errors still raise.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+from features.config import literal_choices
+from features.errors import RecpipeError
+from recpipe.bench.targets import SUITES
+from trainers.options import RunOptions
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from typing import Callable  # noqa: E402
+__all__ = ["main", "build_parser", "quiet_startup"]
 
-__all__ = ["main", "build_parser"]
-
-# DirectRunner in one process; any --runner/--direct_* option given by the user wins. Measured on a
-# 1M-row generated log (2 cores): in_memory 37 s; multi_processing 52 s AND it dropped rows (the
-# row accounting check failed the run), so it is not the default. See README "Runners".
-DEFAULT_BEAM_ARGS = ["--runner=DirectRunner", "--direct_running_mode=in_memory"]
+NO_TENSORFLOW = ("generate", "criteo-to-parquet")  # (and `daily ready`, the sensor's probe)
 
 
 def _say(msg: str) -> None:
     print(msg, flush=True)
 
 
+class _DropRootWarnings(logging.Filter):
+    """Libraries that log warnings straight on the root logger (Beam: "apitools not found, and
+    bigquery client libraries are not available ..."): errors pass, the rest is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
+def _import_tensorflow_quietly() -> None:
+    """TensorFlow's C++ libraries print start-up lines while they load, which TF_CPP_MIN_LOG_LEVEL
+    does not silence (tensorflow#100442); nothing prints after the import. So import it once here
+    with the process's stderr (fd 2) pointed at a temp file, whose text is replayed if the import fails."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401  (here: the first import is the noisy one)
+        except BaseException:
+            os.dup2(saved, 2)
+            sink.seek(0)
+            sys.stderr.write(sink.read().decode("utf-8", "replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def quiet_startup(verbose: bool, uses_tensorflow: bool) -> None:
+    """Before TensorFlow or Beam is imported: hide their start-up noise unless verbose."""
+    if verbose:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")   # C++ logs after start-up, here and in our children
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")    # inherited by the processes we start
+    warnings.filterwarnings("ignore")
+    logging.getLogger().addFilter(_DropRootWarnings())
+    for name in ("apache_beam", "tensorflow", "absl", "h5py", "matplotlib"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    if uses_tensorflow:
+        _import_tensorflow_quietly()
+
+
 def cmd_generate(a) -> None:
     import datetime as dt
+
     from pipeline.synthetic import GenerateSpec, generate_log
     start = dt.date.fromisoformat(a.start_date)
     t0 = time.perf_counter()
-    files = generate_log(GenerateSpec(rows=a.rows, days=a.days, seed=a.seed, start_date=start), a.out, progress=_say)
+    files = generate_log(GenerateSpec(rows=a.rows, days=a.days, seed=a.seed, start_date=start), a.out, say=_say)
     _say(f"generate: {a.rows} rows in {len(files)} file(s) under {a.out} ({time.perf_counter() - t0:.1f}s)")
 
 
@@ -41,57 +91,55 @@ def cmd_criteo(a) -> None:
     _say(f"criteo-to-parquet: wrote {out}")
 
 
-def beam_args_with_defaults(extra: list[str]) -> list[str]:
-    given = {x.split("=", 1)[0] for x in extra if x.startswith("--")}
-    if "--runner" in given and not any(x.startswith("--runner=DirectRunner") or x == "DirectRunner" for x in extra):
-        return extra
-    return [d for d in DEFAULT_BEAM_ARGS if d.split("=", 1)[0] not in given] + extra
-
-
 def cmd_preprocess(a, extra: list[str]) -> None:
     from features.config import load_config
     from pipeline.preprocess import run_preprocess
     cfg = load_config(a.config)
     t0 = time.perf_counter()
-    run_preprocess(cfg, a.input, a.output, beam_args_with_defaults(extra), progress=_say,
-                   previous_transform=a.previous_transform)
+    run_preprocess(cfg, a.input, a.output, extra, say=_say, previous_transform=a.previous_transform)
     _say(f"preprocess: done in {time.perf_counter() - t0:.1f}s -> {a.output}")
 
 
 def _train_allocator(a) -> str:
-    """--allocator, else train.tuning.allocator of the config `recpipe train` will use."""
+    """--allocator, else train.tuning.allocator of the config `recpipe train` will use (decided before
+    TensorFlow is imported, so the process can re-execute itself with the library preloaded)."""
     if a.allocator:
         return a.allocator
     from features.config import load_config
-    for path in (a.config, os.path.join(a.model_dir, "config.yaml"), os.path.join(a.data, "transform", "config.yaml")):
+    from features.preprocessed import PreprocessedData
+    for path in (a.config, os.path.join(a.model_dir, "config.yaml"),
+                 os.path.join(PreprocessedData(a.data).transform_dir, "config.yaml")):
         if path and os.path.exists(path):
             return load_config(path).train.tuning.allocator
     return "system"
 
 
+def _run_options(a) -> RunOptions:
+    return RunOptions(**{f.name: getattr(a, f.name) for f in dataclasses.fields(RunOptions)})
+
+
 def cmd_train(a) -> None:
     from trainers.allocator import reexec_with
     reexec_with(_train_allocator(a), a.argv, _say)
-    from trainers.train import TrainOptions, train
-    r = train(TrainOptions(data_dir=a.data, model_dir=a.model_dir, config_path=a.config, strategy=a.strategy,
-                           precision=a.precision, steps=a.steps, ps_workers=a.ps_workers, ps_servers=a.ps_servers,
-                           ps_task_threads=a.ps_task_threads, np=a.np, threads=a.threads,
+    from trainers.options import TrainOptions
+    from trainers.train import train
+    r = train(TrainOptions(data_dir=a.data, model_dir=a.model_dir, config_path=a.config, run=_run_options(a),
                            warm_start=a.warm_start, synthetic_input=a.synthetic_input), say=_say)
-    _say(f"train: {r.steps_done} steps done ({r.steps_this_run} this run, {r.examples_per_sec:,.0f} ex/s) "
+    _say(f"train: {r.steps_done} steps done ({r.steps_this_run} this run, {r.examples_per_sec_last_run:,.0f} ex/s) "
          f"-> {a.model_dir}")
 
 
 def cmd_advise(a) -> None:
-    from features.artifact import TransformArtifact
     from features.config import load_config
+    from features.preprocessed import PreprocessedData
     from trainers.advisor import advise
-    artifact = TransformArtifact.read(os.path.join(a.data, "transform"))
+    artifact = PreprocessedData(a.data).transform()
     cfg = load_config(a.config) if a.config else artifact.config
     advice = advise(cfg, artifact, a.data, a.workers, a.ps_tasks, a.bandwidth_gbps)
     _say(advice.table())
     if a.out:
-        with open(a.out, "w") as fh:
-            json.dump(advice.as_dict(), fh, indent=1)
+        from features import fsio
+        fsio.write_json(a.out, advice.as_dict(), sort_keys=False)
 
 
 def cmd_evaluate(a) -> None:
@@ -102,8 +150,9 @@ def cmd_evaluate(a) -> None:
 
 def cmd_export(a) -> None:
     from serving.export import export_model
+    from serving.version import ExportBase
     path = export_model(a.model_dir, a.export_base, a.version, a.data, a.top_k)
-    report = json.load(open(os.path.join(path, "skew_check.json")))
+    report = next(v for v in ExportBase(a.export_base).versions() if v.path == path).skew_report()
     _say(f"export: skew check passed on {report['rows']} eval rows (max |diff| {report['max_abs_diff']:.2g})")
     _say(f"export: {path}")
 
@@ -127,14 +176,29 @@ def cmd_daily(a) -> int:
 
 
 def cmd_bench(a) -> None:
-    from recpipe.bench import BenchOptions, run_bench
+    from recpipe.bench.run import BenchOptions, run_bench
     run_bench(BenchOptions(suite=a.suite, quick=a.quick, reps=a.reps, rows=a.rows, steps=a.steps, out_dir=a.out,
                            workdir=a.workdir), say=_say)
+
+
+def _add_run_options(t: argparse.ArgumentParser) -> None:
+    """One flag per RunOptions field: the type, choices, default and help come from the dataclass."""
+    for f in dataclasses.fields(RunOptions):
+        flag = "--" + f.name.replace("_", "-")
+        kwargs: dict = {"dest": f.name, "default": f.default, "help": f.metadata.get("help")}
+        choices = literal_choices(RunOptions, f.name)
+        if choices:
+            kwargs["choices"] = list(choices)
+        else:
+            kwargs["type"] = int
+        t.add_argument(flag, **kwargs)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="recpipe", description="Parquet click logs -> Beam sparse features -> "
                                 "TFRS training -> TF-Serving-compatible serving.")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="show TensorFlow's and Beam's start-up logs and warnings (also RECPIPE_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("generate", help="write a synthetic Criteo-like click log (date-partitioned Parquet)")
@@ -165,13 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", help="training config (default: the one the data was preprocessed with)")
     t.add_argument("--data", required=True, help="a `recpipe preprocess` output folder")
     t.add_argument("--model-dir", required=True, help="checkpoints go here; rerunning resumes")
-    t.add_argument("--strategy", default="local", choices=["local", "ps", "horovod", "auto"],
-                   help="ps: ParameterServerStrategy, the cluster from TF_CONFIG or started on 127.0.0.1; "
-                        "horovod: ring-allreduce over Gloo, --np ranks on this host via horovodrun; "
-                        "auto: ask the advisor (see `recpipe advise`)")
-    t.add_argument("--np", type=int, default=2, help="--strategy horovod: ranks to start on this host")
-    t.add_argument("--threads", type=int, default=0, help="intra/inter-op threads of each training process "
-                   "(default: train.tuning.intra_op_threads / inter_op_threads)")
+    _add_run_options(t)
     t.add_argument("--allocator", choices=["system", "tcmalloc", "jemalloc"],
                    help="memory allocator (default: train.tuning.allocator); preloaded by re-executing")
     t.add_argument("--synthetic-input", action="store_true",
@@ -179,11 +237,6 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--warm-start", metavar="MODEL_DIR",
                    help="initialise a new model from a previous day's model dir (IDs kept stable by "
                         "preprocess --previous-transform); ignored when --model-dir already has a checkpoint")
-    t.add_argument("--ps-workers", type=int, default=2, help="--strategy ps without TF_CONFIG: worker processes")
-    t.add_argument("--ps-servers", type=int, default=2, help="--strategy ps without TF_CONFIG: PS processes")
-    t.add_argument("--ps-task-threads", type=int, default=0, help="intra/inter-op threads per task (0: TF default)")
-    t.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
-    t.add_argument("--steps", type=int, help="total steps (default: train.steps of the config)")
     t.set_defaults(fn=cmd_train)
 
     ad = sub.add_parser("advise", help="PS or ring-allreduce for this model? parameter sizes + a measured probe")
@@ -240,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     dl.set_defaults(fn=cmd_daily)
 
     b = sub.add_parser("bench", help="benchmarks -> bench/results/<suite>.json + .md and REPORT.md with plots")
-    b.add_argument("suite", nargs="?", default="all", choices=["preprocess", "train", "serve", "all"],
+    b.add_argument("suite", nargs="?", default="all", choices=[*SUITES, "all"],
                    help="preprocess: Beam vs single-process baseline, peak RSS at 1x vs 10x rows, shard formats; "
                         "train: real vs synthetic input, bf16 vs fp32, every tuning knob, Horovod and PS scaling, "
                         "RSS vs table size, FLOP/s ceiling, Criteo AUC per strategy, scale-out model; "
@@ -267,6 +320,8 @@ def _one_line(e: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    debug = bool(os.environ.get("RECPIPE_DEBUG"))
+    quiet_startup(args.verbose or debug, args.command not in NO_TENSORFLOW and getattr(args, "step", "") != "ready")
     if extra and not getattr(args, "beam", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     fn: Callable = args.fn
@@ -277,9 +332,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recpipe {args.command}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # every failure is one clear line; RECPIPE_DEBUG=1 shows the traceback
-        if os.environ.get("RECPIPE_DEBUG"):
+        if debug:
             raise
-        print(f"recpipe {args.command}: error: {_one_line(e)}", file=sys.stderr)
+        kind = "" if isinstance(e, (RecpipeError, OSError, ValueError)) else f"{type(e).__name__}: "
+        print(f"recpipe {args.command}: error: {kind}{_one_line(e)}", file=sys.stderr)
         return 1
     return rc if isinstance(rc, int) else 0
 

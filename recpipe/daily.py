@@ -10,21 +10,28 @@ The Airflow DAG (airflow_dags/recpipe_daily.py) only calls these steps.
     evaluate    -> WORK/<day>/metrics.json
     bless       -> WORK/<day>/blessing.json: the new model vs the served one on the same eval rows
     push        export into MODEL_BASE as the next version, only if blessed
+
+`ready` is the sensor's probe, run every few minutes: it must not pay for importing Beam or
+TensorFlow, so the steps that need them import them when they run.
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 import yaml
 
-from features.config import ConfigError, build_typed
+from features import fsio
+from features.config import ConfigError, build_typed, load_config
+from features.preprocessed import PreprocessedData
+from serving.version import ExportBase, ExportedVersion
+from trainers.options import RunOptions, TrainOptions
 
-__all__ = ["DailyConfig", "load_daily_config", "run_step", "STEPS"]
+__all__ = ["DailyConfig", "DayDir", "load_daily_config", "run_step", "STEPS"]
 
 STEPS = ("ready", "preprocess", "train", "evaluate", "bless", "push")
 
@@ -35,10 +42,7 @@ class DailyConfig:
     work_root: str                  # WORK/YYYY-MM-DD/{preprocessed, model, metrics.json, blessing.json}
     model_base: str                 # serving model base (TF Serving layout)
     config: str                     # the feature/model/train config
-    strategy: str = "local"
-    precision: str = "fp32"
-    steps: Optional[int] = None
-    np: int = 2
+    train: RunOptions = field(default_factory=RunOptions)  # how `recpipe train` runs (strategy, precision, ...)
     bless_tolerance: float = 0.005  # the new AUC may be this much below the served model's
 
 
@@ -49,14 +53,26 @@ def load_daily_config(path: str) -> DailyConfig:
         raise ConfigError(f"{path}: cannot read project config ({e.strerror or e})") from None
     try:
         dc = build_typed(DailyConfig, data)
-    except ConfigError as e:
+    except (ConfigError, ValueError) as e:
         raise ConfigError(f"{path}: {e}") from None
     base = Path(path).resolve().parent
     resolve = lambda p: str(p if os.path.isabs(p) or "://" in p else base / p)  # noqa: E731
-    if dc.strategy not in ("local", "ps", "horovod"):
-        raise ConfigError(f"{path}: strategy: {dc.strategy!r} is not local | ps | horovod")
     return DailyConfig(resolve(dc.log_root), resolve(dc.work_root), resolve(dc.model_base), resolve(dc.config),
-                       dc.strategy, dc.precision, dc.steps, dc.np, dc.bless_tolerance)
+                       dc.train, dc.bless_tolerance)
+
+
+@dataclass(frozen=True)
+class DayDir:
+    """WORK/<day>/: one day's artifacts."""
+    root: str
+
+    @property
+    def data(self) -> PreprocessedData:
+        return PreprocessedData(os.path.join(self.root, "preprocessed"))
+
+    model_root = fsio.SubPath("model")  # a trainers.model_dir.ModelDir
+    metrics_path = fsio.SubPath("metrics.json")
+    blessing_path = fsio.SubPath("blessing.json")
 
 
 def _day(day: str) -> str:
@@ -70,29 +86,16 @@ def _partition(dc: DailyConfig, day: str) -> str:
     return os.path.join(dc.log_root, f"dt={day}")
 
 
+def _day_dir(dc: DailyConfig, day: str) -> DayDir:
+    return DayDir(os.path.join(dc.work_root, day))
+
+
 def _previous_day(dc: DailyConfig, day: str) -> Optional[str]:
     """The latest earlier day that has a log partition (its outputs must exist: days run in order)."""
     if not os.path.isdir(dc.log_root):
         return None
     days = sorted(d[3:] for d in os.listdir(dc.log_root) if d.startswith("dt=") and d[3:] < day)
     return days[-1] if days else None
-
-
-def _paths(dc: DailyConfig, day: str) -> dict[str, str]:
-    root = os.path.join(dc.work_root, day)
-    return {"root": root, "pre": os.path.join(root, "preprocessed"), "model": os.path.join(root, "model"),
-            "metrics": os.path.join(root, "metrics.json"), "blessing": os.path.join(root, "blessing.json")}
-
-
-def _write_json(path: str, data: dict) -> None:
-    """Atomic, and a no-op when the content is unchanged (a rerun of a day changes nothing)."""
-    text = json.dumps(data, indent=1, sort_keys=True)
-    if os.path.exists(path) and open(path).read() == text:
-        return
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
 
 
 def step_ready(dc: DailyConfig, day: str, say) -> int:
@@ -103,120 +106,107 @@ def step_ready(dc: DailyConfig, day: str, say) -> int:
 
 
 def step_preprocess(dc: DailyConfig, day: str, say) -> int:
-    from features.config import load_config
     from pipeline.preprocess import run_preprocess
-    from recpipe.cli import DEFAULT_BEAM_ARGS
-    p = _paths(dc, day)
-    if os.path.exists(os.path.join(p["pre"], "transform", "transform.json")):
-        say(f"daily preprocess: {p['pre']} is complete; nothing to do")
+    d = _day_dir(dc, day)
+    if d.data.is_complete():
+        say(f"daily preprocess: {d.data.root} is complete; nothing to do")
         return 0
     prev = _previous_day(dc, day)
-    previous = _paths(dc, prev)["pre"] if prev else None
-    if previous and not os.path.exists(os.path.join(previous, "transform", "transform.json")):
+    previous = _day_dir(dc, prev).data if prev else None
+    if previous and not previous.is_complete():
         raise RuntimeError(f"daily preprocess {day}: the previous day {prev} is not preprocessed yet "
-                           f"({previous}); days must run in order")
-    os.makedirs(p["root"], exist_ok=True)
-    run_preprocess(load_config(dc.config), _partition(dc, day), p["pre"], list(DEFAULT_BEAM_ARGS), progress=say,
-                   previous_transform=previous)
+                           f"({previous.root}); days must run in order")
+    os.makedirs(d.root, exist_ok=True)
+    run_preprocess(load_config(dc.config), _partition(dc, day), d.data.root, say=say,
+                   previous_transform=previous.root if previous else None)
     return 0
 
 
 def step_train(dc: DailyConfig, day: str, say) -> int:
-    from trainers.train import TrainOptions, train
-    p = _paths(dc, day)
+    from trainers.train import train
+    d = _day_dir(dc, day)
     prev = _previous_day(dc, day)
-    warm = _paths(dc, prev)["model"] if prev and os.path.isdir(_paths(dc, prev)["model"]) else None
-    train(TrainOptions(p["pre"], p["model"], dc.config, strategy=dc.strategy, precision=dc.precision,
-                       steps=dc.steps, np=dc.np, warm_start=warm), say=say)
+    warm = _day_dir(dc, prev).model_root if prev else None
+    train(TrainOptions(d.data.root, d.model_root, dc.config, run=dc.train,
+                       warm_start=warm if warm is not None and os.path.isdir(warm) else None), say=say)
     return 0
 
 
 def step_evaluate(dc: DailyConfig, day: str, say) -> int:
     from trainers.evaluate import evaluate
-    p = _paths(dc, day)
-    metrics = evaluate(p["model"], p["pre"], p["metrics"])
+    d = _day_dir(dc, day)
+    metrics = evaluate(d.model_root, d.data.root, d.metrics_path)
     say(f"daily evaluate: {json.dumps(metrics)}")
     return 0
 
 
-def _served_version(dc: DailyConfig) -> Optional[str]:
-    from serving.export import existing_versions
-    versions = existing_versions(dc.model_base)
-    return os.path.join(dc.model_base, str(versions[-1])) if versions else None
-
-
-def _sample_auc_of_saved_model(version_dir: str, sample) -> float:
+def _sample_auc_of_saved_model(served: ExportedVersion, sample) -> float:
     import tensorflow as tf
 
     from features.transform import request_from_arrow
     from trainers.metrics import roc_auc
-    fn = tf.saved_model.load(version_dir).signatures["serving_default"]
+    fn = tf.saved_model.load(served.path).signatures["serving_default"]
     scores = fn(**request_from_arrow(sample, dict(fn.structured_input_signature[1])))["score"].numpy()
-    return roc_auc(sample.column(_label_column(version_dir)).to_numpy(zero_copy_only=False).astype(float), scores)
-
-
-def _label_column(version_dir: str) -> str:
-    meta = json.load(open(os.path.join(version_dir, "assets.extra", "recpipe.json")))
-    return meta["config"]["label"]["column"]
+    label = served.meta().typed_config().label.column
+    return roc_auc(sample.column(label).to_numpy(zero_copy_only=False).astype(float), scores)
 
 
 def step_bless(dc: DailyConfig, day: str, say) -> int:
     """Ranking: AUC of the new model and of the served SavedModel on the SAME raw eval rows of this day
     (eval_sample). Retrieval: the day's recall_at_10 against the one recorded for the served model."""
     import pyarrow.parquet as pq
-
-    from trainers.metrics import roc_auc
-    from trainers.train import load_trained
     import tensorflow as tf
-    p = _paths(dc, day)
-    checkpoint = os.path.basename(tf.train.latest_checkpoint(os.path.join(p["model"], "checkpoints")) or "")
-    if os.path.exists(p["blessing"]) and json.load(open(p["blessing"])).get("model_checkpoint") == checkpoint:
+
+    from features.records import read_single_batch
+    from trainers.metrics import roc_auc
+    from trainers.model_dir import ModelDir
+    d = _day_dir(dc, day)
+    model_dir = ModelDir(d.model_root)
+    checkpoint = os.path.basename(model_dir.latest_checkpoint() or "")
+    if os.path.exists(d.blessing_path) and fsio.read_json(d.blessing_path).get("model_checkpoint") == checkpoint:
         say(f"daily bless: {day}'s model ({checkpoint}) was judged already; keeping that verdict")
         return 0
-    served = _served_version(dc)
-    cfg, _, model = load_trained(p["model"])
-    new_metrics = json.load(open(p["metrics"]))
+    versions = ExportBase(dc.model_base).versions()
+    served = versions[-1] if versions else None
+    cfg, _, model = model_dir.load_trained()
+    new_metrics = fsio.read_json(d.metrics_path)
     if served is None:
         verdict = {"blessed": True, "reason": "no model is served yet"}
     elif cfg.model.task == "ranking":
-        from features.records import read_single_batch
-        sample = pq.read_table(os.path.join(p["pre"], "eval_sample.parquet"))
-        batch = read_single_batch(cfg, os.path.join(p["pre"], "eval_sample.tfrecord"))
+        sample = pq.read_table(d.data.eval_sample_parquet)
+        batch = read_single_batch(cfg, d.data.eval_sample_records)
         labels = sample.column(cfg.label.column).to_numpy(zero_copy_only=False).astype(float)
         new_auc = roc_auc(labels, tf.sigmoid(model(batch))[:, 0].numpy())
         served_auc = _sample_auc_of_saved_model(served, sample)
         ok = new_auc >= served_auc - dc.bless_tolerance
-        verdict = {"blessed": bool(ok), "metric": "auc", "new": new_auc, "served": served_auc, "served_version": served,
-                   "tolerance": dc.bless_tolerance, "rows": sample.num_rows,
-                   "reason": f"new AUC {new_auc:.4f} vs served {served_auc:.4f} on the same {sample.num_rows} eval rows"}
+        verdict = {"blessed": bool(ok), "metric": "auc", "new": new_auc, "served": served_auc,
+                   "served_version": served.path, "tolerance": dc.bless_tolerance, "rows": sample.num_rows,
+                   "reason": f"new AUC {new_auc:.4f} vs served {served_auc:.4f} on the same "
+                             f"{sample.num_rows} eval rows"}
     else:
-        meta = json.load(open(os.path.join(served, "assets.extra", "recpipe.json")))
-        served_metrics = json.load(open(os.path.join(os.path.dirname(meta["model_dir"]), "metrics.json")))
-        new, old = new_metrics["recall_at_10"], served_metrics["recall_at_10"]
+        new, old = new_metrics["recall_at_10"], served.meta().metrics["recall_at_10"]
         verdict = {"blessed": bool(new >= old - dc.bless_tolerance), "metric": "recall_at_10", "new": new,
-                   "served": old, "served_version": served, "tolerance": dc.bless_tolerance,
+                   "served": old, "served_version": served.path, "tolerance": dc.bless_tolerance,
                    "reason": f"new recall@10 {new:.4f} vs served model's recorded {old:.4f}"}
     verdict["day"] = day
     verdict["model_checkpoint"] = checkpoint
-    _write_json(p["blessing"], verdict)
+    fsio.write_json(d.blessing_path, verdict, only_if_changed=True)
     say(f"daily bless: {'BLESSED' if verdict['blessed'] else 'NOT blessed'}: {verdict['reason']}")
     return 0
 
 
 def step_push(dc: DailyConfig, day: str, say) -> int:
-    from serving.export import existing_versions, export_model
-    p = _paths(dc, day)
-    verdict = json.load(open(p["blessing"]))
+    from serving.export import export_model
+    d = _day_dir(dc, day)
+    verdict = fsio.read_json(d.blessing_path)
     if not verdict["blessed"]:
-        say(f"daily push: {day} not blessed ({verdict['reason']}); the model stays in {p['model']}, not pushed")
+        say(f"daily push: {day} not blessed ({verdict['reason']}); the model stays in {d.model_root}, not pushed")
         return 0
-    model_dir = os.path.abspath(p["model"])
-    for v in existing_versions(dc.model_base):
-        meta_path = os.path.join(dc.model_base, str(v), "assets.extra", "recpipe.json")
-        if os.path.exists(meta_path) and json.load(open(meta_path)).get("model_dir") == model_dir:
-            say(f"daily push: {day}'s model is already version {v}; nothing to do")
-            return 0
-    path = export_model(model_dir, dc.model_base, data_dir=p["pre"])
+    pushed = ExportBase(dc.model_base).find_model_dir(d.model_root)
+    if pushed is not None:
+        say(f"daily push: {day}'s model is already version {pushed.version}; nothing to do")
+        return 0
+    path = export_model(d.model_root, dc.model_base, data_dir=d.data.root, metrics=fsio.read_json(d.metrics_path))
     say(f"daily push: exported {path}")
     return 0
 

@@ -1,4 +1,2 @@
 """SavedModel export with the feature transform in the graph, and a TF-Serving-compatible server."""
-import os
-
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+from features import tf_env  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)

@@ -5,8 +5,7 @@ output and `serving_default` the top-K `candidates` (labels) and `scores` by bru
 candidate index stored in the model (every vocabulary value of a single vocabulary candidate
 feature, else every candidate ID tuple seen in the data).
 
-EXPORT_BASE/<version>/saved_model.pb (+ variables/, assets.extra/recpipe.json) is TF Serving's
-versioned layout. The feature transform (vocabulary tables, hashing, dense normalisation) is the
+EXPORT_BASE/<version>/ is TF Serving's versioned layout (serving.version). The feature transform (vocabulary tables, hashing, dense normalisation) is the
 same features.transform.FeatureTransform the Beam job ran, embedded in the graph. A version is
 written to a hidden temp folder, loaded, called, and skew-checked: up to 1000 eval rows kept by the
 Beam job are scored through the exported signature from their raw columns and through the trained
@@ -17,42 +16,29 @@ from __future__ import annotations
 
 import os
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import shutil
+import uuid
+from typing import Callable, Optional
 
-import json  # noqa: E402
-import shutil  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from typing import Callable  # noqa: E402
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-import pyarrow.parquet as pq  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from features.artifact import TransformArtifact  # noqa: E402
-from features.config import config_to_dict  # noqa: E402
-from features.records import read_single_batch  # noqa: E402
-from features.transform import (FeatureTransform, canonicalize_request, request_from_arrow,  # noqa: E402
+from features.artifact import TransformArtifact
+from features.config import config_to_dict
+from features.errors import RecpipeError
+from features.preprocessed import PreprocessedData
+from features.records import read_single_batch
+from features.transform import (FeatureTransform, canonicalize_request, request_from_arrow,
                                 request_spec)
-from trainers.train import load_trained  # noqa: E402
+from serving.version import ExportBase, ExportedVersion, ExportMeta
+from trainers.evaluate import candidate_universe
+from trainers.model_dir import ModelDir
 
-__all__ = ["export_model", "existing_versions", "example_request", "skew_check", "SkewError", "SKEW_TOLERANCE"]
+__all__ = ["export_model", "example_request", "skew_check", "SkewError", "SKEW_TOLERANCE"]
 
 SKEW_TOLERANCE = 1e-5
-
-
-def existing_versions(export_base: str) -> list[int]:
-    if not os.path.isdir(export_base):
-        return []
-    return sorted(int(d) for d in os.listdir(export_base)
-                  if d.isdigit() and os.path.isfile(os.path.join(export_base, d, "saved_model.pb")))
-
-
-def _next_version(export_base: str) -> int:
-    now = int(time.time())
-    versions = existing_versions(export_base)
-    return max(now, versions[-1] + 1) if versions else now
 
 
 def _ranking_module(artifact: TransformArtifact, model: tf.keras.Model) -> tuple[tf.Module, dict]:
@@ -77,7 +63,6 @@ def _candidate_index(cfg, artifact: TransformArtifact, data_dir: str) -> tuple[n
     if len(names) == 1 and owner.vocab is not None:
         values = artifact.vocabularies[owner.name]
         return np.arange(len(values), dtype=np.int64)[:, None], list(values)
-    from trainers.evaluate import candidate_universe
     ids = candidate_universe(cfg, data_dir)
     return ids, ["|".join(str(x) for x in row) for row in ids.tolist()]
 
@@ -125,21 +110,21 @@ def example_request(serve_fn, n: int = 2) -> dict[str, np.ndarray]:
     return out
 
 
-class SkewError(RuntimeError):
+class SkewError(RecpipeError, RuntimeError):
     """The exported graph and the training path disagree on the same raw rows."""
 
 
-def _eval_sample_path(model_dir: str, data_dir: str | None) -> str:
+def _eval_sample(model_dir: ModelDir, data_dir: Optional[str]) -> PreprocessedData:
+    """The preprocessed data whose eval sample feeds the skew check: --data, else the model's own."""
+    data_dir = data_dir or model_dir.data_dir()
     if data_dir is None:
-        state_path = os.path.join(model_dir, "train_state.json")
-        data_dir = json.load(open(state_path)).get("data_dir") if os.path.exists(state_path) else None
-    if data_dir is None:
-        raise FileNotFoundError(f"{model_dir}: cannot tell which preprocessed data it was trained on; pass --data")
-    path = os.path.join(data_dir, "eval_sample.parquet")
-    for p in (path, os.path.join(data_dir, "eval_sample.tfrecord")):
+        raise FileNotFoundError(f"{model_dir.root}: cannot tell which preprocessed data it was trained on; "
+                                f"pass --data")
+    data = PreprocessedData(data_dir)
+    for p in (data.eval_sample_parquet, data.eval_sample_records):
         if not os.path.exists(p):
             raise FileNotFoundError(f"{p}: no eval sample for the skew check (re-run `recpipe preprocess`)")
-    return path
+    return data
 
 
 def skew_check(signature, output: str, direct: Callable[[dict], tf.Tensor], sample: pa.Table,
@@ -162,49 +147,49 @@ def skew_check(signature, output: str, direct: Callable[[dict], tf.Tensor], samp
 
 
 def export_model(model_dir: str, export_base: str, version: int | None = None, data_dir: str | None = None,
-                 top_k: int = 10) -> str:
-    """Write EXPORT_BASE/<version>/ atomically after a passing skew check; return its path."""
-    cfg, artifact, model = load_trained(model_dir)
-    sample_path = _eval_sample_path(model_dir, data_dir)
-    sample = pq.read_table(sample_path)
-    preprocessed = read_single_batch(cfg, sample_path.replace(".parquet", ".tfrecord"))
-    version = version if version is not None else _next_version(export_base)
-    final = os.path.join(export_base, str(version))
-    if os.path.exists(final):
-        raise FileExistsError(f"{final}: version {version} already exists")
+                 top_k: int = 10, metrics: dict | None = None) -> str:
+    """Write EXPORT_BASE/<version>/ atomically after a passing skew check; return its path.
+    metrics: the model's eval metrics, recorded in the version's ExportMeta."""
+    md = ModelDir(model_dir)
+    cfg, artifact, model = md.load_trained()
+    data = _eval_sample(md, data_dir)
+    sample = pq.read_table(data.eval_sample_parquet)
+    preprocessed = read_single_batch(cfg, data.eval_sample_records)
+    base = ExportBase(export_base)
+    version = version if version is not None else base.next_version()
+    final = base.version(version)
+    if os.path.exists(final.path):
+        raise FileExistsError(f"{final.path}: version {version} already exists")
     os.makedirs(export_base, exist_ok=True)
-    tmp = os.path.join(export_base, f".tmp-{version}-{uuid.uuid4().hex[:8]}")
+    staged = ExportedVersion(os.path.join(export_base, f".tmp-{version}-{uuid.uuid4().hex[:8]}"), version)
     quiet = tf.get_logger().level
     try:
         if cfg.model.task == "retrieval":
-            module, signatures = _retrieval_module(cfg, artifact, model, os.path.dirname(sample_path), top_k)
+            module, signatures = _retrieval_module(cfg, artifact, model, data.root, top_k)
             compare, output, direct = "query_embedding", "query_embedding", model.query_embedding
         else:
             module, signatures = _ranking_module(artifact, model)
             compare, output, direct = "serving_default", "score", lambda f: tf.sigmoid(model(f))[:, 0]
         # The unbuilt training-only task layer triggers a harmless "skipping serialization" warning.
         tf.get_logger().setLevel("ERROR")
-        tf.saved_model.save(module, tmp, signatures=signatures)
+        tf.saved_model.save(module, staged.path, signatures=signatures)
         tf.get_logger().setLevel(quiet)  # loading and the smoke call below may warn for real
-        os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
-        with open(os.path.join(tmp, "assets.extra", "recpipe.json"), "w") as fh:
-            json.dump({"config": config_to_dict(artifact.config), "raw_schema": artifact.raw_schema,
-                       "model_dir": os.path.abspath(model_dir), "version": version}, fh, indent=1)
-        loaded = tf.saved_model.load(tmp)
+        staged.write_meta(ExportMeta(config_to_dict(artifact.config), artifact.raw_schema, os.path.abspath(model_dir),
+                                     version, dict(metrics or {})))
+        loaded = tf.saved_model.load(staged.path)
         serve_fn = loaded.signatures["serving_default"]
         smoke = serve_fn(**{k: tf.constant(v) for k, v in example_request(serve_fn).items()})
         if not all(np.all(np.isfinite(v.numpy())) for v in smoke.values() if v.dtype.is_floating):
-            raise RuntimeError(f"{tmp}: the exported model returns non-finite scores")
+            raise RuntimeError(f"{staged.path}: the exported model returns non-finite scores")
         report = skew_check(loaded.signatures[compare], output, direct, sample, preprocessed)
-        with open(os.path.join(tmp, "skew_check.json"), "w") as fh:
-            json.dump(report, fh, indent=1)
+        staged.write_skew_report(report)
         if not report["passed"]:
             raise SkewError(f"skew check failed: max |served - trainer| = {report['max_abs_diff']:.3g} > "
                             f"{report['tolerance']:g} on {report['rows']} eval rows (worst row {report['worst_row']})")
-        os.rename(tmp, final)
+        os.rename(staged.path, final.path)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(staged.path, ignore_errors=True)
         raise
     finally:
         tf.get_logger().setLevel(quiet)
-    return final
+    return final.path

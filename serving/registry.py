@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import os
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import logging
+import threading
+from dataclasses import dataclass
 
-import logging  # noqa: E402
-import threading  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
+import numpy as np
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from tensorflow.core.protobuf import saved_model_pb2  # noqa: E402
+from features.errors import RecpipeError
+from serving.version import ExportBase
 
 __all__ = ["LoadedVersion", "ModelRegistry", "RequestError", "SIGNATURE", "load_version"]
 
@@ -22,7 +23,7 @@ log = logging.getLogger("recpipe.serving")
 SIGNATURE = "serving_default"
 
 
-class RequestError(ValueError):
+class RequestError(RecpipeError, ValueError):
     """The client sent something the model cannot take (HTTP 400 / gRPC INVALID_ARGUMENT)."""
 
 
@@ -114,9 +115,7 @@ class ModelRegistry:
         self._thread: threading.Thread | None = None
 
     def _on_disk(self) -> list[int]:
-        if not os.path.isdir(self.base):
-            return []
-        return sorted(int(d) for d in os.listdir(self.base) if d.isdigit() and int(d) > 0)
+        return [v.version for v in ExportBase(self.base).on_disk()]
 
     def refresh(self) -> None:
         """Load the newest on-disk version if it is new; keep serving the old one if it fails."""

@@ -6,13 +6,13 @@ tests that need a later stage reuse these instead of rebuilding the chain.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import pytest
+
+from features import tf_env  # noqa: F401  (before any test module imports TensorFlow)
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -73,13 +73,14 @@ def small_log(tmp_path_factory):
 def preprocessed(tmp_path_factory, small_cfg, small_log):
     from pipeline.preprocess import run_preprocess
     out = tmp_path_factory.mktemp("pre") / "out"
-    result = run_preprocess(small_cfg, small_log, str(out), IN_MEMORY, progress=lambda _: None)
+    result = run_preprocess(small_cfg, small_log, str(out), IN_MEMORY, say=lambda _: None)
     return str(out), result
 
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory, preprocessed, small_cfg_path):
-    from trainers.train import TrainOptions, train
+    from trainers.options import TrainOptions
+    from trainers.train import train
     model_dir = tmp_path_factory.mktemp("model") / "m"
     train(TrainOptions(data_dir=preprocessed[0], model_dir=str(model_dir), config_path=small_cfg_path),
           say=lambda _: None)

@@ -86,13 +86,13 @@ def test_daily_runs_bless_push_idempotent_and_refuse_a_worse_model(airflow_env, 
     assert day1["state"] == "success" and set(day1["tasks"].values()) == {"success"}, day1
     versions = sorted(os.listdir(tmp_path / "serving"))
     assert len(versions) == 1
-    assert json.load(open(tmp_path / "work" / "2026-01-01" / "blessing.json"))["reason"] == "no model is served yet"
+    assert json.loads(Path(tmp_path / "work" / "2026-01-01" / "blessing.json").read_text())["reason"] == "no model is served yet"
 
     day2 = run("2026-01-02", good)
     assert day2["state"] == "success", day2
-    blessing = json.load(open(tmp_path / "work" / "2026-01-02" / "blessing.json"))
+    blessing = json.loads(Path(tmp_path / "work" / "2026-01-02" / "blessing.json").read_text())
     assert blessing["metric"] == "auc" and blessing["blessed"] == (len(os.listdir(tmp_path / "serving")) == 2)
-    art = json.load(open(tmp_path / "work" / "2026-01-02" / "preprocessed" / "transform" / "transform.json"))
+    art = json.loads(Path(tmp_path / "work" / "2026-01-02" / "preprocessed" / "transform" / "transform.json").read_text())
     assert art["lineage"]["previous_transform"].endswith("2026-01-01/preprocessed")
 
     before = _snapshot(tmp_path / "work"), _snapshot(tmp_path / "serving")
@@ -109,7 +109,7 @@ def test_daily_runs_bless_push_idempotent_and_refuse_a_worse_model(airflow_env, 
     served_before = sorted(os.listdir(tmp_path / "serving"))
     day3 = run("2026-01-03", worse)
     assert day3["state"] == "success", day3
-    verdict = json.load(open(tmp_path / "work" / "2026-01-03" / "blessing.json"))
+    verdict = json.loads(Path(tmp_path / "work" / "2026-01-03" / "blessing.json").read_text())
     assert verdict["blessed"] is False and verdict["new"] < verdict["served"] - 0.02, verdict
     assert sorted(os.listdir(tmp_path / "serving")) == served_before  # not pushed
     assert (tmp_path / "work" / "2026-01-03" / "metrics.json").exists()  # kept with its metrics

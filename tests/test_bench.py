@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from recpipe.bench import SUITES, TARGETS
+from recpipe.bench.targets import SUITES, TARGETS
 
 
 def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):

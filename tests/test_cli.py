@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 
 from conftest import CONFIGS, SHARED_DATA
-from recpipe.demo import free_port, rest_rows, wait_healthy
+from recpipe.localserver import free_port, rest_rows, wait_healthy
 
 COMMANDS = ["generate", "criteo-to-parquet", "preprocess", "train", "advise", "evaluate", "export", "serve", "demo",
             "bench"]

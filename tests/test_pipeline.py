@@ -1,6 +1,7 @@
 """The Beam job: stages under TestPipeline, and whole runs with exact row accounting and clear errors."""
 import glob
 import json
+from pathlib import Path
 import os
 
 import apache_beam as beam
@@ -94,7 +95,7 @@ def test_preprocess_outputs_and_accounting(preprocessed, small_cfg):
 
 def test_split_is_by_time(tmp_path, small_log, small_cfg):
     out, _ = str(tmp_path / "o"), None
-    run_preprocess(small_cfg, small_log, out, IN_MEMORY, progress=lambda _: None)
+    run_preprocess(small_cfg, small_log, out, IN_MEMORY, say=lambda _: None)
     art = TransformArtifact.read(os.path.join(out, "transform"))
     assert art.split["kind"] == "timestamp"
     # Every eval row is later than every train row: the newest file holds all eval rows.
@@ -123,7 +124,7 @@ def test_bad_rows_are_dead_lettered_exactly(tmp_path, small_log, small_cfg):
     t = t.set_column(t.schema.get_field_index("I2"), "I2", pa.array([float("inf") if i == 30 else v for i, v in enumerate(i1)], pa.float64()))
     log = _write(str(tmp_path / "log" / "dt=2026-01-01" / "part-0.parquet"), t)
     out = str(tmp_path / "out")
-    res = run_preprocess(small_cfg, log, out, IN_MEMORY, progress=lambda _: None)
+    res = run_preprocess(small_cfg, log, out, IN_MEMORY, say=lambda _: None)
     assert res.dead_letter == {"null_label": 2, "label_not_0_1": 1, "null_timestamp": 1, "dense_infinite": 1}
     assert res.rows_in == 400 and res.rows_train + res.rows_eval == 395
     dead = pq.read_table(glob.glob(os.path.join(out, "dead_letter", "*.parquet"))).to_pylist()
@@ -155,7 +156,7 @@ def test_bad_inputs_fail_naming_the_file(tmp_path, small_log, small_cfg, case, m
         open(bad_file, "w").write("label,ts\n1,2\n")
     elif case == "truncated":
         _write(bad_file, t)
-        data = open(bad_file, "rb").read()
+        data = Path(bad_file).read_bytes()
         open(bad_file, "wb").write(data[: len(data) // 2])
     elif case == "empty_dir":
         d.mkdir()
@@ -171,7 +172,7 @@ def test_bad_inputs_fail_naming_the_file(tmp_path, small_log, small_cfg, case, m
         _write(bad_file, t.set_column(t.schema.get_field_index("user_id"), "user_id", pa.array([1.5] * 50)))
     spec = str(d) if case in ("type_drift",) else bad_file
     with pytest.raises((InputError, SchemaError)) as e:
-        run_preprocess(small_cfg, spec, str(tmp_path / "out"), IN_MEMORY, progress=lambda _: None)
+        run_preprocess(small_cfg, spec, str(tmp_path / "out"), IN_MEMORY, say=lambda _: None)
     assert message in str(e.value)
     if case not in ("empty_dir", "no_such_path"):
         assert "b.parquet" in str(e.value)
@@ -183,7 +184,7 @@ def test_output_must_be_new(tmp_path, small_log, small_cfg):
     out.mkdir()
     (out / "keep.txt").write_text("mine")
     with pytest.raises(PreprocessError, match="exists and is not empty"):
-        run_preprocess(small_cfg, small_log, str(out), IN_MEMORY, progress=lambda _: None)
+        run_preprocess(small_cfg, small_log, str(out), IN_MEMORY, say=lambda _: None)
     assert (out / "keep.txt").read_text() == "mine"
 
 
@@ -213,8 +214,8 @@ def test_merge_dense_stats_accumulates_moments():
 def test_previous_transform_keeps_known_ids(tmp_path, small_log, small_cfg):
     days = sorted(glob.glob(os.path.join(small_log, "dt=*")))
     day1, day2 = str(tmp_path / "d1"), str(tmp_path / "d2")
-    run_preprocess(small_cfg, days[0], day1, IN_MEMORY, progress=lambda _: None)
-    run_preprocess(small_cfg, days[1], day2, IN_MEMORY, progress=lambda _: None, previous_transform=day1)
+    run_preprocess(small_cfg, days[0], day1, IN_MEMORY, say=lambda _: None)
+    run_preprocess(small_cfg, days[1], day2, IN_MEMORY, say=lambda _: None, previous_transform=day1)
     a1 = TransformArtifact.read(os.path.join(day1, "transform"))
     a2 = TransformArtifact.read(os.path.join(day2, "transform"))
     for owner, values in a1.vocabularies.items():
@@ -230,7 +231,7 @@ def test_previous_transform_must_have_same_features(tmp_path, small_log, small_c
     d = small_config_dict()
     d["features"]["dense"] = d["features"]["dense"][:2]
     with pytest.raises(PreprocessError, match="different 'features' section"):
-        run_preprocess(parse_config(d), small_log, str(tmp_path / "o"), IN_MEMORY, progress=lambda _: None,
+        run_preprocess(parse_config(d), small_log, str(tmp_path / "o"), IN_MEMORY, say=lambda _: None,
                        previous_transform=preprocessed[0])
 
 
@@ -244,7 +245,7 @@ def test_string_typed_numbers_are_parsed_per_row(tmp_path, small_log, small_cfg)
     t = t.set_column(t.schema.get_field_index("label"), "label", pa.array(labels))
     t = t.set_column(t.schema.get_field_index("I1"), "I1", pa.array(i1))
     log = _write(str(tmp_path / "log" / "part-0.parquet"), t)
-    res = run_preprocess(small_cfg, log, str(tmp_path / "out"), IN_MEMORY, progress=lambda _: None)
+    res = run_preprocess(small_cfg, log, str(tmp_path / "out"), IN_MEMORY, say=lambda _: None)
     assert res.dead_letter == {"label_unparsable": 1, "dense_unparsable": 1}
     assert res.rows_train + res.rows_eval == 298
     art = TransformArtifact.read(str(tmp_path / "out" / "transform"))
@@ -255,7 +256,7 @@ def test_url_input_through_pyarrow_filesystems(tmp_path, small_log, small_cfg):
     url = "file://" + os.path.abspath(small_log)
     files = list_input_files(url)
     assert len(files) == 2 and all(f.startswith("file://") for f in files)
-    res = run_preprocess(small_cfg, url, str(tmp_path / "out"), IN_MEMORY, progress=lambda _: None)
+    res = run_preprocess(small_cfg, url, str(tmp_path / "out"), IN_MEMORY, say=lambda _: None)
     assert res.rows_in == 6000 and res.rows_dead == 0
 
 
@@ -301,7 +302,7 @@ def test_a_new_log_schema_needs_only_a_config(tmp_path):
             "dense": [{"name": "price", "column": "price", "transform": "log_zscore"},
                       {"name": "rating", "column": "rating", "transform": "bucketize", "num_buckets": 4}]},
         "train": {"batch_size": 64, "steps": 5}})
-    res = run_preprocess(cfg, str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, progress=lambda _: None)
+    res = run_preprocess(cfg, str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, say=lambda _: None)
     assert (res.rows_in, res.rows_train, res.rows_eval, res.rows_dead) == (2000, 1500, 500, 0)
     art = TransformArtifact.read(str(tmp_path / "out" / "transform"))
     assert art.raw_schema == {"clicked": "int", "event_time": "string", "shop": "int", "query_terms": "string",

@@ -1,6 +1,7 @@
 """Export layout and the model server's TF Serving REST + gRPC APIs, against the real SavedModel."""
 import glob
 import json
+from pathlib import Path
 import os
 import shutil
 import time
@@ -15,8 +16,9 @@ import tensorflow as tf
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
                                      predict_pb2, prediction_service_pb2_grpc)
 
-from recpipe.demo import rest_rows
-from serving.export import existing_versions, export_model
+from recpipe.localserver import rest_rows
+from serving.export import export_model
+from serving.version import ExportBase
 from serving.registry import RequestError
 from serving.rest import format_predict_response, parse_predict_body
 from serving.server import ModelServer, ServeOptions
@@ -48,10 +50,10 @@ def _raw_rows(small_log, small_cfg, n=6):
 
 def test_export_layout(exported, trained):
     base, path = exported
-    assert os.path.basename(path) == "1" and existing_versions(base) == [1]
+    assert os.path.basename(path) == "1" and [v.version for v in ExportBase(base).versions()] == [1]
     assert os.path.isfile(os.path.join(path, "saved_model.pb")) and os.path.isdir(os.path.join(path, "variables"))
     assert not [d for d in os.listdir(base) if d.startswith(".tmp")]
-    meta = json.load(open(os.path.join(path, "assets.extra", "recpipe.json")))
+    meta = json.loads(Path(os.path.join(path, "assets.extra", "recpipe.json")).read_text())
     assert meta["version"] == 1 and meta["config"]["name"] == "small_ctr"
     with pytest.raises(FileExistsError):
         export_model(trained, base, version=1)
@@ -59,7 +61,7 @@ def test_export_layout(exported, trained):
 
 def test_export_skew_check_report(exported, preprocessed):
     _, path = exported
-    report = json.load(open(os.path.join(path, "skew_check.json")))
+    report = json.loads(Path(os.path.join(path, "skew_check.json")).read_text())
     assert report["passed"] and report["rows"] == min(1000, preprocessed[1].rows_eval)
     assert report["max_abs_diff"] <= report["tolerance"] == 1e-5
 
@@ -84,7 +86,7 @@ def test_saved_model_scores_raw_rows_like_the_trainer(exported, trained, small_l
     """Raw rows through the SavedModel == the same rows through Arrow canonicalisation + trainer model."""
     from features.canonical import LABEL_KEY, canonicalize
     from features.transform import FeatureTransform, canonical_to_tensors, request_from_arrow
-    from trainers.train import load_trained
+    from trainers.model_dir import load_trained
     _, path = exported
     fn = tf.saved_model.load(path).signatures["serving_default"]
     files = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))
@@ -191,16 +193,17 @@ def test_retrieval_export_and_serving(tmp_path, preprocessed, small_log, small_c
     import yaml
 
     from conftest import small_config_dict
-    from trainers.train import TrainOptions, train
+    from trainers.options import RunOptions, TrainOptions
+    from trainers.train import train
     d = small_config_dict()
     d["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user_id", "hist", "I1"],
                   "candidate_features": ["item_id"], "tower_layers": [16]}
     cfg_path = tmp_path / "tt.yaml"
     cfg_path.write_text(yaml.safe_dump(d))
     model_dir = str(tmp_path / "tt")
-    train(TrainOptions(preprocessed[0], model_dir, str(cfg_path), steps=60), say=lambda _: None)
+    train(TrainOptions(preprocessed[0], model_dir, str(cfg_path), run=RunOptions(steps=60)), say=lambda _: None)
     path = export_model(model_dir, str(tmp_path / "exp"), version=1, top_k=5)
-    report = json.load(open(os.path.join(path, "skew_check.json")))
+    report = json.loads(Path(os.path.join(path, "skew_check.json")).read_text())
     assert report["passed"] and report["compared"] == "query_embedding"
     loaded = tf.saved_model.load(path)
     assert set(loaded.signatures) == {"serving_default", "query_embedding"}
@@ -214,6 +217,6 @@ def test_retrieval_export_and_serving(tmp_path, preprocessed, small_log, small_c
         srv.stop()
     assert code == 200 and len(body["predictions"]) == 3
     first = body["predictions"][0]
-    vocab = set(json.load(open(os.path.join(preprocessed[0], "transform", "vocab", "item_id.json")))["values"])
+    vocab = set(json.loads(Path(os.path.join(preprocessed[0], "transform", "vocab", "item_id.json")).read_text())["values"])
     assert len(first["candidates"]) == 5 and set(first["candidates"]) <= vocab
     assert first["scores"] == sorted(first["scores"], reverse=True)

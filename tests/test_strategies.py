@@ -4,10 +4,11 @@ import signal
 import subprocess
 import sys
 import time
-
+from pathlib import Path
 
 from trainers.evaluate import evaluate
-from trainers.train import TrainOptions, train
+from trainers.options import RunOptions, TrainOptions
+from trainers.train import train
 
 
 def _children(pid: int) -> list[tuple[int, str]]:
@@ -49,7 +50,8 @@ def _wait_for_checkpoint(proc, model_dir, timeout=300):
 def test_ps_strategy_trains_sharded_and_restores_locally(tmp_path, preprocessed, small_cfg_path, trained):
     model_dir = str(tmp_path / "ps")
     said = []
-    r = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path, strategy="ps", steps=150), say=said.append)
+    r = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path,
+                           run=RunOptions(strategy="ps", steps=150)), say=said.append)
     assert r.steps_done == 150
     assert any("local PS cluster up: 2 workers" in s for s in said)
     shards = [f for f in os.listdir(os.path.join(model_dir, "checkpoints")) if ".data-" in f]
@@ -86,7 +88,7 @@ def test_killed_trainer_resumes_from_last_checkpoint(tmp_path, preprocessed, sma
     lost_at = _latest_step(model_dir)
     assert 0 < lost_at < 3000
     said = []
-    r = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path, steps=3000), say=said.append)
+    r = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path, run=RunOptions(steps=3000)), say=said.append)
     assert r.resumed_from == lost_at and r.steps_done == 3000
     assert any("resuming from" in s and f"at step {lost_at}" in s for s in said)
 
@@ -94,12 +96,14 @@ def test_killed_trainer_resumes_from_last_checkpoint(tmp_path, preprocessed, sma
 def test_horovod_two_ranks_rank0_writes_and_resumes(tmp_path, preprocessed, small_cfg_path, trained):
     model_dir = str(tmp_path / "hvd")
     said = []
-    r = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path, strategy="horovod", np=2, steps=100),
+    r = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path,
+                           run=RunOptions(strategy="horovod", np=2, steps=100)),
               say=said.append)
     assert r.steps_done == 100 and any("2 ranks" in s for s in said)
     ckpts = sorted(f for f in os.listdir(os.path.join(model_dir, "checkpoints")) if f.endswith(".index"))
     assert ckpts == ["ckpt-100.index", "ckpt-50.index"]  # rank 0 alone wrote them, once each
-    r2 = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path, strategy="horovod", np=2, steps=150),
+    r2 = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path,
+                            run=RunOptions(strategy="horovod", np=2, steps=150)),
                say=said.append)
     assert r2.resumed_from == 100 and r2.steps_done == 150
     hvd_auc = evaluate(model_dir, preprocessed[0])["auc"]
@@ -114,7 +118,8 @@ def test_horovod_dense_sparse_gradients(tmp_path, preprocessed):
     d["train"]["sparse_gradients"] = "dense"
     path = tmp_path / "dense.yaml"
     path.write_text(yaml.safe_dump(d))
-    r = train(TrainOptions(preprocessed[0], str(tmp_path / "m"), str(path), strategy="horovod", np=2, steps=20),
+    r = train(TrainOptions(preprocessed[0], str(tmp_path / "m"), str(path),
+                           run=RunOptions(strategy="horovod", np=2, steps=20)),
               say=lambda _: None)
     assert r.steps_done == 20
     state = __import__("json").load(open(tmp_path / "m" / "train_state.json"))
@@ -135,6 +140,7 @@ def test_advisor_traffic_model():
 
 def test_advise_probe_and_cli(tmp_path, preprocessed, small_cfg, small_cfg_path):
     import json
+
     from features.artifact import TransformArtifact
     from trainers.advisor import advise
     art = TransformArtifact.read(os.path.join(preprocessed[0], "transform"))
@@ -147,4 +153,4 @@ def test_advise_probe_and_cli(tmp_path, preprocessed, small_cfg, small_cfg_path)
                           small_cfg_path, "--workers", "8", "--out", str(tmp_path / "a.json")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "advise: -> " in out.stdout and json.load(open(tmp_path / "a.json"))["workers"] == 8
+    assert "advise: -> " in out.stdout and json.loads(Path(tmp_path / "a.json").read_text())["workers"] == 8

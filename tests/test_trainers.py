@@ -1,5 +1,6 @@
 """Training on the real preprocessed shards: checkpoints, resume, precision, models, evaluation."""
 import json
+from pathlib import Path
 import os
 
 import numpy as np
@@ -13,7 +14,10 @@ from features.canonical import LABEL_KEY
 from trainers.data import DataError, make_dataset
 from trainers.evaluate import evaluate
 from trainers.models import dummy_batch
-from trainers.train import TrainError, TrainOptions, load_trained, train
+from trainers.errors import TrainError
+from trainers.model_dir import load_trained
+from trainers.options import RunOptions, TrainOptions
+from trainers.train import train
 
 
 def test_dataset_batches(preprocessed, small_cfg):
@@ -38,29 +42,32 @@ def test_trained_model_learns(trained, preprocessed):
     assert set(metrics) >= {"auc", "logloss", "examples"}
     assert metrics["examples"] == preprocessed[1].rows_eval
     assert metrics["auc"] > 0.6  # the generator's hidden model is learnable
-    assert json.load(open(os.path.join(trained, "metrics.json")))["auc"] == metrics["auc"]
+    assert json.loads(Path(os.path.join(trained, "metrics.json")).read_text())["auc"] == metrics["auc"]
     assert os.listdir(os.path.join(trained, "logs"))  # TensorBoard events
 
 
 def test_resume_continues_from_checkpoint(tmp_path, preprocessed, small_cfg_path):
     model_dir = str(tmp_path / "m")
-    first = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path, steps=20), say=lambda _: None)
+    first = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path,
+                               run=RunOptions(steps=20)), say=lambda _: None)
     assert first.steps_done == 20 and first.resumed_from == 0
     _, _, model = load_trained(model_dir)
     w20 = [v.numpy().copy() for v in model.trainable_variables]
     said = []
-    second = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path, steps=30), say=said.append)
+    second = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path, run=RunOptions(steps=30)), say=said.append)
     assert second.resumed_from == 20 and second.steps_done == 30 and second.steps_this_run == 10
     assert any("resuming" in s for s in said)
     _, _, model = load_trained(model_dir)
     assert any(not np.allclose(a, b.numpy()) for a, b in zip(w20, model.trainable_variables))
-    again = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path, steps=30), say=lambda _: None)
+    again = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path,
+                               run=RunOptions(steps=30)), say=lambda _: None)
     assert again.steps_this_run == 0
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_trains(tmp_path, preprocessed, small_cfg_path, precision):
-    r = train(TrainOptions(preprocessed[0], str(tmp_path / precision), small_cfg_path, precision=precision, steps=10),
+    r = train(TrainOptions(preprocessed[0], str(tmp_path / precision), small_cfg_path,
+                           run=RunOptions(precision=precision, steps=10)),
               say=lambda _: None)
     assert r.steps_done == 10 and np.isfinite(r.final_loss)
     assert tf.keras.mixed_precision.global_policy().name == "float32"  # restored afterwards
@@ -73,7 +80,8 @@ def test_dlrm_trains(tmp_path, preprocessed):
     d["model"] = {"task": "ranking", "type": "dlrm", "bottom_layers": [16], "deep_layers": [16]}
     path = tmp_path / "dlrm.yaml"
     path.write_text(yaml.safe_dump(d))
-    r = train(TrainOptions(preprocessed[0], str(tmp_path / "m"), str(path), steps=10), say=lambda _: None)
+    r = train(TrainOptions(preprocessed[0], str(tmp_path / "m"), str(path),
+                           run=RunOptions(steps=10)), say=lambda _: None)
     assert r.steps_done == 10 and np.isfinite(r.final_loss)
     cfg, _, model = load_trained(str(tmp_path / "m"))
     assert model(dummy_batch(cfg)).shape == (2, 1)
@@ -85,7 +93,8 @@ def test_config_must_match_the_data(tmp_path, preprocessed):
     path = tmp_path / "other.yaml"
     path.write_text(yaml.safe_dump(d))
     with pytest.raises(TrainError, match="'features' differs from the config the data"):
-        train(TrainOptions(preprocessed[0], str(tmp_path / "m"), str(path), steps=5), say=lambda _: None)
+        train(TrainOptions(preprocessed[0], str(tmp_path / "m"), str(path),
+                           run=RunOptions(steps=5)), say=lambda _: None)
 
 
 def test_clear_errors(tmp_path, preprocessed, small_cfg):
@@ -105,10 +114,10 @@ def test_warm_start_from_previous_day(tmp_path, small_log, small_cfg, small_cfg_
     from trainers.warm_start import WarmStartError, warm_start
     days = sorted(globlib.glob(os.path.join(small_log, "dt=*")))
     d1, d2 = str(tmp_path / "d1"), str(tmp_path / "d2")
-    run_preprocess(small_cfg, days[0], d1, IN_MEMORY, progress=lambda _: None)
-    run_preprocess(small_cfg, days[1], d2, IN_MEMORY, progress=lambda _: None, previous_transform=d1)
+    run_preprocess(small_cfg, days[0], d1, IN_MEMORY, say=lambda _: None)
+    run_preprocess(small_cfg, days[1], d2, IN_MEMORY, say=lambda _: None, previous_transform=d1)
     m1 = str(tmp_path / "m1")
-    train(TrainOptions(d1, m1, small_cfg_path, steps=40), say=lambda _: None)
+    train(TrainOptions(d1, m1, small_cfg_path, run=RunOptions(steps=40)), say=lambda _: None)
     _, art1, model1 = load_trained(m1)
     art2 = TransformArtifact.read(os.path.join(d2, "transform"))
     model2 = build_model(small_cfg, art2)
@@ -120,11 +129,12 @@ def test_warm_start_from_previous_day(tmp_path, small_log, small_cfg, small_cfg_
     np.testing.assert_array_equal(emb(model2)[:known], emb(model1)[:known])
     assert emb(model2).shape[0] > emb(model1).shape[0]  # today's vocabulary grew
     said = []
-    r = train(TrainOptions(d2, str(tmp_path / "m2"), small_cfg_path, steps=20, warm_start=m1), say=said.append)
+    r = train(TrainOptions(d2, str(tmp_path / "m2"), small_cfg_path, warm_start=m1,
+                           run=RunOptions(steps=20)), say=said.append)
     assert r.steps_done == 20 and any("warm start from" in s for s in said)
     # Without --previous-transform the IDs are not stable: refused, not silently scrambled.
     d2_fresh = str(tmp_path / "d2_fresh")
-    run_preprocess(small_cfg, days[1], d2_fresh, IN_MEMORY, progress=lambda _: None)
+    run_preprocess(small_cfg, days[1], d2_fresh, IN_MEMORY, say=lambda _: None)
     art_fresh = TransformArtifact.read(os.path.join(d2_fresh, "transform"))
     fresh_model = build_model(small_cfg, art_fresh)
     fresh_model(dummy_batch(small_cfg))
@@ -138,7 +148,8 @@ def test_two_tower_retrieval_trains_and_beats_random(tmp_path, preprocessed):
                   "candidate_features": ["item_id"], "tower_layers": [32, 16]}
     path = tmp_path / "tt.yaml"
     path.write_text(yaml.safe_dump(d))
-    r = train(TrainOptions(preprocessed[0], str(tmp_path / "m"), str(path), steps=150), say=lambda _: None)
+    r = train(TrainOptions(preprocessed[0], str(tmp_path / "m"), str(path),
+                           run=RunOptions(steps=150)), say=lambda _: None)
     assert r.steps_done == 150 and np.isfinite(r.final_loss)
     metrics = evaluate(str(tmp_path / "m"), preprocessed[0])
     assert set(metrics) >= {"recall_at_10", "ndcg_at_10", "examples"}
@@ -160,6 +171,7 @@ def test_synthetic_input_switch(tmp_path, preprocessed, small_cfg, small_cfg_pat
     assert set(b) == set(real) and isinstance(b["hist"], tf.RaggedTensor) and b["user_id"].shape == (64,)
     assert all(int(tf.reduce_max(b[f.name] if f.name != "hist" else b[f.name].flat_values)) < sizes[f.name]
                for f in small_cfg.features.sparse)
-    r = train(TrainOptions(preprocessed[0], str(tmp_path / "m"), small_cfg_path, steps=10, synthetic_input=True),
+    r = train(TrainOptions(preprocessed[0], str(tmp_path / "m"), small_cfg_path, synthetic_input=True,
+                           run=RunOptions(steps=10)),
               say=lambda _: None)
     assert r.steps_done == 10 and np.isfinite(r.final_loss)

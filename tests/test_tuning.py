@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 import os
 import subprocess
 import sys
@@ -121,7 +122,7 @@ def test_progress_bar_renders_and_draws_in_place():
 
 
 def test_steady_rate_skips_the_first_interval():
-    from trainers.train import steady_rate
+    from trainers.progress import steady_rate
     assert steady_rate((100, 10.0), (300, 12.0), 1000, 5.0) == pytest.approx(100_000)
     assert steady_rate(None, None, 1000, 5.0) == 5.0
     assert steady_rate((300, 10.0), (300, 10.0), 1000, 5.0) == 5.0
@@ -148,7 +149,7 @@ def test_train_runs_under_the_configured_allocator(tmp_path, preprocessed):
                           str(tmp_path / "m"), "--config", str(cfg_path), "--steps", "5"],
                          capture_output=True, text=True, check=True).stdout
     assert "allocator tcmalloc" in out
-    assert json.load(open(tmp_path / "m" / "train_state.json"))["steps_done"] == 5
+    assert json.loads(Path(tmp_path / "m" / "train_state.json").read_text())["steps_done"] == 5
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "criteo_10k.csv").exists(), reason="needs ../shared/data/criteo_sample")
@@ -159,14 +160,15 @@ def test_logistic_regression_baseline_beside_dcn_v2_on_the_criteo_sample(tmp_pat
     from features.config import load_config
     from pipeline.criteo import criteo_csv_to_parquet
     from pipeline.preprocess import run_preprocess
-    from recpipe.demo import repo_configs
+    from recpipe.samples import repo_configs
     from trainers.evaluate import evaluate
-    from trainers.train import TrainOptions, train
+    from trainers.options import TrainOptions
+    from trainers.train import train
     from conftest import IN_MEMORY
     cfg_path = str(repo_configs() / "criteo.yaml")
     criteo_csv_to_parquet(str(SHARED_DATA / "criteo_10k.csv"), str(tmp_path / "pq"))
     run_preprocess(load_config(cfg_path), str(tmp_path / "pq"), str(tmp_path / "pre"), IN_MEMORY,
-                   progress=lambda _: None)
+                   say=lambda _: None)
     lr = yaml.safe_load(open(cfg_path))
     lr["model"] = {"task": "ranking", "type": "logistic"}
     (tmp_path / "lr.yaml").write_text(yaml.safe_dump(lr))

@@ -1,4 +1,2 @@
-"""TFRS models and the training loop (local strategy), reading what pipeline/ writes."""
-import os
-
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+"""TFRS models, the training loops (local, PS, Horovod), evaluation, reading what pipeline/ writes."""
+from features import tf_env  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import os
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import time
+from dataclasses import asdict, dataclass
 
-import time  # noqa: E402
-from dataclasses import asdict, dataclass  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+from trainers.data import make_dataset
+from trainers.layers import flat_ids
+from trainers.models import build_model, dummy_batch
+from trainers.optim import optimizer_for
 
 __all__ = ["Advice", "advise", "predict", "step_times"]
 
@@ -77,16 +80,14 @@ def predict(sparse: int, dense: int, unique_rows: float, dim: float, step_s: flo
 
 def _probe(model, cfg, data_dir: str, steps: int = 20) -> tuple[float, float, float]:
     """(seconds per local step, unique embedding rows per batch, mean embedding dim)."""
-    from trainers.data import make_dataset
-    from trainers.models import flat_ids
     it = iter(make_dataset(cfg, data_dir, "train", cfg.train.batch_size, training=True))
     batch = next(it)
     uniques, dims = [], []
-    tables = getattr(model, "spec", {}).get("tables", {})
+    tables = model.embeddings.table_specs
     for f in cfg.features.sparse:
         ids = flat_ids(batch[f.name])
         uniques.append(len(np.unique(ids.numpy())))
-        dims.append(tables.get(cfg.table_owner(f).name, {}).get("dim", 16))
+        dims.append(tables[cfg.table_owner(f).name]["dim"])
     train_step = tf.function(model.train_step, reduce_retracing=True)
     for _ in range(3):
         train_step(next(it))
@@ -101,8 +102,6 @@ def _probe(model, cfg, data_dir: str, steps: int = 20) -> tuple[float, float, fl
 
 def advise(cfg, artifact, data_dir: str, workers: int = 8, ps_tasks: int = 2, bandwidth_gbps: float = 10.0,
            worker_memory_bytes: int | None = None) -> Advice:
-    from trainers.models import build_model, dummy_batch
-    from trainers.train import optimizer_for
     model = build_model(cfg, artifact)
     model.compile(optimizer=optimizer_for(cfg))
     model(dummy_batch(cfg))

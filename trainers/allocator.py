@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Callable
 
+from features.errors import RecpipeError
+
 __all__ = ["AllocatorError", "ALLOCATORS", "find_library", "loaded_allocator", "reexec_with"]
 
 ALLOCATORS = {  # name -> (shared objects to look for, Debian package)
@@ -17,7 +19,7 @@ _DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64"
 _MARK = "RECPIPE_ALLOCATOR_REEXEC"
 
 
-class AllocatorError(RuntimeError):
+class AllocatorError(RecpipeError, RuntimeError):
     pass
 
 
@@ -36,7 +38,8 @@ def find_library(name: str) -> str:
 def loaded_allocator() -> str:
     """The allocator mapped into this process: tcmalloc, jemalloc or system."""
     try:
-        maps = open("/proc/self/maps").read()
+        with open("/proc/self/maps") as fh:
+            maps = fh.read()
     except OSError:
         return "system"
     return next((n for n, (sonames, _) in ALLOCATORS.items() if any(so.split(".so")[0] in maps for so in sonames)),

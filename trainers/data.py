@@ -1,28 +1,26 @@
 """tf.data input: stream the preprocessed shards (features.records) into model batches."""
 from __future__ import annotations
 
-import os
+import tensorflow as tf
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
-
-import tensorflow as tf  # noqa: E402
-
-from features.canonical import LABEL_KEY  # noqa: E402
-from features.config import Config  # noqa: E402
-from features.records import parse_record  # noqa: E402
+from features.canonical import LABEL_KEY
+from features.config import Config
+from features.errors import RecpipeError
+from features.preprocessed import PreprocessedData
+from features.records import parse_record
 
 __all__ = ["DataError", "shard_files", "make_dataset", "synthetic_dataset"]
 
 
-class DataError(ValueError):
+class DataError(RecpipeError, ValueError):
     pass
 
 
 def shard_files(data_dir: str, split: str) -> list[str]:
-    pattern = os.path.join(data_dir, split, "*.tfrecord")
-    files = sorted(tf.io.gfile.glob(pattern))
+    data = PreprocessedData(data_dir)
+    files = data.shard_files(split)
     if not files:
-        raise DataError(f"{os.path.join(data_dir, split)}: no *.tfrecord shards (run `recpipe preprocess` first)")
+        raise DataError(f"{data.split_dir(split)}: no *.tfrecord shards (run `recpipe preprocess` first)")
     return files
 
 

@@ -3,17 +3,14 @@ from __future__ import annotations
 
 import os
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import numpy as np
+import tensorflow as tf
 
-import json  # noqa: E402
-
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from features.canonical import LABEL_KEY  # noqa: E402
-from trainers.data import make_dataset  # noqa: E402
-from trainers.metrics import log_loss, ndcg_at_k, rank_of_true, recall_at_k, roc_auc  # noqa: E402
-from trainers.train import load_trained  # noqa: E402
+from features import fsio
+from features.canonical import LABEL_KEY
+from trainers.data import make_dataset
+from trainers.metrics import log_loss, ndcg_at_k, rank_of_true, recall_at_k, roc_auc
+from trainers.model_dir import load_trained
 
 __all__ = ["evaluate", "candidate_universe"]
 
@@ -28,10 +25,7 @@ def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_s
         metrics = _ranking(cfg, model, data_dir, batch_size)
     if out_path:
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
-        text = json.dumps(metrics, indent=1)
-        if not os.path.exists(out_path) or open(out_path).read() != text:  # reruns leave it untouched
-            with open(out_path, "w") as fh:
-                fh.write(text)
+        fsio.write_json(out_path, metrics, sort_keys=False, only_if_changed=True)  # reruns leave it untouched
     return metrics
 
 

@@ -6,32 +6,48 @@ reads its own part of the shards (InputContext), uses `batch_size` rows per step
 batch is N x batch_size, as in Horovod's examples), and averages gradients with
 DistributedGradientTape; initial state is broadcast from rank 0. Sparse embedding gradients are
 allgathered as IndexedSlices or densified and allreduced (train.sparse_gradients). Only rank 0
-writes checkpoints, TensorBoard events and train_state.json.
+writes checkpoints, TensorBoard events, train_state.json and the progress events the launcher shows.
 """
 from __future__ import annotations
 
+import importlib
+import math
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Callable
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import tensorflow as tf
 
-import importlib  # noqa: E402
-import json  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from typing import Callable  # noqa: E402
+from features.artifact import TransformArtifact
+from features.config import Config
+from features.preprocessed import PreprocessedData
+from trainers.data import make_dataset
+from trainers.errors import TrainError
+from trainers.gradients import accumulated_gradients
+from trainers.model_dir import ModelDir, TrainState
+from trainers.models import build_model, dummy_batch
+from trainers.optim import optimizer_for, precision_policy
+from trainers.options import TrainOptions, run_flags
+from trainers.progress import EVENTS_ENV, Reporter, follow_events
+from trainers.warm_start import apply_warm_start
 
-import tensorflow as tf  # noqa: E402
-
-from trainers.progress import ProgressBar  # noqa: E402
-
-__all__ = ["inside_horovod_job", "launch", "run_rank"]
+__all__ = ["inside_horovod_job", "train_horovod", "launch", "run_rank"]
 
 
 def inside_horovod_job() -> bool:
     return "HOROVOD_RANK" in os.environ
+
+
+def train_horovod(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int,
+                  say: Callable[[str], None]) -> TrainState:
+    """Run this process as a rank (inside a job, or alone with --np 1), else launch np ranks."""
+    if inside_horovod_job() or opts.run.np == 1:  # one rank needs no launcher: hvd.init() alone gives size 1
+        return run_rank(cfg, artifact, opts, total, say)
+    return launch(opts, say)
 
 
 def _horovodrun() -> str:
@@ -41,85 +57,129 @@ def _horovodrun() -> str:
     except ImportError:
         found = None
     if not found:
-        raise RuntimeError("--strategy horovod needs Horovod built for this TensorFlow: run `make horovod` "
-                           "(builds 0.28.1 from source, about 10 minutes once, then cached)")
+        raise TrainError("--strategy horovod needs Horovod built for this TensorFlow: run `make horovod` "
+                         "(builds 0.28.1 from source, about 10 minutes once, then cached)")
     return found
 
 
-def launch(opts, say: Callable[[str], None]) -> None:
-    """Run `recpipe train --strategy horovod` as opts.np ranks on this host; raise if any rank fails."""
-    cmd = [_horovodrun(), "-np", str(opts.np), "-H", f"localhost:{opts.np}", "--gloo",
-           sys.executable, "-m", "recpipe.cli", "train", "--strategy", "horovod",
-           "--data", opts.data_dir, "--model-dir", opts.model_dir, "--precision", opts.precision,
-           "--config", os.path.join(opts.model_dir, "config.yaml")]  # what the launcher resolved
-    if opts.steps is not None:
-        cmd += ["--steps", str(opts.steps)]
-    if opts.threads:
-        cmd += ["--threads", str(opts.threads)]
+def launch(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
+    """Run `recpipe train --strategy horovod` as opts.run.np ranks on this host; raise if any rank fails.
+    Rank 0's progress reaches this process as JSON events (trainers.progress), shown as its lines."""
+    model_dir = ModelDir(opts.model_dir)
+    run = opts.run
+    cmd = [_horovodrun(), "-np", str(run.np), "-H", f"localhost:{run.np}", "--gloo",
+           sys.executable, "-m", "recpipe.cli", "train", "--data", opts.data_dir, "--model-dir", opts.model_dir,
+           "--config", model_dir.config_path,  # what this launcher resolved
+           *run_flags(run), "--strategy", "horovod"]
     if opts.warm_start:
         cmd += ["--warm-start", opts.warm_start]
-    say(f"train: horovodrun -np {opts.np} --gloo on localhost")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    tail: list[str] = []
-    bar = None
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        # horovodrun prefixes rank output with "[rank]<stdout>:"; show rank 0's progress lines.
-        text = line.split(">:", 1)[-1].rstrip("\n")
-        tail = (tail + [text])[-20:]
-        progress = text.startswith(("train: step ", "train: resuming", "train: warm start"))
-        if progress and ("[0]" in line.split(">:", 1)[0] or ">:" not in line):
-            if bar is not None:
-                bar.clear()
-            say(text)
-            step = re.match(r"train: step (\d+)/(\d+) loss (\S+)", text)
-            if step:  # the terminal bar moves with rank 0's checkpoint lines
-                bar = bar or ProgressBar(int(step[2]), 0, 0)
-                bar.update(int(step[1]), float(step[3]), force=True)
-    if bar is not None:
-        bar.close()
-    if proc.wait() != 0:
-        raise RuntimeError(f"horovodrun exited with {proc.returncode}: " + " | ".join(t for t in tail if t)[-800:])
+    say(f"train: horovodrun -np {run.np} --gloo on localhost")
+    with tempfile.TemporaryDirectory(prefix="recpipe-hvd-") as tmp:
+        events = os.path.join(tmp, "events.jsonl")
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"), **{EVENTS_ENV: events})
+        reporter = Reporter(say, 0, 0, 0)
+        done = threading.Event()
+        follower = threading.Thread(target=follow_events, args=(events, _replay(reporter), done), daemon=True)
+        follower.start()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        assert proc.stdout is not None
+        tail: list[str] = []
+        for line in proc.stdout:  # kept for the error message only; progress comes as events
+            tail = (tail + [line.split(">:", 1)[-1].rstrip("\n")])[-20:]
+        rc = proc.wait()
+        done.set()
+        follower.join()
+        reporter.close()
+    if rc != 0:
+        raise TrainError(f"horovodrun exited with {rc}: " + " | ".join(t for t in tail if t)[-800:])
+    state = model_dir.state()
+    if state is None:
+        raise TrainError(f"{opts.model_dir}: horovodrun finished but rank 0 wrote no train_state.json")
+    return state
 
 
-def run_rank(cfg, artifact, opts, total: int, say: Callable[[str], None]) -> dict:
+def _replay(reporter: Reporter) -> Callable[[dict], None]:
+    def show(event: dict) -> None:
+        if event.get("kind") == "step" and reporter.bar.total != event["total"]:
+            reporter.bar.total = reporter.total = event["total"]  # the bar learns the length from rank 0
+        reporter.replay(event)
+    return show
+
+
+def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int,
+             say: Callable[[str], None]) -> TrainState:
     """The training loop of one Horovod rank."""
     import horovod.tensorflow as hvd
 
-    from trainers.data import make_dataset
-    from trainers.models import accumulated_gradients, build_model, dummy_batch
-    from trainers.train import PRECISION_POLICIES, optimizer_for, steady_rate
-
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    tf.keras.mixed_precision.set_global_policy(PRECISION_POLICIES[opts.precision])
-    tf.keras.utils.set_random_seed(cfg.train.seed)
-    model = build_model(cfg, artifact)
-    optimizer = optimizer_for(cfg)
-    if opts.precision == "fp16":
-        optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
-    model.compile(optimizer=optimizer)  # same checkpoint layout as the local and PS strategies
-    model(dummy_batch(cfg))
-    optimizer.build(model.trainable_variables)
-    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    manager = tf.train.CheckpointManager(ckpt, os.path.join(opts.model_dir, "checkpoints"), max_to_keep=3)
-    if manager.latest_checkpoint:  # every rank restores the same files; broadcast keeps them identical
-        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-    elif opts.warm_start:
-        from trainers.train import apply_warm_start
-        apply_warm_start(model, cfg, artifact, opts.warm_start, say if rank == 0 else (lambda _: None))
-    start = int(optimizer.iterations.numpy())
-    if rank == 0 and start:
-        say(f"train: resuming from {manager.latest_checkpoint} at step {start}")
-    if start >= total:
-        return {"steps_done": start, "steps_this_run": 0}
-    sparse_as_dense = cfg.train.sparse_gradients == "dense"
-    ctx = tf.distribute.InputContext(num_input_pipelines=size, input_pipeline_id=rank)
-    it = iter(make_dataset(cfg, opts.data_dir, "train", cfg.train.batch_size, training=True,
-                           input_context=ctx, seed=cfg.train.seed + start + rank))
-    scaled = isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
+    model_dir = ModelDir(opts.model_dir)
+    with precision_policy(opts.run.precision):
+        tf.keras.utils.set_random_seed(cfg.train.seed)
+        model = build_model(cfg, artifact)
+        optimizer = optimizer_for(cfg, opts.run.precision, loss_scale=True)
+        model.compile(optimizer=optimizer)  # same checkpoint layout as the local and PS strategies
+        model(dummy_batch(cfg))
+        optimizer.build(model.trainable_variables)
+        ckpt, manager = model_dir.checkpoint(model, optimizer)
+        if manager.latest_checkpoint:  # every rank restores the same files; broadcast keeps them identical
+            ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        start = int(optimizer.iterations.numpy())
+        events = os.environ.get(EVENTS_ENV) if rank == 0 else None
+        reporter = Reporter(say if rank == 0 else (lambda _: None), total, start, cfg.train.batch_size * size,
+                            ranks=size, events_path=events)
+        if start:
+            reporter.note(f"train: resuming from {manager.latest_checkpoint} at step {start}")
+        elif opts.warm_start:
+            apply_warm_start(model, cfg, artifact, opts.warm_start, reporter.note)
+        if start >= total:
+            reporter.note(f"train: already trained {start} >= {total} steps; nothing to do")
+            reporter.close()
+            return TrainState.unchanged(start, "horovod", opts.run.precision, cfg.train.batch_size, opts.data_dir)
+        step = _step_function(cfg, model, optimizer)
+        ctx = tf.distribute.InputContext(num_input_pipelines=size, input_pipeline_id=rank)
+        it = iter(make_dataset(cfg, opts.data_dir, "train", cfg.train.batch_size, training=True,
+                               input_context=ctx, seed=cfg.train.seed + start + rank))
+        writer = tf.summary.create_file_writer(os.path.join(model_dir.logs_dir, "train")) if rank == 0 else None
+        every = min(cfg.train.checkpoint_every, total - start)
+        auc = next((m for m in model.metrics if m.name == "auc"), None)
+        loss = math.nan
+        for i in range(start, total):
+            loss_t = step(next(it))
+            if i == start:
+                hvd.broadcast_variables(model.variables, root_rank=0)
+                hvd.broadcast_variables(optimizer.variables(), root_rank=0)
+            done = i + 1
+            if done % every == 0 or done == total:
+                loss = float(hvd.allreduce(loss_t, op=hvd.Average).numpy())
+                reporter.interval_end(done)
+                if rank == 0:
+                    manager.save(checkpoint_number=done)
+                    auc_v = float(auc.result().numpy()) if auc is not None else None
+                    with writer.as_default():
+                        tf.summary.scalar("loss", loss, step=done)
+                        if auc_v is not None:
+                            tf.summary.scalar("auc", auc_v, step=done)
+                    reporter.interval(done, loss, auc_v)
+                elif reporter.first is None:
+                    reporter.first = reporter.last
+        reporter.close()
+        overall, steady = reporter.rates(total)
+        state = TrainState(total, total - start, start, overall, steady, loss, "horovod", opts.run.precision,
+                           cfg.train.batch_size, ranks=size, sparse_gradients=cfg.train.sparse_gradients,
+                           data_dir=PreprocessedData(opts.data_dir).root)
+        if rank == 0:
+            model_dir.write_state(state)
+        return state
 
+
+def _step_function(cfg: Config, model: tf.keras.Model, optimizer) -> Callable:
+    """One synchronous step: local gradients (accumulated over micro-batches if configured), one
+    exchange (allreduce; IndexedSlices allgathered unless train.sparse_gradients is dense), apply."""
+    import horovod.tensorflow as hvd
+
+    sparse_as_dense = cfg.train.sparse_gradients == "dense"
+    scaled = isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
     accum = cfg.train.tuning.grad_accum_steps
 
     def reduce(g):
@@ -143,40 +203,4 @@ def run_rank(cfg, artifact, opts, total: int, say: Callable[[str], None]) -> dic
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    writer = tf.summary.create_file_writer(os.path.join(opts.model_dir, "logs", "train")) if rank == 0 else None
-    every = min(cfg.train.checkpoint_every, total - start)
-    auc = next((m for m in model.metrics if m.name == "auc"), None)
-    t0 = time.perf_counter()
-    loss = float("nan")
-    first_interval = last_interval = None
-    for i in range(start, total):
-        loss_t = step(next(it))
-        if i == start:
-            hvd.broadcast_variables(model.variables, root_rank=0)
-            hvd.broadcast_variables(optimizer.variables(), root_rank=0)
-        done = i + 1
-        if done % every == 0 or done == total:
-            loss = float(hvd.allreduce(loss_t, op=hvd.Average).numpy())
-            last_interval = (done, time.perf_counter())
-            if rank == 0:
-                manager.save(checkpoint_number=done)
-                rate = (done - start) * cfg.train.batch_size * size / max(time.perf_counter() - t0, 1e-9)
-                auc_v = float(auc.result().numpy()) if auc is not None else None
-                auc_s = f" auc {auc_v:.4f}" if auc_v is not None else ""
-                say(f"train: step {done}/{total} loss {loss:.4f}{auc_s} ({rate:,.0f} ex/s, {size} ranks)")
-                with writer.as_default():
-                    tf.summary.scalar("loss", loss, step=done)
-                    if auc_v is not None:
-                        tf.summary.scalar("auc", auc_v, step=done)
-            first_interval = first_interval or (done, time.perf_counter())
-    elapsed = time.perf_counter() - t0
-    state = {"steps_done": total, "steps_this_run": total - start, "resumed_from": start,
-             "examples_per_sec_last_run": (total - start) * cfg.train.batch_size * size / max(elapsed, 1e-9),
-             "final_loss": loss, "ranks": size, "sparse_gradients": cfg.train.sparse_gradients}
-    state["examples_per_sec_steady"] = steady_rate(first_interval, last_interval, cfg.train.batch_size * size,
-                                                   state["examples_per_sec_last_run"])
-    if rank == 0:
-        with open(os.path.join(opts.model_dir, "train_state.json"), "w") as fh:
-            json.dump({**state, "precision": opts.precision, "strategy": "horovod",
-                       "batch_size": cfg.train.batch_size, "data_dir": os.path.abspath(opts.data_dir)}, fh, indent=1)
-    return state
+    return step

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import os
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
 
-import json  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from typing import Callable, Optional  # noqa: E402
-
-import tensorflow as tf  # noqa: E402
+import tensorflow as tf
 
 __all__ = ["PSCluster", "LocalPSCluster", "make_strategy", "serve_task", "cluster_from_tf_config"]
 

@@ -8,20 +8,21 @@ copied when its shape is unchanged; the optimizer starts fresh.
 """
 from __future__ import annotations
 
-import os
 
-os.environ["TF_USE_LEGACY_KERAS"] = "1"
+from typing import Callable
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-from features.artifact import TransformArtifact  # noqa: E402
-from features.config import Config  # noqa: E402
+from features.artifact import TransformArtifact
+from features.config import Config
+from features.errors import RecpipeError
+from trainers.model_dir import load_trained
 
-__all__ = ["WarmStartError", "warm_start"]
+__all__ = ["WarmStartError", "warm_start", "apply_warm_start"]
 
 
-class WarmStartError(ValueError):
+class WarmStartError(RecpipeError, ValueError):
     pass
 
 
@@ -34,7 +35,6 @@ def _known_rows(cfg: Config, prev: TransformArtifact, table: str, prev_rows: int
 
 def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, previous_dir: str) -> dict:
     """Copy weights of previous_dir's latest checkpoint into `model` (built); return what was copied."""
-    from trainers.train import load_trained
     prev_cfg, prev_art, prev_model = load_trained(previous_dir)
     if prev_cfg.model != cfg.model:
         raise WarmStartError(f"{previous_dir}: its model section differs; warm start needs the same network")
@@ -70,3 +70,12 @@ def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, 
     if report["skipped"]:
         raise WarmStartError(f"{previous_dir}: weights that do not fit this model: {report['skipped'][:5]}")
     return report
+
+
+def apply_warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, previous: str,
+                     say: Callable[[str], None]) -> None:
+    """Warm-start `model` from a previous model dir and say what was copied."""
+    report = warm_start(model, cfg, artifact, previous)
+    rows = ", ".join(f"{t}:{n}" for t, n in sorted(report["rows_copied"].items())[:6])
+    say(f"train: warm start from {previous}: {report['copied']} weights copied (embedding rows kept: {rows}"
+        f"{', ...' if len(report['rows_copied']) > 6 else ''})")

@@ -9,24 +9,28 @@ checkpoint interval, from train_state.json; peak RSS of the process), repeated `
   - peak RSS vs embedding-table rows (and vs data size at a fixed table);
   - the matmul FLOP/s ceiling of this CPU, and the fraction each configuration reaches;
   - eval AUC on the shared Criteo sample: local/PS/Horovod DCN-v2 and logistic regression;
-  - the scale-out model (recpipe.scaleout) fed with these figures.
+  - the scale-out model (recpipe.bench.scaleout) fed with these figures.
 """
 from __future__ import annotations
 
-import copy
 import json
 import os
-import shutil
-import statistics
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import yaml
 
-__all__ = ["TrainBenchOptions", "bench_train", "summary", "markdown", "KNOBS"]
+from features.config import load_config
+from features.preprocessed import PreprocessedData
+from recpipe.bench.common import generate_once, preprocess_once, summary
+from recpipe.bench.flops import dense_flops_per_example
+from recpipe.bench.quality import criteo_quality
+from recpipe.bench.scaleout import scale_out_report
+from recpipe.bench.train_runs import TrainRuns
+
+__all__ = ["TrainBenchOptions", "bench_train", "markdown", "KNOBS"]
 
 CLI = [sys.executable, "-m", "recpipe.cli"]
 
@@ -56,128 +60,23 @@ class TrainBenchOptions:
     data_dir: Optional[str] = None    # already preprocessed data (e.g. the preprocess suite's); else generated
 
 
-def summary(values: list[float]) -> dict:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values), "values": values}
-
-
-class _Runs:
-    """`recpipe train` runs in fresh model dirs; results keyed by name."""
-
-    def __init__(self, work: str, reps: int, say: Callable[[str], None]):
-        self.work, self.reps, self.say = work, reps, say
-        self.results: dict[str, dict] = {}
-        self.planned: list[tuple] = []
-
-    def config(self, name: str, base: dict, **overrides) -> str:
-        cfg = copy.deepcopy(base)
-        for section, values in overrides.items():
-            if isinstance(values, dict) and isinstance(cfg.get(section), dict) and section != "model":
-                cfg[section] = {**cfg[section], **values}
-            else:
-                cfg[section] = values
-        path = os.path.join(self.work, f"{name}.yaml")
-        with open(path, "w") as fh:
-            yaml.safe_dump(cfg, fh)
-        return path
-
-    def _once(self, name: str, data: str, cfg_path: str, steps: int, flags: tuple, keep: bool) -> tuple[float, float]:
-        """One `recpipe train` in a fresh model dir: (steady ex/s, peak RSS MB)."""
-        from recpipe.bench import run_measured
-        model_dir = os.path.join(self.work, "models", name)
-        shutil.rmtree(model_dir, ignore_errors=True)
-        _, peak, _ = run_measured([*CLI, "train", "--data", data, "--model-dir", model_dir, "--config", cfg_path,
-                                   "--steps", str(steps), *flags])
-        state = json.load(open(os.path.join(model_dir, "train_state.json")))
-        if not keep:
-            shutil.rmtree(model_dir, ignore_errors=True)
-        return state.get("examples_per_sec_steady", state["examples_per_sec_last_run"]), peak
-
-    def _record(self, name: str, rates: list, rss: list, steps: int, flags: tuple, t0: float, **extra) -> dict:
-        r = {"examples_per_s": summary(rates), "peak_rss_mb": summary(rss), "steps": steps, "flags": list(flags),
-             **extra}
-        self.results[name] = r
-        self.say(f"bench train: {name}: median {r['examples_per_s']['median']:,.0f} ex/s "
-                 f"(min {min(rates):,.0f}, max {max(rates):,.0f}), peak RSS {r['peak_rss_mb']['median']:,.0f} MB "
-                 f"[{time.perf_counter() - t0:.0f} s]")
-        return r
-
-    def run(self, name: str, data: str, cfg_path: str, steps: int, *flags: str, reps: Optional[int] = None,
-            keep: bool = False) -> dict:
-        """`reps` runs of one configuration, one after another."""
-        t0 = time.perf_counter()
-        got = [self._once(f"{name}-{rep}", data, cfg_path, steps, flags, keep) for rep in range(reps or self.reps)]
-        return self._record(name, [g[0] for g in got], [g[1] for g in got], steps, flags, t0)
-
-    def plan(self, name: str, data: str, cfg_path: str, steps: int, *flags: str, copies: int = 1) -> None:
-        """Queue a configuration for run_planned(); copies > 1: that many independent runs AT ONCE
-        (ex/s is their sum; two one-thread processes exchanging nothing are this box's ceiling for
-        any 2-process scaling)."""
-        self.planned.append((name, data, cfg_path, steps, flags, copies))
-
-    def run_planned(self) -> None:
-        """Every queued configuration once per repetition, round-robin: a drift of the shared
-        machine's speed during the suite hits all of them alike instead of the ones run last."""
-        from concurrent.futures import ThreadPoolExecutor
-        got: dict[str, list] = {p[0]: [] for p in self.planned}
-        t0 = time.perf_counter()
-        for rep in range(self.reps):
-            for name, data, cfg_path, steps, flags, copies in self.planned:
-                with ThreadPoolExecutor(copies) as pool:
-                    done = list(pool.map(lambda i: self._once(f"{name}-{rep}-{i}", data, cfg_path, steps, flags, False),
-                                         range(copies)))
-                got[name].append((sum(d[0] for d in done), max(d[1] for d in done)))
-            self.say(f"bench train: repetition {rep + 1}/{self.reps} of {len(self.planned)} configurations done "
-                     f"[{time.perf_counter() - t0:.0f} s]")
-        for name, data, cfg_path, steps, flags, copies in self.planned:
-            self._record(name, [g[0] for g in got[name]], [g[1] for g in got[name]], steps, flags, t0,
-                         **({"copies": copies} if copies > 1 else {}))
-        self.planned = []
-
-    def median(self, name: str, key: str = "examples_per_s") -> float:
-        return self.results[name][key]["median"]
-
-
-def _preprocess(cfg_path: str, log: str, out: str, beam: bool = True) -> str:
-    """`recpipe preprocess` (Beam), or with beam=False the single-process baseline (same functions,
-    same artifact and shards, no runner start-up: for the quick run's small side datasets)."""
-    if not os.path.exists(os.path.join(out, "transform", "transform.json")):
-        if beam:
-            subprocess.run([*CLI, "preprocess", "--config", cfg_path, "--input", log, "--output", out], check=True,
-                           capture_output=True)
-        else:
-            from features.config import load_config
-            from recpipe.bench_preprocess import baseline_preprocess
-            baseline_preprocess(load_config(cfg_path), log, out)
-    return out
-
-
-def _generate(rows: int, out: str, seed: int = 7) -> str:
-    if not os.path.isdir(out):
-        from pipeline.synthetic import GenerateSpec, generate_log
-        generate_log(GenerateSpec(rows=rows, days=2, seed=seed), out)
-    return out
-
-
 def _ceiling(reps: int, seconds: float) -> dict:
     """The matmul ceiling, measured in a fresh process (this one's thread pools may be set up)."""
-    out = subprocess.run([sys.executable, "-m", "recpipe.flops", "2048", str(reps), str(seconds)], check=True,
+    out = subprocess.run([sys.executable, "-m", "recpipe.bench.flops", "2048", str(reps), str(seconds)], check=True,
                          capture_output=True, text=True).stdout
     return {k: summary(v) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
 def _flops_per_example(cfg_path: str, data: str) -> int:
     """Training FLOPs per example of the dense part (3 x forward)."""
-    from features.artifact import TransformArtifact
-    from features.config import load_config
-    from trainers.models import dense_flops_per_example, model_spec
-    return 3 * dense_flops_per_example(model_spec(load_config(cfg_path), TransformArtifact.read(
-        os.path.join(data, "transform"))))
+    return 3 * dense_flops_per_example(load_config(cfg_path), PreprocessedData(data).transform())
 
 
 def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[str], None]) -> dict:
     os.makedirs(work, exist_ok=True)
-    base = yaml.safe_load(open(cfg_path))
-    runs = _Runs(work, o.reps, say)
+    with open(cfg_path) as fh:
+        base = yaml.safe_load(fh)
+    runs = TrainRuns(work, o.reps, say)
     steps = o.steps
     # Two checkpoint intervals per run: the steady rate is the second (no tracing, XLA compile, warm-up
     # or checkpoint write in it).
@@ -187,7 +86,7 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
         say(f"bench train: data {pre}")
     else:
         say(f"bench train: {o.rows:,} generated rows -> preprocess")
-        pre = _preprocess(cfg_path, _generate(o.rows, os.path.join(work, "log")), os.path.join(work, "pre"))
+        pre = preprocess_once(cfg_path, generate_once(o.rows, os.path.join(work, "log")), os.path.join(work, "pre"))
 
     default = runs.config("default", base, train=train_cfg)
     runs.plan("real_fp32", pre, default, steps)
@@ -230,8 +129,7 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
         prec = "bf16" if "bf16" in name else "fp32"
         fraction[name] = r["examples_per_s"]["median"] * flops[model] / (ceiling[prec]["median"] * 1e9)
 
-    quality = _criteo_quality(o, work, say) if o.criteo_csv else {}
-    from recpipe.scaleout import scale_out_report
+    quality = criteo_quality(o.criteo_csv, work, say, o.quick) if o.criteo_csv else {}
     scaling = scale_out_report(pre, default, runs.results, o.bandwidth_gbps, say)
 
     ratios = {
@@ -262,12 +160,12 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
     }
 
 
-def _rss_vs_table(o: TrainBenchOptions, work: str, base: dict, runs: _Runs, say: Callable[[str], None]) -> dict:
+def _rss_vs_table(o: TrainBenchOptions, work: str, base: dict, runs: TrainRuns, say: Callable[[str], None]) -> dict:
     """Peak RSS of local training with one hashed table of growing size (same data), and at a fixed
     table with 4x the data: memory should follow the table, not the data."""
     sizes = (100_000, 1_000_000) if o.quick else (100_000, 1_000_000, 4_000_000)
     rows = 5_000 if o.quick else 50_000
-    small = _generate(rows, os.path.join(work, "rss_log"), seed=11)
+    small = generate_once(rows, os.path.join(work, "rss_log"), seed=11)
     cfg = {**base, "features": {"sparse": [{"name": "user_id", "column": "user_id", "hash_buckets": 0,
                                            "embedding_dim": 32}],
                                 "dense": base["features"]["dense"][:2]},
@@ -277,7 +175,7 @@ def _rss_vs_table(o: TrainBenchOptions, work: str, base: dict, runs: _Runs, say:
     for n in sizes:
         cfg["features"]["sparse"][0]["hash_buckets"] = n
         path = runs.config(f"rss_{n}", cfg)
-        data = _preprocess(path, small, os.path.join(work, f"rss_pre_{n}"), beam=not o.quick)
+        data = preprocess_once(path, small, os.path.join(work, f"rss_pre_{n}"), beam=not o.quick)
         r = runs.run(f"rss_{n}", data, path, 100, reps=1)
         out["table_rows"].append(n)
         out["peak_rss_mb"].append(r["peak_rss_mb"]["median"])
@@ -288,42 +186,14 @@ def _rss_vs_table(o: TrainBenchOptions, work: str, base: dict, runs: _Runs, say:
     if o.quick:
         return out
     # Same table (the smallest), 4x the rows of data.
-    big = _generate(rows * 4, os.path.join(work, "rss_log_4x"), seed=12)
+    big = generate_once(rows * 4, os.path.join(work, "rss_log_4x"), seed=12)
     cfg["features"]["sparse"][0]["hash_buckets"] = sizes[0]
     path = runs.config("data_4x", cfg)
-    data = _preprocess(path, big, os.path.join(work, "rss_pre_4x"))
+    data = preprocess_once(path, big, os.path.join(work, "rss_pre_4x"))
     r = runs.run("data_4x", data, path, 100, reps=1)
     out["data_4x_peak_rss_mb"] = r["peak_rss_mb"]["median"]
     out["ratios"] = {"train_rss_data_4x_vs_1x": out["data_4x_peak_rss_mb"] / out["peak_rss_mb"][0]}
     out["ratios"]["train_rss_table_40x_vs_1x"] = out["peak_rss_mb"][-1] / out["peak_rss_mb"][0]
-    return out
-
-
-def _criteo_quality(o: TrainBenchOptions, work: str, say: Callable[[str], None]) -> dict:
-    """Eval AUC on the shared Criteo sample's time split: DCN-v2 with each strategy, and logistic regression."""
-    from recpipe.demo import repo_configs
-    cfg_path = str(repo_configs() / "criteo.yaml")
-    base = yaml.safe_load(open(cfg_path))
-    parquet = os.path.join(work, "criteo_parquet")
-    if not os.path.isdir(parquet):
-        subprocess.run([*CLI, "criteo-to-parquet", "--csv", o.criteo_csv, "--out", parquet], check=True,
-                       capture_output=True)
-    pre = _preprocess(cfg_path, parquet, os.path.join(work, "criteo_pre"))
-    steps = base["train"]["steps"] if not o.quick else 100
-    runs = _Runs(work, 1, say)
-    lr = runs.config("criteo_logistic", base, model={"task": "ranking", "type": "logistic"})
-    out = {}
-    for name, cfg, flags in (("local", cfg_path, ()), ("logistic", lr, ()),
-                             ("ps", cfg_path, ("--strategy", "ps")),
-                             ("horovod", cfg_path, ("--strategy", "horovod", "--np", "2"))):
-        runs.run(f"criteo_{name}", pre, cfg, steps, *flags, keep=True)
-        model_dir = os.path.join(work, "models", f"criteo_{name}-0")
-        ev = subprocess.run([*CLI, "evaluate", "--model-dir", model_dir, "--data", pre], check=True,
-                            capture_output=True, text=True).stdout
-        metrics = json.loads(ev.strip().splitlines()[-1])
-        out[name] = {"auc": metrics["auc"], "logloss": metrics["logloss"], "eval_rows": metrics["examples"],
-                     "steps": steps, "examples_per_s": runs.median(f"criteo_{name}")}
-        say(f"bench train: criteo {name}: AUC {metrics['auc']:.4f} logloss {metrics['logloss']:.4f}")
     return out
 
 

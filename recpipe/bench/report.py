@@ -1,158 +1,24 @@
-"""`recpipe bench [preprocess|train|serve|all] [--quick]`: every benchmark of the product, each ratio
-against its baseline measured in the same run, -> bench/results/<suite>.json + .md, and
-bench/results/REPORT.md with PNG plots over whatever suite results are there.
-
-Figures are the median of `reps` runs (min and max kept); ratios are only meaningful within one
-run (shared, noisy machines). `--quick` is the CI smoke run: small sizes, one repetition.
-"""
+"""bench/results/REPORT.md and its PNG plots, from whatever suite results are in the folder: every
+ratio against its target, every missed target explained from the run's own figures."""
 from __future__ import annotations
 
-import json
 import os
-import platform
-import subprocess
 import sys
-import tempfile
-import time
-from dataclasses import dataclass
-from typing import Callable, Optional
 
-__all__ = ["BenchOptions", "run_bench", "run_measured", "write_report", "TARGETS", "SUITES"]
+import matplotlib.pyplot as plt
 
-SUITES = ("preprocess", "train", "serve")
+from features import fsio
+from recpipe.bench.targets import SUITES, TARGETS
 
-# The ratio keys every full run carries, with their targets: (">=" | "<=", value).
-TARGETS = {
-    "preprocess_beam_vs_pyarrow": (">=", 0.5),
-    "preprocess_rss_10x_vs_1x": ("<=", 1.5),
-    "train_real_vs_synthetic_input": (">=", 0.95),
-    "train_bf16_vs_fp32": (">=", 1.3),
-    "train_horovod_scaling_2": (">=", 0.9),
-    "train_ps_vs_local": (">=", 0.8),
-    "serve_qps_vs_inprocess": (">=", 0.5),
-    "serve_p99_ms_c8": ("<=", 20.0),
-}
+__all__ = ["write_report"]
 
 
-@dataclass(frozen=True)
-class BenchOptions:
-    suite: str = "all"
-    quick: bool = False
-    reps: Optional[int] = None     # default: 3, or 1 with --quick
-    rows: Optional[int] = None     # default per suite (smaller with --quick)
-    steps: Optional[int] = None
-    out_dir: str = "bench/results"
-    workdir: Optional[str] = None
-
-    def repetitions(self) -> int:
-        return self.reps or (1 if self.quick else 3)
-
-
-def run_measured(cmd: list[str]) -> tuple[float, float, str]:
-    """Run a command; return (wall seconds, peak RSS MB of that command, stdout). The command is
-    started by the small `recpipe.measure` process, so its peak RSS is its own and not this
-    (possibly big) process's, which fork + exec would carry over. Output is spooled to temp files,
-    so a chatty child cannot fill a pipe and block."""
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
-            tempfile.NamedTemporaryFile("r", suffix=".json") as usage:
-        proc = subprocess.run([sys.executable, "-m", "recpipe.measure", usage.name, *cmd], stdout=out, stderr=err,
-                              text=True)
-        wall = time.perf_counter() - t0
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd[:6])}... failed: {stderr.strip().splitlines()[-3:]}")
-        peak = json.load(open(usage.name))["peak_rss_mb"]
-    return wall, peak, stdout
-
-
-def machine_info() -> dict:
-    import importlib.metadata as md
-    cpu = ""
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    versions = {}
-    for pkg in ("tensorflow", "tf-keras", "tensorflow-recommenders", "apache-beam", "horovod", "pyarrow", "numpy"):
-        try:
-            versions[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            versions[pkg] = None
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpus": os.cpu_count(), "cpu": cpu, "memory_gib": round(mem, 1), "python": platform.python_version(),
-            "platform": platform.platform(), "versions": versions, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-
-
-def _save(out_dir: str, name: str, result: dict, md: str) -> None:
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"{name}.json"), "w") as fh:
-        json.dump(result, fh, indent=1, sort_keys=True)
-    with open(os.path.join(out_dir, f"{name}.md"), "w") as fh:
-        fh.write(md)
-
-
-def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
-    if opts.suite not in (*SUITES, "all"):
-        raise ValueError(f"bench suite {opts.suite!r}: use {', '.join(SUITES)} or all")
-    from recpipe.demo import find_criteo_sample, repo_configs
-    work = opts.workdir or tempfile.mkdtemp(prefix="recpipe-bench-")
-    cfg_path = str(repo_configs() / "synthetic.yaml")
-    reps, quick = opts.repetitions(), opts.quick
-    info = machine_info()
-    results = {}
-    shared = None  # (raw log, preprocessed) of the preprocess suite, reused by the others in this run
-    t0 = time.perf_counter()
-    for suite in (SUITES if opts.suite == "all" else (opts.suite,)):
-        sw = os.path.join(work, suite)
-        say(f"bench: {suite} ({'quick, ' if quick else ''}{reps} repetition{'s' * (reps > 1)}) in {sw}")
-        if suite == "preprocess":
-            from recpipe.bench_preprocess import bench_preprocess, bench_shard_formats, report_markdown
-            rows = opts.rows or (3_000 if quick else 500_000)
-            pre = bench_preprocess(rows, sw, cfg_path, say, scale=10, reps=reps, quick=quick)
-            shards = bench_shard_formats(os.path.join(sw, "beam_1x"), say)
-            result = {"suite": suite, "quick": quick, "machine": info, "config": {"rows_1x": rows, "scale": 10},
-                      "preprocess": pre, "shards": shards, "ratios": pre["ratios"]}
-            mult = 10 if quick else 1  # quick: the 10x data (50k rows); full: the 1x data (500k rows)
-            shared = (os.path.join(sw, f"log_{mult}x"), os.path.join(sw, f"beam_{mult}x"))
-            _save(opts.out_dir, suite, result, report_markdown(result))
-        elif suite == "train":
-            from recpipe.bench_train import TrainBenchOptions, bench_train
-            criteo = find_criteo_sample()
-            o = TrainBenchOptions(rows=opts.rows or (10_000 if quick else 200_000),
-                                  steps=opts.steps or (24 if quick else 300), reps=reps, quick=quick,
-                                  criteo_csv=str(criteo) if criteo and not quick else None,
-                                  data_dir=shared[1] if shared and not opts.rows else None)
-            result = bench_train(o, sw, cfg_path, say)
-            result["machine"] = info
-            from recpipe.bench_train import markdown
-            _save(opts.out_dir, suite, result, markdown(result))
-        else:
-            from recpipe.bench_serve import run_serve_bench
-            result = run_serve_bench(sw, cfg_path, rows=opts.rows or (5_000 if quick else 100_000),
-                                     steps=opts.steps or (20 if quick else 200), reps=reps,
-                                     seconds=0.5 if quick else 4.0, say=say,
-                                     data=shared if shared and not opts.rows else None,
-                                     concurrencies=(1, 8) if quick else (1, 8, 32))
-            result.update(suite=suite, quick=quick, machine=info)
-            from recpipe.bench_serve import markdown
-            _save(opts.out_dir, suite, result, markdown(result))
-        results[suite] = result
-        say(f"bench: {suite} done ({time.perf_counter() - t0:,.0f} s so far) -> {opts.out_dir}/{suite}.json")
-    path = write_report(opts.out_dir)
-    say(f"bench: wrote {path}")
-    return results
-
-
-# ---------------------------------------------------------------- REPORT.md and plots
 def _load_results(out_dir: str) -> dict:
     found = {}
     for suite in SUITES:
         path = os.path.join(out_dir, f"{suite}.json")
         if os.path.exists(path):
-            found[suite] = json.load(open(path))
+            found[suite] = fsio.read_json(path)
     return found
 
 
@@ -251,9 +117,7 @@ def _why(key: str, found: dict) -> str:
 
 
 def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt.switch_backend("Agg")  # files only, no display
     made = []
 
     def label(ax, xlabel: str, ylabel: str, title: str, legend_size: float = 9) -> None:
@@ -319,5 +183,5 @@ def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
     return made
 
 
-if __name__ == "__main__":  # python -m recpipe.bench OUT_DIR: rewrite REPORT.md from existing results
+if __name__ == "__main__":  # python -m recpipe.bench.report OUT_DIR: rewrite REPORT.md from existing results
     print(write_report(sys.argv[1] if len(sys.argv) > 1 else "bench/results"))

@@ -1,136 +1,35 @@
-"""Issue-3 benchmarks: the Beam job against a single-process baseline, memory vs rows, shard formats.
-
-The baseline runs the SAME per-batch functions as the Beam job (validate_batch, canonicalize,
-value counts, FeatureTransform, encode_batch) in a plain loop over pyarrow record batches, in
-one process, with no Beam; so `preprocess_beam_vs_pyarrow` is what Beam's orchestration costs.
+"""The preprocess suite: the Beam job against the single-process baseline (recpipe.bench.baseline)
+at 1x and 10x rows, peak RSS of each, and the shard format (columnar record batches vs one
+tf.train.Example per row).
 """
 from __future__ import annotations
 
 import collections
-import glob
 import os
+import shutil
 import sys
 import time
 from typing import Callable
 
-import numpy as np
+import tensorflow as tf
 
-__all__ = ["baseline_preprocess", "bench_preprocess", "bench_shard_formats", "report_markdown"]
+from features.canonical import LABEL_KEY
+from features.preprocessed import PreprocessedData
+from features.records import column_specs
+from recpipe.bench.common import CLI, generate_once, run_measured, summary
+from trainers.data import make_dataset
 
-
-def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65_536) -> dict:
-    """Analyse + transform + write like `recpipe preprocess`, in one process without Beam."""
-    import pyarrow as pa
-    import tensorflow as tf
-
-    from features.artifact import TransformArtifact
-    from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, validate_batch
-    from features.records import encode_batch
-    from features.transform import FeatureTransform, canonical_to_tensors
-    from features.canonical import numeric
-    from pipeline.analysis import (add_moments, batch_moments, boundaries_from_quantiles,
-                                   eval_cutoff_from_histogram, moment_stats, select_vocabulary, token_counts,
-                                   ts_histogram)
-    from pipeline.sources import inspect_inputs, list_input_files, open_parquet
-    from pipeline.transforms import RawBatch
-
-    raw_schema, files = inspect_inputs(list_input_files(input_spec), cfg)
-    total = sum(f.num_rows for f in files)
-
-    def batches(columns):
-        for f in files:
-            start = 0
-            for b in open_parquet(f.path).iter_batches(batch_size=batch_rows, columns=columns):
-                yield RawBatch(f.path, start, np.arange(f.first_row + start, f.first_row + start + b.num_rows),
-                               pa.Table.from_batches([b]))
-                start += b.num_rows
-
-    def good(b):
-        mask, bad = validate_batch(b.table, cfg)
-        return b if mask.all() else RawBatch(b.source, b.first_row, b.positions[mask], b.table.filter(pa.array(mask))), bad
-
-    def split_key(b):
-        return numeric(b.table.column(cfg.input.timestamp))[0] if cfg.input.timestamp else b.positions.astype(float)
-
-    if cfg.input.timestamp:
-        hist: dict = collections.Counter()
-        cols = [c for c in cfg.raw_columns() if c in {cfg.label.column, cfg.input.timestamp,
-                                                       *(d.column for d in cfg.features.dense)}]
-        for b in batches(cols):
-            hist.update(ts_histogram(good(b)[0].table, cfg.input.timestamp))
-        cutoff = eval_cutoff_from_histogram(hist, cfg.split.eval_fraction)
-    else:
-        cutoff = float(total - int(np.floor(cfg.split.eval_fraction * total)) - 1)
-
-    counts: dict = collections.Counter()
-    moments: dict = {}
-    bucket_values: dict = collections.defaultdict(list)
-    buckets = {d.name: d for d in cfg.features.dense if d.transform == "bucketize"}
-    for b in batches(cfg.raw_columns()):
-        g, _ = good(b)
-        train = g.table.filter(pa.array(split_key(g) <= cutoff))
-        cols = canonicalize(train, cfg)
-        counts.update(dict(token_counts(cols, cfg)))
-        for k, v in batch_moments(cols, cfg).items():
-            moments[k] = add_moments(moments[k], v) if k in moments else v
-        for name, d in buckets.items():
-            bucket_values[name].append(dense_prenorm(cols[name].to_numpy(zero_copy_only=False), d.transform, d.fill))
-    per_owner = collections.defaultdict(list)
-    for (owner, value), c in counts.items():
-        per_owner[owner].append((value, c))
-    vocabs = {f.name: select_vocabulary(per_owner[f.name], f.vocab.min_count, f.vocab.max_size)
-              for f in cfg.features.sparse if f.vocab is not None}
-    stats = moment_stats(moments)
-    for name, d in buckets.items():
-        qs = np.quantile(np.concatenate(bucket_values[name]), np.linspace(0, 1, d.num_buckets + 1)).tolist()
-        stats[name] = {"boundaries": boundaries_from_quantiles(qs, d.num_buckets)}
-    artifact = TransformArtifact(cfg, raw_schema, {o: v for o, (v, _) in vocabs.items()},
-                                 {o: c for o, (_, c) in vocabs.items()}, stats)
-    artifact.write(os.path.join(out_dir, "transform"))
-
-    transform = FeatureTransform(artifact)
-    n = {"in": 0, "train": 0, "eval": 0, "dead": 0}
-    os.makedirs(os.path.join(out_dir, "train"), exist_ok=True)
-    os.makedirs(os.path.join(out_dir, "eval"), exist_ok=True)
-    writers = {s: tf.io.TFRecordWriter(os.path.join(out_dir, s, "part-0.tfrecord")) for s in ("train", "eval")}
-    for b in batches(cfg.raw_columns()):
-        n["in"] += b.table.num_rows
-        g, bad = good(b)
-        n["dead"] += len(bad.indices)
-        is_eval = split_key(g) > cutoff
-        for s, mask in (("train", ~is_eval), ("eval", is_eval)):
-            if mask.any():
-                cols = canonicalize(g.table.filter(pa.array(mask)), cfg)
-                out = transform(canonical_to_tensors({k: v for k, v in cols.items() if k != LABEL_KEY}))
-                out[LABEL_KEY] = cols[LABEL_KEY].to_numpy(zero_copy_only=False)
-                writers[s].write(encode_batch(out))
-                n[s] += int(mask.sum())
-    for w in writers.values():
-        w.close()
-    return n
-
-
-def _timed_child(cmd: list[str]) -> tuple[float, float]:
-    """(wall seconds, this child's peak RSS in MB)."""
-    from recpipe.bench import run_measured
-    wall, rss, _ = run_measured(cmd)
-    return wall, rss
+__all__ = ["bench_preprocess", "bench_shard_formats", "report_markdown"]
 
 
 def bench_preprocess(rows: int, work: str, cfg_path: str, say: Callable[[str], None], scale: int = 10,
                      reps: int = 3, quick: bool = False) -> dict:
     """Beam vs baseline rows/s at rows and scale x rows; peak RSS of each; `reps` runs of each
     (quick: no baseline at 1x, which only the throughput-vs-rows plot uses)."""
-    import shutil
-
-    from recpipe.bench_train import summary
-    cli = [sys.executable, "-m", "recpipe.cli"]
     logs = {1: os.path.join(work, "log_1x"), scale: os.path.join(work, f"log_{scale}x")}
     say(f"bench preprocess: generating {rows:,} and {rows * scale:,} rows")
     for mult, path in logs.items():
-        if not os.path.isdir(path):
-            from pipeline.synthetic import GenerateSpec, generate_log
-            generate_log(GenerateSpec(rows=rows * mult, days=3), path)
+        generate_once(rows * mult, path, seed=0, days=3)
     walls: dict = collections.defaultdict(list)
     rss: dict = collections.defaultdict(list)
     for rep in range(reps):
@@ -139,12 +38,12 @@ def bench_preprocess(rows: int, work: str, cfg_path: str, say: Callable[[str], N
                 out = os.path.join(work, f"{job}_{mult}x" if rep == 0 else f"{job}_{mult}x_rep{rep}")
                 shutil.rmtree(out, ignore_errors=True)
                 say(f"bench preprocess: {job}, {rows * mult:,} rows (rep {rep + 1}/{reps})")
-                cmd = ([*cli, "preprocess", "--config", cfg_path, "--input", log, "--output", out] if job == "beam" else
+                cmd = ([*CLI, "preprocess", "--config", cfg_path, "--input", log, "--output", out] if job == "beam" else
                        [sys.executable, "-c", "import sys; from features.config import load_config; "
-                        "from recpipe.bench_preprocess import baseline_preprocess; "
+                        "from recpipe.bench.baseline import baseline_preprocess; "
                         "print(baseline_preprocess(load_config(sys.argv[1]), sys.argv[2], sys.argv[3]))",
                         cfg_path, log, out])
-                wall, peak = _timed_child(cmd)
+                wall, peak, _ = run_measured(cmd)
                 walls[f"{job}_{mult}x"].append(wall)
                 rss[f"{job}_{mult}x"].append(peak)
                 if rep:
@@ -163,19 +62,13 @@ def bench_preprocess(rows: int, work: str, cfg_path: str, say: Callable[[str], N
 
 def bench_shard_formats(pre_dir: str, say: Callable[[str], None], batch_size: int = 1024) -> dict:
     """Columnar-batch records (ours) vs one tf.train.Example per row: write cost and tf.data read rate."""
-    import tensorflow as tf
-
-    from features.artifact import TransformArtifact
-    from features.canonical import LABEL_KEY
-    from features.records import column_specs
-    from trainers.data import make_dataset
-
-    cfg = TransformArtifact.read(os.path.join(pre_dir, "transform")).config
+    data = PreprocessedData(pre_dir)
+    cfg = data.transform().config
     specs = column_specs(cfg)
     rows = [b for b in make_dataset(cfg, pre_dir, "train", 65_536, training=False)]
     n_rows = sum(int(b[LABEL_KEY].shape[0]) for b in rows)
     say(f"bench shards: {n_rows:,} transformed rows")
-    ours_bytes = sum(os.path.getsize(f) for f in glob.glob(os.path.join(pre_dir, "train", "*.tfrecord")))
+    ours_bytes = sum(os.path.getsize(f) for f in data.shard_files("train"))
 
     # Per-row tf.train.Example, written the way a per-row Beam DoFn would build them.
     path = os.path.join(pre_dir, "per_row_examples.tfrecord")

@@ -1,4 +1,4 @@
-"""`python -m recpipe.measure OUT_JSON CMD...`: run CMD, then write {"returncode", "peak_rss_mb"} of it.
+"""`python -m recpipe.bench.measure OUT_JSON CMD...`: run CMD, then write {"returncode", "peak_rss_mb"} of it.
 
 Why a separate small process: Linux carries a process's resident-set high-water mark across
 fork + exec (the forked copy of the parent's memory counts), so a child forked straight from a

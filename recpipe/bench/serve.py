@@ -6,16 +6,28 @@ Both share this machine's cores, so the in-process figure is the ceiling here.
 """
 from __future__ import annotations
 
+import glob
 import http.client
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from typing import Callable, Optional
 
 import numpy as np
+import tensorflow as tf
+
+from features.config import load_config
+from pipeline.preprocess import run_preprocess
+from pipeline.synthetic import GenerateSpec, generate_log
+from recpipe.bench.common import summary
+from recpipe.localserver import free_port, rest_rows, start_server, stop_server, wait_healthy
+from serving.export import export_model
+from serving.registry import load_version
+from serving.rest import parse_predict_body
+from serving.version import ExportBase
+from trainers.options import RunOptions, TrainOptions
+from trainers.train import train
 
 __all__ = ["bench_serve", "run_serve_bench", "markdown"]
 
@@ -73,7 +85,6 @@ def _http_caller(port: int, path: str, body: bytes) -> Callable[[], None]:
 
 
 def _repeat(measure: Callable[[], dict], reps: int) -> dict:
-    from recpipe.bench_train import summary
     runs = sorted((measure() for _ in range(reps)), key=lambda r: r["qps"])
     return {**runs[len(runs) // 2], "qps_reps": summary([r["qps"] for r in runs]),
             "p99_ms_reps": summary([r["p99_ms"] for r in runs])}
@@ -83,13 +94,8 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
                 concurrencies=(1, 8, 32), seconds: float = 4.0, batch_timeout_ms: float = 1.0, reps: int = 3) -> dict:
     """QPS and latency percentiles per mode and concurrency; each level is measured `reps` times and
     reported as the median rep (by QPS) with the min/median/max of QPS and p99 over the reps."""
-    import tensorflow as tf
-
-    from recpipe.demo import free_port, wait_healthy
-    from serving.registry import load_version
-    from serving.rest import parse_predict_body
-    version = max(int(d) for d in os.listdir(export_base) if d.isdigit())
-    lv = load_version(os.path.join(export_base, str(version)), version)
+    newest = ExportBase(export_base).versions()[-1]
+    lv = load_version(newest.path, newest.version)
     one = [parse_predict_body({"instances": [r]}, lv.inputs)[0] for r in rows]
     tensors = [{k: tf.constant(v, dtype=lv.inputs[k].dtype) for k, v in c.items()} for c in one]
     counter = iter(range(10**12))
@@ -101,9 +107,7 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
     for mode, extra in (("batching_off", []), ("batching_on", ["--max-batch-rows", "64", "--batch-timeout-ms",
                                                            str(batch_timeout_ms)])):
         port = free_port()
-        proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "serve", "--model-base", export_base,
-                                 "--model-name", model_name, "--rest-port", str(port), "--grpc-port", str(free_port()),
-                                 *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = start_server(export_base, model_name, port, free_port(), *extra, quiet=True)
         try:
             wait_healthy(port, proc)
             bodies = [json.dumps({"instances": [r]}).encode() for r in rows]
@@ -113,8 +117,7 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
                 _load(callers, c, min(0.5, seconds / 2))  # warm up connections
                 results[mode][str(c)] = _repeat(lambda: _load(callers, c, seconds), reps)
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            stop_server(proc, timeout=30)
     results["settings"] = {"max_batch_rows": 64, "batch_timeout_ms": batch_timeout_ms, "seconds_per_level": seconds,
                            "request_rows": 1, "reps": reps}
     best8 = max(results["batching_off"]["8"]["qps"], results["batching_on"]["8"]["qps"])
@@ -151,22 +154,14 @@ def run_serve_bench(work: str, cfg_path: str, rows: int, steps: int, reps: int, 
                     concurrencies: tuple[int, ...] = (1, 8, 32)) -> dict:
     """Train `steps` on `data` = (raw log dir, its preprocessed dir) or on a generated log of `rows`,
     export version 1, then bench_serve it with raw rows of the log's last file."""
-    import glob
-
-    from features.config import load_config
-    from pipeline.preprocess import run_preprocess
-    from pipeline.synthetic import GenerateSpec, generate_log
-    from recpipe.demo import rest_rows
-    from serving.export import export_model
-    from trainers.train import TrainOptions, train
     cfg = load_config(cfg_path)
     if data is None:
         log, pre = os.path.join(work, "log"), os.path.join(work, "pre")
         generate_log(GenerateSpec(rows=rows, days=2, seed=11), log)
-        run_preprocess(cfg, log, pre, ["--runner=DirectRunner", "--direct_running_mode=in_memory"], progress=say)
+        run_preprocess(cfg, log, pre, say=say)
     else:
         log, pre = data
-    train(TrainOptions(pre, os.path.join(work, "model"), cfg_path, steps=steps), say=say)
+    train(TrainOptions(pre, os.path.join(work, "model"), cfg_path, run=RunOptions(steps=steps)), say=say)
     export_model(os.path.join(work, "model"), os.path.join(work, "export"), version=1)
     columns = sorted({f.column for f in [*cfg.features.sparse, *cfg.features.dense]})
     request_rows, _ = rest_rows(sorted(glob.glob(os.path.join(log, "*", "*.parquet")))[-1], columns, 64)

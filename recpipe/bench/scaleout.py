@@ -13,11 +13,19 @@ Validated against the measured 1 -> 2 runs on this box, with loopback's measured
 """
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
 from typing import Callable
+
+import numpy as np
+
+from features.config import load_config
+from features.preprocessed import PreprocessedData
+from trainers.advisor import step_times
+from trainers.data import make_dataset
+from trainers.layers import ids_by_table
+from trainers.models import build_model, dummy_batch
 
 __all__ = ["scale_out_report", "loopback_gbps", "traffic_inputs"]
 
@@ -51,25 +59,19 @@ def loopback_gbps(megabytes: int = 256) -> float:
 
 def traffic_inputs(data_dir: str, cfg_path: str) -> dict:
     """Parameter counts and embedding rows touched per batch (with and without dedup)."""
-    import numpy as np
-
-    from features.artifact import TransformArtifact
-    from features.config import load_config
-    from trainers.data import make_dataset
-    from trainers.models import build_model, dummy_batch, ids_by_table, model_spec
     cfg = load_config(cfg_path)
-    artifact = TransformArtifact.read(os.path.join(data_dir, "transform"))
-    spec = model_spec(cfg, artifact)
+    artifact = PreprocessedData(data_dir).transform()
     model = build_model(cfg, artifact)
     model(dummy_batch(cfg))
+    tables, features = model.embeddings.table_specs, model.embeddings.feature_specs
     total = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
-    sparse = sum(t["rows"] * t["dim"] for t in spec["tables"].values())
+    sparse = sum(t["rows"] * t["dim"] for t in tables.values())
     batch = next(iter(make_dataset(cfg, data_dir, "train", cfg.train.batch_size, training=True)))
     unique = occurrences = 0.0
     unique_bytes = occurrence_bytes = 0.0
-    for table, named in ids_by_table(spec["sparse"], batch).items():
+    for table, named in ids_by_table(features, batch).items():
         ids = np.concatenate([flat.numpy() for _, flat in named])
-        dim = spec["tables"][table]["dim"]
+        dim = tables[table]["dim"]
         u = len(np.unique(ids))
         unique, occurrences = unique + u, occurrences + len(ids)
         unique_bytes += u * dim * 4 + u * 8          # float32 rows + int64 indices
@@ -80,7 +82,6 @@ def traffic_inputs(data_dir: str, cfg_path: str) -> dict:
 
 
 def _step_times(t_c: float, dense_bytes: float, row_bytes: float, n: int, m: int, bw_bytes: float) -> dict:
-    from trainers.advisor import step_times
     allreduce, ps = step_times(t_c, dense_bytes, row_bytes, n, m, bw_bytes)
     return {"allreduce": allreduce, "ps": ps}
 

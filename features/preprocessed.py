@@ -1,0 +1,79 @@
+"""The folder `recpipe preprocess` writes: the interface between the Beam job, the trainers and the export.
+
+    ROOT/transform/             the TransformArtifact (its transform.json carries the row counts)
+    ROOT/train/part-*.tfrecord  training shards (features.records batches)
+    ROOT/eval/part-*.tfrecord   evaluation shards
+    ROOT/dead_letter/*.parquet  rows that cannot be used: source_file, row, reason, field, row_json
+    ROOT/eval_sample.parquet    up to 1,000 raw eval rows, and eval_sample.tfrecord the same rows
+                                transformed like the shards: the export's skew check compares them
+
+The job publishes ROOT atomically (local paths) and writes the row counts last, so a folder whose
+artifact has row counts is complete.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass
+
+from features import fsio
+from features.artifact import ArtifactError, TransformArtifact
+
+__all__ = ["PreprocessedData", "SPLITS"]
+
+SPLITS = ("train", "eval")
+
+
+@dataclass(frozen=True)
+class PreprocessedData:
+    root: str
+
+    def __post_init__(self):
+        if "://" not in self.root:  # local paths are kept absolute: the folder is recorded in other artifacts
+            object.__setattr__(self, "root", os.path.abspath(self.root))
+
+    @classmethod
+    def at(cls, path: str) -> "PreprocessedData":
+        """The output folder, also when given its transform/ folder (as --previous-transform may be)."""
+        if fsio.exists(fsio.join(path, "transform.json")) and not fsio.exists(fsio.join(path, "transform")):
+            return cls(posixpath.dirname(path.rstrip("/")) if "://" in path else
+                       os.path.dirname(os.path.abspath(path)))
+        return cls(path)
+
+    # ------------------------------------------------------------ layout
+    transform_dir = fsio.SubPath("transform")
+    dead_letter_dir = fsio.SubPath("dead_letter")
+    dead_letter_prefix = fsio.SubPath("dead_letter", "part")
+    eval_sample_parquet = fsio.SubPath("eval_sample.parquet")
+    eval_sample_records = fsio.SubPath("eval_sample.tfrecord")
+
+    def split_dir(self, split: str) -> str:
+        if split not in SPLITS:
+            raise ValueError(f"split {split!r}: use {' or '.join(SPLITS)}")
+        return fsio.join(self.root, split)
+
+    def shard_prefix(self, split: str) -> str:
+        return fsio.join(self.split_dir(split), "part")
+
+    # ------------------------------------------------------------ contents
+    def shard_files(self, split: str) -> list[str]:
+        return fsio.list_files(self.split_dir(split), ".tfrecord")
+
+    def dead_letter_files(self) -> list[str]:
+        return fsio.list_files(self.dead_letter_dir, ".parquet")
+
+    def has_eval_sample(self) -> bool:
+        return fsio.exists(self.eval_sample_parquet) and fsio.exists(self.eval_sample_records)
+
+    def transform(self) -> TransformArtifact:
+        try:
+            return TransformArtifact.read(self.transform_dir)
+        except ArtifactError as e:
+            raise ArtifactError(f"{self.root}: not a `recpipe preprocess` output ({e})") from None
+
+    def is_complete(self) -> bool:
+        """The job finished and published this folder (the row counts are written last)."""
+        try:
+            return bool(TransformArtifact.read_meta(self.transform_dir).get("row_counts"))
+        except ArtifactError:
+            return False

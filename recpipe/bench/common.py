@@ -1,0 +1,93 @@
+"""What every benchmark suite shares: repetition summaries, measured child runs, machine info,
+result files, and the generated/preprocessed datasets they reuse."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from features import fsio
+from features.config import load_config
+from features.preprocessed import PreprocessedData
+from pipeline.synthetic import GenerateSpec, generate_log
+from recpipe.bench.baseline import baseline_preprocess
+
+__all__ = ["CLI", "summary", "run_measured", "machine_info", "save_result", "generate_once", "preprocess_once"]
+
+CLI = [sys.executable, "-m", "recpipe.cli"]
+
+
+def summary(values: list[float]) -> dict:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "values": values}
+
+
+def run_measured(cmd: list[str]) -> tuple[float, float, str]:
+    """Run a command; return (wall seconds, peak RSS MB of that command, stdout). The command is
+    started by the small `recpipe.bench.measure` process, so its peak RSS is its own and not this
+    (possibly big) process's, which fork + exec would carry over. Output is spooled to temp files,
+    so a chatty child cannot fill a pipe and block."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, \
+            tempfile.NamedTemporaryFile("r", suffix=".json") as usage:
+        proc = subprocess.run([sys.executable, "-m", "recpipe.bench.measure", usage.name, *cmd], stdout=out,
+                              stderr=err, text=True)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:6])}... failed: {stderr.strip().splitlines()[-3:]}")
+        peak = fsio.read_json(usage.name)["peak_rss_mb"]
+    return wall, peak, stdout
+
+
+def machine_info() -> dict:
+    import importlib.metadata as md
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            cpu = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    versions = {}
+    for pkg in ("tensorflow", "tf-keras", "tensorflow-recommenders", "apache-beam", "horovod", "pyarrow", "numpy"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            versions[pkg] = None
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {"cpus": os.cpu_count(), "cpu": cpu, "memory_gib": round(mem, 1), "python": platform.python_version(),
+            "platform": platform.platform(), "versions": versions, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def save_result(out_dir: str, name: str, result: dict, md: str) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as fh:
+        json.dump(result, fh, indent=1, sort_keys=True)
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as fh:
+        fh.write(md)
+
+
+def generate_once(rows: int, out: str, seed: int = 7, days: int = 2) -> str:
+    """A generated log in `out`, unless one is there already."""
+    if not os.path.isdir(out):
+        generate_log(GenerateSpec(rows=rows, days=days, seed=seed), out)
+    return out
+
+
+def preprocess_once(cfg_path: str, log: str, out: str, beam: bool = True) -> str:
+    """`recpipe preprocess` (Beam) into `out` unless it is complete already; with beam=False the
+    single-process baseline (same functions, same artifact and shards, no runner start-up: for the
+    quick run's small side datasets)."""
+    if not PreprocessedData(out).is_complete():
+        if beam:
+            subprocess.run([*CLI, "preprocess", "--config", cfg_path, "--input", log, "--output", out], check=True,
+                           capture_output=True)
+        else:
+            baseline_preprocess(load_config(cfg_path), log, out)
+    return out

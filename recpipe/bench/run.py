@@ -1,0 +1,88 @@
+"""`recpipe bench [preprocess|train|serve|all] [--quick]`: runs the suites, each ratio against its
+baseline measured in the same run, -> bench/results/<suite>.json + .md, then REPORT.md with PNG
+plots (recpipe.bench.report).
+
+Figures are the median of `reps` runs (min and max kept); ratios are only meaningful within one
+run (shared, noisy machines). `--quick` is the CI smoke run: small sizes, one repetition.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from recpipe.bench.common import machine_info, save_result
+from recpipe.bench.preprocess import bench_preprocess, bench_shard_formats, report_markdown
+from recpipe.bench.report import write_report
+from recpipe.bench.serve import markdown as serve_markdown
+from recpipe.bench.serve import run_serve_bench
+from recpipe.bench.targets import SUITES
+from recpipe.bench.train import TrainBenchOptions, bench_train
+from recpipe.bench.train import markdown as train_markdown
+from recpipe.samples import find_criteo_sample, repo_configs
+
+__all__ = ["BenchOptions", "run_bench"]
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    suite: str = "all"
+    quick: bool = False
+    reps: Optional[int] = None     # default: 3, or 1 with --quick
+    rows: Optional[int] = None     # default per suite (smaller with --quick)
+    steps: Optional[int] = None
+    out_dir: str = "bench/results"
+    workdir: Optional[str] = None
+
+    def repetitions(self) -> int:
+        return self.reps or (1 if self.quick else 3)
+
+
+def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
+    if opts.suite not in (*SUITES, "all"):
+        raise ValueError(f"bench suite {opts.suite!r}: use {', '.join(SUITES)} or all")
+    work = opts.workdir or tempfile.mkdtemp(prefix="recpipe-bench-")
+    cfg_path = str(repo_configs() / "synthetic.yaml")
+    reps, quick = opts.repetitions(), opts.quick
+    info = machine_info()
+    results = {}
+    shared = None  # (raw log, preprocessed) of the preprocess suite, reused by the others in this run
+    t0 = time.perf_counter()
+    for suite in (SUITES if opts.suite == "all" else (opts.suite,)):
+        sw = os.path.join(work, suite)
+        say(f"bench: {suite} ({'quick, ' if quick else ''}{reps} repetition{'s' * (reps > 1)}) in {sw}")
+        if suite == "preprocess":
+            rows = opts.rows or (3_000 if quick else 500_000)
+            pre = bench_preprocess(rows, sw, cfg_path, say, scale=10, reps=reps, quick=quick)
+            shards = bench_shard_formats(os.path.join(sw, "beam_1x"), say)
+            result = {"suite": suite, "quick": quick, "machine": info, "config": {"rows_1x": rows, "scale": 10},
+                      "preprocess": pre, "shards": shards, "ratios": pre["ratios"]}
+            mult = 10 if quick else 1  # quick: the 10x data (50k rows); full: the 1x data (500k rows)
+            shared = (os.path.join(sw, f"log_{mult}x"), os.path.join(sw, f"beam_{mult}x"))
+            save_result(opts.out_dir, suite, result, report_markdown(result))
+        elif suite == "train":
+            criteo = find_criteo_sample()
+            o = TrainBenchOptions(rows=opts.rows or (10_000 if quick else 200_000),
+                                  steps=opts.steps or (24 if quick else 300), reps=reps, quick=quick,
+                                  criteo_csv=str(criteo) if criteo and not quick else None,
+                                  data_dir=shared[1] if shared and not opts.rows else None)
+            result = bench_train(o, sw, cfg_path, say)
+            result["machine"] = info
+            save_result(opts.out_dir, suite, result, train_markdown(result))
+        else:
+            result = run_serve_bench(sw, cfg_path, rows=opts.rows or (5_000 if quick else 100_000),
+                                     steps=opts.steps or (20 if quick else 200), reps=reps,
+                                     seconds=0.5 if quick else 4.0, say=say,
+                                     data=shared if shared and not opts.rows else None,
+                                     concurrencies=(1, 8) if quick else (1, 8, 32))
+            result.update(suite=suite, quick=quick, machine=info)
+            save_result(opts.out_dir, suite, result, serve_markdown(result))
+        results[suite] = result
+        say(f"bench: {suite} done ({time.perf_counter() - t0:,.0f} s so far) -> {opts.out_dir}/{suite}.json")
+    path = write_report(opts.out_dir)
+    say(f"bench: wrote {path}")
+    return results
+
+

@@ -1,0 +1,18 @@
+"""The benchmark suites and the ratio targets every full run reports against (constants only:
+the CLI reads them before anything heavy is imported)."""
+
+__all__ = ["SUITES", "TARGETS"]
+
+SUITES = ("preprocess", "train", "serve")
+
+# The ratio keys every full run carries, with their targets: (">=" | "<=", value).
+TARGETS = {
+    "preprocess_beam_vs_pyarrow": (">=", 0.5),
+    "preprocess_rss_10x_vs_1x": ("<=", 1.5),
+    "train_real_vs_synthetic_input": (">=", 0.95),
+    "train_bf16_vs_fp32": (">=", 1.3),
+    "train_horovod_scaling_2": (">=", 0.9),
+    "train_ps_vs_local": (">=", 0.8),
+    "serve_qps_vs_inprocess": (">=", 0.5),
+    "serve_p99_ms_c8": ("<=", 20.0),
+}

@@ -1,0 +1,122 @@
+"""TF Serving's versioned layout, as recpipe writes and reads it.
+
+    BASE/<version>/saved_model.pb, variables/   the SavedModel (any TF Serving-compatible export)
+    BASE/<version>/assets.extra/recpipe.json    ExportMeta: config, raw schema, model dir, metrics
+    BASE/<version>/skew_check.json              the export's skew-check report
+
+A version is a folder named by a positive integer in ASCII digits; anything else in BASE (temp
+folders, '²', 'latest', ...) is not a version and is ignored.
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from features import fsio
+from features.config import Config, parse_config
+
+__all__ = ["ExportBase", "ExportedVersion", "ExportMeta", "is_version_name"]
+
+_VERSION = re.compile(r"[0-9]{1,19}")
+
+
+def is_version_name(name: str) -> bool:
+    return bool(_VERSION.fullmatch(name)) and 0 < int(name) < 2 ** 63
+
+
+@dataclass(frozen=True)
+class ExportMeta:
+    config: dict[str, Any]               # the transform artifact's config (config_to_dict form)
+    raw_schema: dict[str, str]
+    model_dir: str
+    version: int
+    metrics: dict[str, Any] = field(default_factory=dict)  # the model's eval metrics, when known
+
+    def typed_config(self) -> Config:
+        return parse_config(self.config)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ExportMeta":
+        return cls(data["config"], data["raw_schema"], data["model_dir"], int(data["version"]),
+                   data.get("metrics") or {})
+
+
+@dataclass(frozen=True)
+class ExportedVersion:
+    path: str
+    version: int
+
+    saved_model_pb = fsio.SubPath("saved_model.pb")
+    variables_index = fsio.SubPath("variables", "variables.index")
+    meta_path = fsio.SubPath("assets.extra", "recpipe.json")
+    skew_report_path = fsio.SubPath("skew_check.json")
+
+    @property
+    def root(self) -> str:
+        return self.path
+
+    def is_complete(self) -> bool:
+        """saved_model.pb and the variables index are there (a copy in progress usually lacks one)."""
+        return os.path.isfile(self.saved_model_pb) and os.path.isfile(self.variables_index)
+
+    def meta(self) -> Optional[ExportMeta]:
+        """recpipe's metadata; None for a SavedModel exported by something else."""
+        return ExportMeta.from_dict(fsio.read_json(self.meta_path)) if os.path.exists(self.meta_path) else None
+
+    def write_meta(self, meta: ExportMeta) -> None:
+        os.makedirs(os.path.dirname(self.meta_path), exist_ok=True)
+        fsio.write_json(self.meta_path, asdict(meta), sort_keys=False)
+
+    def skew_report(self) -> dict:
+        return fsio.read_json(self.skew_report_path)
+
+    def write_skew_report(self, report: dict) -> None:
+        fsio.write_json(self.skew_report_path, report, sort_keys=False)
+
+    def files_signature(self) -> tuple:
+        """(relative path, size, mtime) of every file: changes while a copy is in progress."""
+        out = []
+        for root, _, names in os.walk(self.path):
+            for n in names:
+                p = os.path.join(root, n)
+                try:
+                    st = os.stat(p)
+                except OSError:
+                    continue
+                out.append((os.path.relpath(p, self.path), st.st_size, st.st_mtime_ns))
+        return tuple(sorted(out))
+
+
+@dataclass(frozen=True)
+class ExportBase:
+    root: str
+
+    def version(self, version: int) -> ExportedVersion:
+        return ExportedVersion(os.path.join(self.root, str(version)), version)
+
+    def on_disk(self) -> list[ExportedVersion]:
+        """Every folder named like a version, complete or not, oldest first."""
+        if not os.path.isdir(self.root):
+            return []
+        return [self.version(v) for v in sorted(int(d) for d in os.listdir(self.root) if is_version_name(d))]
+
+    def versions(self) -> list[ExportedVersion]:
+        """The complete versions, oldest first."""
+        return [v for v in self.on_disk() if v.is_complete()]
+
+    def next_version(self) -> int:
+        """Epoch seconds, above any existing version."""
+        existing = self.on_disk()
+        now = int(time.time())
+        return max(now, existing[-1].version + 1) if existing else now
+
+    def find_model_dir(self, model_dir: str) -> Optional[ExportedVersion]:
+        """The version exported from `model_dir`, if any (a day's model is pushed at most once)."""
+        for v in self.versions():
+            meta = v.meta()
+            if meta is not None and meta.model_dir == os.path.abspath(model_dir):
+                return v
+        return None

@@ -1,0 +1,129 @@
+"""The models' building blocks as Keras-serialisable layers (registered under package "recpipe").
+
+SparseEmbeddings   every sparse feature's lookup in its (possibly shared) table; multivalent
+                   features pooled; optional unique-then-gather ID dedup
+CrossStack         DCN-v2's interaction: cross layers over [embeddings, dense]
+DotInteractionBlock  DLRM's interaction: bottom MLP on the dense features, pairwise dot products
+An interaction block maps (list of embedded features, dense matrix or None) to the top MLP's input.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import tensorflow as tf
+import tensorflow_recommenders as tfrs
+
+__all__ = ["flat_ids", "ids_by_table", "mlp", "SparseEmbeddings", "CrossStack", "DotInteractionBlock"]
+
+register = tf.keras.utils.register_keras_serializable(package="recpipe")
+
+
+def flat_ids(ids) -> tf.Tensor:
+    """Every ID of a feature's batch: a ragged list feature's flat values, else the tensor itself."""
+    return ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
+
+
+def ids_by_table(features: list[dict], batch: dict) -> dict[str, list[tuple[str, tf.Tensor]]]:
+    """(feature name, flat IDs) of every sparse feature present in `batch`, grouped by the
+    (possibly shared) table it reads. `features`: SparseEmbeddings' feature descriptions."""
+    grouped: dict[str, list] = {}
+    for f in features:
+        if f["name"] in batch:
+            grouped.setdefault(f["table"], []).append((f["name"], flat_ids(batch[f["name"]])))
+    return grouped
+
+
+def mlp(widths: list[int], name: str) -> list[tf.keras.layers.Layer]:
+    return [tf.keras.layers.Dense(w, activation="relu", name=f"{name}_{i}") for i, w in enumerate(widths)]
+
+
+@register
+class SparseEmbeddings(tf.keras.layers.Layer):
+    """Looks up every sparse feature in its (possibly shared) table; multivalent ones are pooled.
+
+    tables: {table: {"rows": n, "dim": d}}; features: [{"name", "table", "multivalent", "combiner"}].
+    dedup=True (unique-then-gather): the IDs of every feature that reads one table are
+    concatenated, made unique, looked up once and gathered back, so the table is read (and its
+    gradient carries) one row per distinct ID in the batch instead of one per occurrence.
+    Tables stay float32 under mixed precision; outputs are cast to the compute dtype.
+    """
+
+    def __init__(self, tables: dict, features: list, dedup: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.table_specs, self.feature_specs, self.dedup = tables, features, dedup
+        self.tables = {name: tf.keras.layers.Embedding(t["rows"], t["dim"], dtype="float32", name=f"emb_{name}")
+                       for name, t in tables.items()}
+
+    def call(self, features: dict) -> dict[str, tf.Tensor]:
+        present = [f for f in self.feature_specs if f["name"] in features]  # e.g. a candidate-only batch
+        vectors = self._lookup_unique(features) if self.dedup else {
+            f["name"]: self.tables[f["table"]](flat_ids(features[f["name"]])) for f in present}
+        out = {}
+        for f in present:
+            ids, vecs = features[f["name"]], vectors[f["name"]]
+            if isinstance(ids, tf.RaggedTensor):
+                pooled = tf.reduce_sum(ids.with_flat_values(vecs), axis=1)
+                if f["combiner"] == "mean":
+                    n = tf.cast(tf.maximum(ids.row_lengths(), 1), pooled.dtype)
+                    pooled = pooled / n[:, None]
+                out[f["name"]] = pooled
+            else:
+                out[f["name"]] = vecs
+        return {k: tf.cast(v, self.compute_dtype) for k, v in out.items()}
+
+    def _lookup_unique(self, features: dict) -> dict[str, tf.Tensor]:
+        vectors = {}
+        for table, named in ids_by_table(self.feature_specs, features).items():
+            names, flats = [n for n, _ in named], [ids for _, ids in named]
+            unique, index = tf.unique(tf.concat(flats, axis=0) if len(flats) > 1 else flats[0])
+            rows = tf.gather(self.tables[table](unique), index)
+            parts = tf.split(rows, tf.stack([tf.shape(x)[0] for x in flats]), num=len(flats)) \
+                if len(flats) > 1 else [rows]
+            vectors.update(zip(names, parts))
+        return vectors
+
+    def get_config(self):
+        return {**super().get_config(), "tables": self.table_specs, "features": self.feature_specs,
+                "dedup": self.dedup}
+
+
+@register
+class CrossStack(tf.keras.layers.Layer):
+    """DCN-v2: x0 = [embeddings..., dense]; x_{l+1} = x0 * (W x_l + b) + x_l for each cross layer
+    (low_rank: W = U V with rank low_rank)."""
+
+    def __init__(self, num_layers: int, low_rank: Optional[int] = None, **kwargs):
+        super().__init__(**kwargs)
+        self.num_layers, self.low_rank = num_layers, low_rank
+        self.cross = [tfrs.layers.dcn.Cross(projection_dim=low_rank, name=f"cross_{i}") for i in range(num_layers)]
+
+    def call(self, embedded: list, dense: Optional[tf.Tensor] = None) -> tf.Tensor:
+        x0 = tf.concat([*embedded, dense] if dense is not None else embedded, axis=1)
+        x = x0
+        for layer in self.cross:
+            x = layer(x0, x)
+        return x
+
+    def get_config(self):
+        return {**super().get_config(), "num_layers": self.num_layers, "low_rank": self.low_rank}
+
+
+@register
+class DotInteractionBlock(tf.keras.layers.Layer):
+    """DLRM: a bottom MLP maps the dense features to the embedding width; the pairwise dot products
+    of it and every embedding are concatenated with its output."""
+
+    def __init__(self, bottom_layers: list, dim: int, **kwargs):
+        super().__init__(**kwargs)
+        self.bottom_layers, self.dim = list(bottom_layers), dim
+        self.bottom = mlp([*bottom_layers, dim], "bottom")
+        self.dot = tfrs.layers.feature_interaction.DotInteraction(self_interaction=False, skip_gather=True)
+
+    def call(self, embedded: list, dense: Optional[tf.Tensor] = None) -> tf.Tensor:
+        bottom = dense if dense is not None else tf.zeros([tf.shape(embedded[0])[0], 1], self.compute_dtype)
+        for layer in self.bottom:
+            bottom = layer(bottom)
+        return tf.concat([bottom, self.dot([bottom, *embedded])], axis=1)
+
+    def get_config(self):
+        return {**super().get_config(), "bottom_layers": self.bottom_layers, "dim": self.dim}

@@ -1,0 +1,170 @@
+"""The model directory `recpipe train` writes: the interface to evaluate, export and warm start.
+
+    ROOT/config.yaml        the config trained with (its features equal the preprocessed data's)
+    ROOT/transform/         a copy of the transform artifact: the model dir is self-contained
+    ROOT/checkpoints/       tf.train.CheckpointManager checkpoints (model + optimizer + step)
+    ROOT/logs/              TensorBoard event files
+    ROOT/train_state.json   TrainState of the last run, written by every training loop alike
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import tensorflow as tf
+
+from features import fsio
+from features.artifact import TransformArtifact
+from features.config import Config, config_to_dict, dump_config, load_config
+from features.preprocessed import PreprocessedData
+from trainers.errors import TrainError
+from trainers.models import build_model, dummy_batch
+
+__all__ = ["TrainState", "ModelDir", "load_trained"]
+
+MAX_CHECKPOINTS = 3
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """What a training run leaves in train_state.json (and what `train` returns)."""
+    steps_done: int
+    steps_this_run: int
+    resumed_from: int
+    examples_per_sec_last_run: float    # over the whole run, tracing and checkpoints included
+    examples_per_sec_steady: float      # after the first checkpoint interval (see trainers.progress)
+    final_loss: float
+    strategy: str
+    precision: str
+    batch_size: int                     # per replica / rank
+    ranks: int = 1                      # Horovod ranks (1 otherwise)
+    sparse_gradients: Optional[str] = None  # Horovod: allgather | dense
+    data_dir: str = ""
+
+    @classmethod
+    def unchanged(cls, steps_done: int, strategy: str, precision: str, batch_size: int, data_dir: str) -> "TrainState":
+        """A run that found the model already trained to its steps."""
+        return cls(steps_done, 0, steps_done, 0.0, 0.0, math.nan, strategy, precision, batch_size,
+                   data_dir=PreprocessedData(data_dir).root)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainState":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+class ModelDir:
+    def __init__(self, root: str):
+        self.root = root
+
+    # ------------------------------------------------------------ layout
+    config_path = fsio.SubPath("config.yaml")
+    transform_dir = fsio.SubPath("transform")
+    checkpoints_dir = fsio.SubPath("checkpoints")
+    logs_dir = fsio.SubPath("logs")
+    state_path = fsio.SubPath("train_state.json")
+
+    # ------------------------------------------------------------ contents
+    def has_config(self) -> bool:
+        return os.path.exists(self.config_path)
+
+    def config(self) -> Config:
+        if not self.has_config():
+            raise TrainError(f"{self.root}: not a model directory (no config.yaml; run `recpipe train`)")
+        return load_config(self.config_path)
+
+    def transform(self) -> TransformArtifact:
+        return TransformArtifact.read(self.transform_dir)
+
+    def latest_checkpoint(self) -> Optional[str]:
+        return tf.train.latest_checkpoint(self.checkpoints_dir)
+
+    def latest_step(self) -> int:
+        latest = self.latest_checkpoint()
+        return int(latest.rsplit("-", 1)[1]) if latest else 0
+
+    def is_complete(self) -> bool:
+        """Config, transform copy and at least one checkpoint: evaluate and export can use it."""
+        return self.has_config() and os.path.exists(os.path.join(self.transform_dir, "transform.json")) \
+            and self.latest_checkpoint() is not None
+
+    def state(self) -> Optional[TrainState]:
+        return TrainState.from_dict(fsio.read_json(self.state_path)) if os.path.exists(self.state_path) else None
+
+    def write_state(self, state: TrainState) -> None:
+        fsio.write_json(self.state_path, dataclasses.asdict(state), sort_keys=False)
+
+    def data_dir(self) -> Optional[str]:
+        """The preprocessed data the last run trained on."""
+        state = self.state()
+        return state.data_dir if state and state.data_dir else None
+
+    # ------------------------------------------------------------ training side
+    def resolve_config(self, data: PreprocessedData, config_path: Optional[str]) -> tuple[Config, TransformArtifact]:
+        """--config, else this dir's own config (a rerun resumes), else the preprocessing config;
+        checked against the data's features and this dir's model."""
+        artifact = data.transform()
+        if config_path is None:
+            cfg = self.config() if self.has_config() else artifact.config
+        else:
+            cfg = load_config(config_path)
+            ours, theirs = config_to_dict(cfg), config_to_dict(artifact.config)
+            for key in ("features", "label", "input"):
+                if ours[key] != theirs[key]:
+                    raise TrainError(f"{config_path}: '{key}' differs from the config the data in "
+                                     f"{data.root} was preprocessed with; re-run `recpipe preprocess`")
+        if self.has_config():
+            previous, ours = config_to_dict(self.config()), config_to_dict(cfg)
+            if previous["features"] != ours["features"] or previous["model"] != ours["model"]:
+                raise TrainError(f"{self.root}: holds a model with other features/model settings; "
+                                 f"use a new --model-dir")
+        return cfg, artifact
+
+    def prepare(self, data: PreprocessedData, config_path: Optional[str]) -> tuple[Config, TransformArtifact]:
+        """Create or reuse the dir for training on `data`; return (config, transform artifact)."""
+        cfg, _ = self.resolve_config(data, config_path)
+        os.makedirs(self.root, exist_ok=True)
+        if not os.path.exists(os.path.join(self.transform_dir, "transform.json")):
+            # Unique temp names: several Horovod ranks may prepare the same model dir at once.
+            tmp = f"{self.transform_dir}.tmp-{os.getpid()}"
+            shutil.copytree(data.transform_dir, tmp)
+            try:
+                os.rename(tmp, self.transform_dir)
+            except OSError:  # another process published it first
+                shutil.rmtree(tmp, ignore_errors=True)
+        text = dump_config(cfg)
+        if not self.has_config() or Path(self.config_path).read_text() != text:  # a rerun leaves the file untouched
+            tmp = f"{self.config_path}.tmp-{os.getpid()}"
+            with open(tmp, "w") as fh:
+                fh.write(text)
+            os.replace(tmp, self.config_path)
+        return cfg, self.transform()
+
+    def checkpoint(self, model: tf.keras.Model,
+                   optimizer=None) -> tuple[tf.train.Checkpoint, tf.train.CheckpointManager]:
+        """The checkpoint of (model, optimizer) every strategy writes, and its manager."""
+        ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer if optimizer is not None else model.optimizer)
+        return ckpt, tf.train.CheckpointManager(ckpt, self.checkpoints_dir, max_to_keep=MAX_CHECKPOINTS)
+
+    # ------------------------------------------------------------ reading side
+    def load_trained(self) -> tuple[Config, TransformArtifact, tf.keras.Model]:
+        """Rebuild the model (fp32, no optimizer: evaluation and export need only the weights) and
+        restore the latest checkpoint."""
+        cfg = self.config()
+        artifact = self.transform()
+        model = build_model(cfg, artifact)
+        latest = self.latest_checkpoint()
+        if latest is None:
+            raise TrainError(f"{self.root}: no checkpoint found (run `recpipe train`)")
+        model(dummy_batch(cfg))
+        tf.train.Checkpoint(model=model).restore(latest).expect_partial().assert_existing_objects_matched()
+        return cfg, artifact, model
+
+
+def load_trained(model_dir: str) -> tuple[Config, TransformArtifact, tf.keras.Model]:
+    return ModelDir(model_dir).load_trained()

@@ -1,0 +1,70 @@
+"""How a training job runs — strategy, precision, steps, processes — declared once.
+
+`RunOptions` is the one typed spec behind `recpipe train`'s flags (argparse choices come from
+it), the Python API (`TrainOptions.run`) and the daily project YAML (its `train:` mapping); every
+value is validated by the same code, with the key named. No TensorFlow here: the CLI builds its
+parser from this module before TensorFlow loads.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from features.config import ConfigError, check_typed
+from trainers.errors import TrainError
+
+__all__ = ["Strategy", "Precision", "RunOptions", "TrainOptions", "run_flags"]
+
+Strategy = Literal["local", "ps", "horovod", "auto"]
+Precision = Literal["fp32", "bf16", "fp16"]
+
+
+def _opt(default, help_text: str):
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    strategy: Strategy = _opt("local", "ps: ParameterServerStrategy, the cluster from TF_CONFIG or started on "
+                                       "127.0.0.1; horovod: ring-allreduce over Gloo, --np ranks on this host via "
+                                       "horovodrun; auto: ask the advisor (see `recpipe advise`)")
+    precision: Precision = _opt("fp32", "fp32, or mixed precision with bf16/fp16 compute (variables stay fp32)")
+    steps: Optional[int] = _opt(None, "total steps (default: train.steps of the config)")
+    np: int = _opt(2, "--strategy horovod: ranks to start on this host")
+    threads: int = _opt(0, "intra/inter-op threads of each training process (default: train.tuning."
+                           "intra_op_threads / inter_op_threads)")
+    ps_workers: int = _opt(2, "--strategy ps without TF_CONFIG: worker processes")
+    ps_servers: int = _opt(2, "--strategy ps without TF_CONFIG: PS processes")
+    ps_task_threads: int = _opt(0, "--strategy ps: intra/inter-op threads per task (0: TF default)")
+
+    def __post_init__(self):
+        try:
+            check_typed(self)
+        except ConfigError as e:
+            raise TrainError(str(e)) from None
+        for key, low in (("steps", 1), ("np", 1), ("threads", 0), ("ps_workers", 1), ("ps_servers", 1),
+                         ("ps_task_threads", 0)):
+            value = getattr(self, key)
+            if value is not None and value < low:
+                raise TrainError(f"{key}: must be >= {low}, got {value}")
+
+
+@dataclass(frozen=True)
+class TrainOptions:
+    data_dir: str                      # a `recpipe preprocess` output
+    model_dir: str                     # checkpoints go here; rerunning resumes
+    config_path: Optional[str] = None  # default: the model dir's own config, else the data's
+    run: RunOptions = field(default_factory=RunOptions)
+    warm_start: Optional[str] = None   # a previous model dir to initialise a NEW model from
+    synthetic_input: bool = False      # benchmarks: one random in-memory batch instead of the shards
+
+
+def run_flags(run: RunOptions) -> list[str]:
+    """`recpipe train` flags that reproduce `run` (fields left at their defaults are omitted)."""
+    out = []
+    for f in dataclasses.fields(run):
+        value = getattr(run, f.name)
+        if value != f.default:
+            out += [f"--{f.name.replace('_', '-')}", str(value)]
+    return out
