@@ -15,6 +15,7 @@ import os
 import sys
 import tempfile
 import time
+import typing
 import warnings
 from typing import Callable
 
@@ -183,6 +184,7 @@ def cmd_bench(a) -> None:
 
 def _add_run_options(t: argparse.ArgumentParser) -> None:
     """One flag per RunOptions field: the type, choices, default and help come from the dataclass."""
+    hints = typing.get_type_hints(RunOptions)
     for f in dataclasses.fields(RunOptions):
         flag = "--" + f.name.replace("_", "-")
         kwargs: dict = {"dest": f.name, "default": f.default, "help": f.metadata.get("help")}
@@ -190,7 +192,7 @@ def _add_run_options(t: argparse.ArgumentParser) -> None:
         if choices:
             kwargs["choices"] = list(choices)
         else:
-            kwargs["type"] = int
+            kwargs["type"] = next(a for a in (*typing.get_args(hints[f.name]), hints[f.name]) if a in (int, str))
         t.add_argument(flag, **kwargs)
 
 

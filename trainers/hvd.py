@@ -1,7 +1,11 @@
 """Horovod ring-allreduce training (Gloo on CPU): a custom loop on horovod.tensorflow.
 
-`recpipe train --strategy horovod --np N` re-runs itself under `horovodrun -np N --gloo` on this
-host (or run `horovodrun ... recpipe train --strategy horovod` yourself for other hosts). Each rank
+Launchers: `recpipe train --strategy horovod --np N` re-runs itself under `horovodrun -np N --gloo`
+on this host. Across hosts without ssh, every host runs `recpipe train --strategy horovod --hosts
+H1[:S],H2[:S] --host-index I`: the first host also runs Horovod's rendezvous server, and each host
+starts its S ranks with the environment horovodrun would give them (the Gloo interface is the one
+holding the host's address). Where ssh exists, `horovodrun -H ... recpipe train --strategy horovod`
+works too. Each rank
 reads its own part of the shards (InputContext), uses `batch_size` rows per step (the effective
 batch is N x batch_size, as in Horovod's examples), and averages gradients with
 DistributedGradientTape; initial state is broadcast from rank 0. Sparse embedding gradients are
@@ -14,6 +18,7 @@ import importlib
 import math
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,7 +36,7 @@ from trainers.gradients import accumulated_gradients
 from trainers.model_dir import ModelDir, TrainState
 from trainers.models import build_model, dummy_batch
 from trainers.optim import optimizer_for, precision_policy
-from trainers.options import TrainOptions, run_flags
+from trainers.options import TrainOptions, host_list, run_flags
 from trainers.progress import EVENTS_ENV, Reporter, follow_events
 from trainers.warm_start import apply_warm_start
 
@@ -44,8 +49,12 @@ def inside_horovod_job() -> bool:
 
 def train_horovod(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int,
                   say: Callable[[str], None]) -> TrainState:
-    """Run this process as a rank (inside a job, or alone with --np 1), else launch np ranks."""
-    if inside_horovod_job() or opts.run.np == 1:  # one rank needs no launcher: hvd.init() alone gives size 1
+    """Run this process as a rank (inside a job, or alone with --np 1), else launch the ranks."""
+    if inside_horovod_job():
+        return run_rank(cfg, artifact, opts, total, say)
+    if opts.run.hosts:
+        return launch_on_host(opts, total, say)
+    if opts.run.np == 1:  # one rank needs no launcher: hvd.init() alone gives size 1
         return run_rank(cfg, artifact, opts, total, say)
     return launch(opts, say)
 
@@ -62,40 +71,141 @@ def _horovodrun() -> str:
     return found
 
 
-def launch(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
-    """Run `recpipe train --strategy horovod` as opts.run.np ranks on this host; raise if any rank fails.
-    Rank 0's progress reaches this process as JSON events (trainers.progress), shown as its lines."""
-    model_dir = ModelDir(opts.model_dir)
-    run = opts.run
-    cmd = [_horovodrun(), "-np", str(run.np), "-H", f"localhost:{run.np}", "--gloo",
-           sys.executable, "-m", "recpipe.cli", "train", "--data", opts.data_dir, "--model-dir", opts.model_dir,
-           "--config", model_dir.config_path,  # what this launcher resolved
-           *run_flags(run), "--strategy", "horovod"]
-    if opts.warm_start:
-        cmd += ["--warm-start", opts.warm_start]
-    say(f"train: horovodrun -np {run.np} --gloo on localhost")
+def _rank_command(opts: TrainOptions) -> list[str]:
+    """What every rank runs: this `recpipe train` with the config this launcher resolved."""
+    cmd = [sys.executable, "-m", "recpipe.cli", "train", "--data", opts.data_dir, "--model-dir", opts.model_dir,
+           "--config", ModelDir(opts.model_dir).config_path, *run_flags(opts.run), "--strategy", "horovod"]
+    return cmd + (["--warm-start", opts.warm_start] if opts.warm_start else [])
+
+
+def _supervise(start: Callable[[dict], list[subprocess.Popen]], say: Callable[[str], None]) -> list[tuple]:
+    """Start rank processes (start(extra_env) -> processes), show rank 0's progress events, wait for all;
+    when one fails, stop the others. Returns (returncode, last output lines) per process."""
     with tempfile.TemporaryDirectory(prefix="recpipe-hvd-") as tmp:
         events = os.path.join(tmp, "events.jsonl")
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"), **{EVENTS_ENV: events})
         reporter = Reporter(say, 0, 0, 0)
         done = threading.Event()
         follower = threading.Thread(target=follow_events, args=(events, _replay(reporter), done), daemon=True)
         follower.start()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        assert proc.stdout is not None
-        tail: list[str] = []
-        for line in proc.stdout:  # kept for the error message only; progress comes as events
-            tail = (tail + [line.split(">:", 1)[-1].rstrip("\n")])[-20:]
-        rc = proc.wait()
+        procs = start({"TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "3"), EVENTS_ENV: events})
+        tails: list[list[str]] = [[] for _ in procs]
+
+        def drain(i: int, proc: subprocess.Popen) -> None:
+            for line in proc.stdout:  # kept for error messages only; progress comes as events
+                tails[i] = (tails[i] + [line.split(">:", 1)[-1].rstrip("\n")])[-20:]
+
+        readers = [threading.Thread(target=drain, args=(i, p), daemon=True) for i, p in enumerate(procs)]
+        for r in readers:
+            r.start()
+        while any(p.poll() is None for p in procs):
+            if any(p.poll() not in (None, 0) for p in procs):
+                for p in procs:
+                    if p.poll() is None:
+                        p.terminate()
+            done.wait(0.2)
+        for r in readers:
+            r.join(timeout=5)
         done.set()
         follower.join()
         reporter.close()
+    return [(p.returncode, t) for p, t in zip(procs, tails)]
+
+
+def launch(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
+    """Run `recpipe train --strategy horovod` as opts.run.np ranks on this host; raise if any rank fails.
+    Rank 0's progress reaches this process as JSON events (trainers.progress), shown as its lines."""
+    run = opts.run
+    cmd = [_horovodrun(), "-np", str(run.np), "-H", f"localhost:{run.np}", "--gloo", *_rank_command(opts)]
+    say(f"train: horovodrun -np {run.np} --gloo on localhost")
+    (rc, tail), = _supervise(lambda env: [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                           text=True, env=dict(os.environ, **env))], say)
     if rc != 0:
         raise TrainError(f"horovodrun exited with {rc}: " + " | ".join(t for t in tail if t)[-800:])
-    state = model_dir.state()
+    return _written_state(opts)
+
+
+def _written_state(opts: TrainOptions) -> TrainState:
+    state = ModelDir(opts.model_dir).state()
     if state is None:
-        raise TrainError(f"{opts.model_dir}: horovodrun finished but rank 0 wrote no train_state.json")
+        raise TrainError(f"{opts.model_dir}: the ranks finished but rank 0 wrote no train_state.json")
     return state
+
+
+def launch_on_host(opts: TrainOptions, total: int, say: Callable[[str], None]) -> TrainState:
+    """This host's part of a job over --hosts (no ssh): the rendezvous server if this is the first host,
+    and this host's ranks with the environment horovodrun would set."""
+    run = opts.run
+    _horovodrun()  # Horovod built for this TensorFlow, or a clear error
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    hosts = parse_hosts(",".join(f"{h}:{n}" for h, n in host_list(run.hosts)))
+    plan = get_host_assignments(hosts, sum(h.slots for h in hosts))
+    me = hosts[run.host_index].hostname
+    first = _address(hosts[0].hostname)
+    iface = interface_of(_address(me))
+    mine = [slot for slot in plan if slot.hostname == me]
+    server = _start_rendezvous(run.rendezvous_port, plan) if run.host_index == 0 else None
+    say(f"train: horovod host {run.host_index} ({me}, {iface}): ranks {[s.rank for s in mine]} of {len(plan)}; "
+        f"rendezvous {first}:{run.rendezvous_port}")
+
+    def start(env: dict) -> list[subprocess.Popen]:
+        return [subprocess.Popen(_rank_command(opts), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 env=dict(os.environ, **env, **slot_env(slot, first, run.rendezvous_port, iface)))
+                for slot in mine]
+
+    try:
+        results = _supervise(start, say)
+    finally:
+        if server is not None:
+            server.shutdown()
+    failed = [(slot.rank, rc, tail) for slot, (rc, tail) in zip(mine, results) if rc != 0]
+    if failed:
+        rank, rc, tail = failed[0]
+        raise TrainError(f"horovod rank {rank} on {me} exited with {rc}: " + " | ".join(t for t in tail if t)[-800:])
+    if any(slot.rank == 0 for slot in mine):
+        return _written_state(opts)
+    say(f"train: ranks on {me} finished; rank 0 on {hosts[0].hostname} wrote the model dir")
+    shared = ModelDir(opts.model_dir).state()  # readable here when the model dir is on shared storage
+    return shared or TrainState(total, 0, 0, 0.0, 0.0, math.nan, "horovod", run.precision, 0, ranks=len(plan))
+
+
+def slot_env(slot, rendezvous_addr: str, rendezvous_port: int, iface: str) -> dict[str, str]:
+    """The environment horovodrun --gloo gives one rank (horovod.runner.gloo_run)."""
+    return {"HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_RANK": str(slot.rank), "HOROVOD_SIZE": str(slot.size),
+            "HOROVOD_LOCAL_RANK": str(slot.local_rank), "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+            "HOROVOD_CROSS_RANK": str(slot.cross_rank), "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+            "HOROVOD_GLOO_RENDEZVOUS_ADDR": rendezvous_addr, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
+            "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": iface,
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS", "300")}
+
+
+def _address(host: str) -> str:
+    try:
+        return socket.gethostbyname(host)
+    except OSError as e:
+        raise TrainError(f"--hosts: cannot resolve {host!r} ({e})") from None
+
+
+def interface_of(address: str) -> str:
+    """The network interface holding IPv4 `address` on this machine (Gloo's device binds to it)."""
+    import psutil  # Horovod's own dependency
+    found = {name: [a.address for a in addrs if a.family == socket.AF_INET]
+             for name, addrs in psutil.net_if_addrs().items()}
+    for name, addrs in found.items():
+        if address in addrs:
+            return name
+    raise TrainError(f"--hosts: {address} is not an address of this machine ({found}); check --host-index")
+
+
+def _start_rendezvous(port: int, plan: list):
+    """Horovod's HTTP rendezvous server on 0.0.0.0:port, serving in a thread, initialised with the plan."""
+    from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+    try:
+        server = RendezvousHTTPServer(("", port), RendezvousHandler, 0)
+    except OSError as e:
+        raise TrainError(f"--rendezvous-port {port}: cannot listen ({e})") from None
+    threading.Thread(target=server.serve_forever, name="horovod-rendezvous", daemon=True).start()
+    server.init(plan)
+    return server
 
 
 def _replay(reporter: Reporter) -> Callable[[dict], None]:

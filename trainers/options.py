@@ -14,10 +14,23 @@ from typing import Literal, Optional
 from features.config import ConfigError, check_typed
 from trainers.errors import TrainError
 
-__all__ = ["Strategy", "Precision", "RunOptions", "TrainOptions", "run_flags"]
+__all__ = ["Strategy", "Precision", "RunOptions", "TrainOptions", "run_flags", "host_list"]
 
 Strategy = Literal["local", "ps", "horovod", "auto"]
 Precision = Literal["fp32", "bf16", "fp16"]
+
+
+def host_list(spec: str) -> list[tuple[str, int]]:
+    """horovodrun's -H syntax, "h1:2,h2" -> [("h1", 2), ("h2", 1)]."""
+    out = []
+    for item in spec.split(","):
+        host, _, slots = item.strip().partition(":")
+        if not host or (slots and not slots.isdigit()) or (slots and int(slots) < 1):
+            raise TrainError(f"hosts: {item!r} in {spec!r} is not HOST or HOST:SLOTS")
+        out.append((host, int(slots) if slots else 1))
+    if len({h for h, _ in out}) != len(out):
+        raise TrainError(f"hosts: {spec!r} names a host twice")
+    return out
 
 
 def _opt(default, help_text: str):
@@ -34,6 +47,11 @@ class RunOptions:
     np: int = _opt(2, "--strategy horovod: ranks to start on this host")
     threads: int = _opt(0, "intra/inter-op threads of each training process (default: train.tuning."
                            "intra_op_threads / inter_op_threads)")
+    hosts: Optional[str] = _opt(None, "--strategy horovod across hosts without ssh: H1[:SLOTS],H2[:SLOTS],... "
+                                      "(horovodrun's -H syntax). Run the same command on every host with its own "
+                                      "--host-index; rank 0 and the rendezvous server run on the first host")
+    host_index: int = _opt(0, "--hosts: which of the hosts this one is (0 = the first)")
+    rendezvous_port: int = _opt(29500, "--hosts: TCP port of the rendezvous server on the first host")
     ps_workers: int = _opt(2, "--strategy ps without TF_CONFIG: worker processes")
     ps_servers: int = _opt(2, "--strategy ps without TF_CONFIG: PS processes")
     ps_task_threads: int = _opt(0, "--strategy ps: intra/inter-op threads per task (0: TF default)")
@@ -44,10 +62,14 @@ class RunOptions:
         except ConfigError as e:
             raise TrainError(str(e)) from None
         for key, low in (("steps", 1), ("np", 1), ("threads", 0), ("ps_workers", 1), ("ps_servers", 1),
-                         ("ps_task_threads", 0)):
+                         ("ps_task_threads", 0), ("host_index", 0), ("rendezvous_port", 1)):
             value = getattr(self, key)
             if value is not None and value < low:
                 raise TrainError(f"{key}: must be >= {low}, got {value}")
+        if self.hosts is not None:
+            hosts = host_list(self.hosts)
+            if self.host_index >= len(hosts):
+                raise TrainError(f"host_index: {self.host_index} is not one of the {len(hosts)} hosts in {self.hosts!r}")
 
 
 @dataclass(frozen=True)

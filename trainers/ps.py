@@ -1,11 +1,18 @@
 """ParameterServerStrategy: a cluster from TF_CONFIG, or N workers + M PS started on 127.0.0.1.
 
 Every worker and PS task is its own process running a `tf.distribute.Server` (with the servers
-in the coordinator's process, model.fit hangs). The coordinator is the `recpipe train` process: it
-builds the model under the strategy (embedding tables are split over the PS tasks by a
-MinSizePartitioner), dispatches steps to the workers through model.fit, and writes checkpoints.
-The local launcher restarts a worker process that dies; the coordinator reschedules the steps it
-lost, so the job completes.
+in the coordinator's process, model.fit hangs). The coordinator is the `recpipe train` process (the
+`chief` task): it builds the model under the strategy (embedding tables are split over the PS tasks
+by a MinSizePartitioner), dispatches steps to the workers through model.fit, and writes checkpoints.
+
+TF_CONFIG is the contract with a cluster manager (Kubeflow's TFJob operator writes it; so can a
+user), e.g. for the coordinator:
+    {"cluster": {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", ...], "ps": ["10.0.0.4:2222", ...]},
+     "task": {"type": "chief", "index": 0}}
+`cluster.chief` is required and must be routable from every task: the PS tasks connect back to the
+coordinator (e.g. while a checkpoint is written). The same command run with task type `worker` or
+`ps` serves that task until it is killed. A worker that dies is rescheduled around by the
+coordinator and rejoins when restarted (the local launcher restarts it; on a cluster, its manager).
 """
 from __future__ import annotations
 
@@ -22,45 +29,88 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-__all__ = ["PSCluster", "LocalPSCluster", "make_strategy", "serve_task", "cluster_from_tf_config"]
+from trainers.errors import TrainError
+
+__all__ = ["PSCluster", "TFConfig", "LocalPSCluster", "make_strategy", "serve_task", "tf_config"]
 
 MIN_SHARD_BYTES = 256 << 10
 
 
 @dataclass(frozen=True)
 class PSCluster:
+    chief: str            # the coordinator, host:port routable from every task
     workers: list[str]
     ps: list[str]
 
     def spec(self) -> dict[str, list[str]]:
-        return {"worker": list(self.workers), "ps": list(self.ps)}
+        return {"chief": [self.chief], "worker": list(self.workers), "ps": list(self.ps)}
 
 
-def cluster_from_tf_config() -> Optional[PSCluster]:
-    """The cluster of TF_CONFIG (set by a cluster manager), or None when it is not set."""
+TASK_TYPES = ("chief", "worker", "ps")
+
+
+@dataclass(frozen=True)
+class TFConfig:
+    cluster: PSCluster
+    task_type: str = "chief"
+    task_index: int = 0
+
+
+def _addresses(cluster: dict, job: str, required: bool = True) -> list[str]:
+    value = cluster.get(job)
+    if value is None and not required:
+        return []
+    if not isinstance(value, list) or not value or not all(isinstance(a, str) and ":" in a for a in value):
+        raise TrainError(f"TF_CONFIG: cluster.{job} must be a non-empty list of host:port addresses, got {value!r}")
+    return value
+
+
+def tf_config() -> Optional[TFConfig]:
+    """TF_CONFIG (set by a cluster manager), or None when it is not set. Errors name the key."""
     raw = os.environ.get("TF_CONFIG")
     if not raw:
         return None
     try:
-        cluster = json.loads(raw)["cluster"]
-        return PSCluster(list(cluster["worker"]), list(cluster["ps"]))
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"TF_CONFIG: needs cluster.worker and cluster.ps address lists ({e})") from None
+        data = json.loads(raw)
+    except ValueError as e:
+        raise TrainError(f"TF_CONFIG: not JSON ({e})") from None
+    cluster = data.get("cluster") if isinstance(data, dict) else None
+    if not isinstance(cluster, dict):
+        raise TrainError("TF_CONFIG: needs a 'cluster' mapping of chief, worker and ps address lists")
+    if "chief" not in cluster:
+        raise TrainError("TF_CONFIG: cluster.chief is required: the host:port of the `recpipe train` coordinator, "
+                         "routable from every worker and PS task (they connect back to it, e.g. for checkpoints)")
+    chief = _addresses(cluster, "chief")
+    if len(chief) != 1:
+        raise TrainError(f"TF_CONFIG: cluster.chief must list exactly one address, got {chief}")
+    unknown = sorted(set(cluster) - set(TASK_TYPES))
+    if unknown:
+        raise TrainError(f"TF_CONFIG: cluster.{unknown[0]}: not a ParameterServerStrategy job (use chief, worker, "
+                         f"ps; evaluate with `recpipe evaluate` after training)")
+    task = data.get("task") or {"type": "chief", "index": 0}
+    task_type, index = task.get("type"), task.get("index", 0)
+    if task_type not in TASK_TYPES:
+        raise TrainError(f"TF_CONFIG: task.type {task_type!r} is not one of {', '.join(TASK_TYPES)}")
+    jobs = {"chief": chief, "worker": _addresses(cluster, "worker"), "ps": _addresses(cluster, "ps")}
+    if not isinstance(index, int) or not 0 <= index < len(jobs[task_type]):
+        raise TrainError(f"TF_CONFIG: task.index {index!r} is out of range for {len(jobs[task_type])} "
+                         f"{task_type} task(s)")
+    return TFConfig(PSCluster(chief[0], jobs["worker"], jobs["ps"]), task_type, index)
 
 
 def make_strategy(cluster: PSCluster) -> tf.distribute.experimental.ParameterServerStrategy:
+    """The strategy of the coordinator (task chief 0): its server binds the chief address's port."""
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec(cluster.spec()), rpc_layer="grpc")
+        tf.train.ClusterSpec(cluster.spec()), task_type="chief", task_id=0, rpc_layer="grpc")
     partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
         min_shard_bytes=MIN_SHARD_BYTES, max_shards=len(cluster.ps))
     return tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
 
 
-def serve_task(cluster: dict[str, list[str]], job: str, index: int) -> None:
-    """Run one worker/PS server until killed (the body of a launched task process)."""
+def serve_task(cluster: dict[str, list[str]], job: str, index: int, threads: int = 0) -> None:
+    """Run one worker/PS server until killed (the body of a task process); threads: intra-op pool (0: TF's)."""
     os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
     config = tf.compat.v1.ConfigProto()
-    threads = int(os.environ.get("RECPIPE_TASK_THREADS", "0"))
     config.intra_op_parallelism_threads = threads
     # One inter-op thread deadlocks a worker (the step function waits on its own input pipeline's
     # ops; seen: every worker idle, the job hung), so a thread-limited task keeps two.
@@ -87,9 +137,9 @@ class LocalPSCluster:
 
     def __init__(self, workers: int = 2, ps: int = 2, threads_per_task: int = 0,
                  say: Callable[[str], None] = print):
-        ports = _free_ports(workers + ps)
-        self.cluster = PSCluster([f"127.0.0.1:{p}" for p in ports[:workers]],
-                                 [f"127.0.0.1:{p}" for p in ports[workers:]])
+        ports = _free_ports(1 + workers + ps)
+        self.cluster = PSCluster(f"127.0.0.1:{ports[0]}", [f"127.0.0.1:{p}" for p in ports[1:1 + workers]],
+                                 [f"127.0.0.1:{p}" for p in ports[1 + workers:]])
         self.threads = threads_per_task
         self.say = say
         self.procs: dict[tuple[str, int], subprocess.Popen] = {}
@@ -155,4 +205,5 @@ class LocalPSCluster:
 
 
 if __name__ == "__main__":  # python -m trainers.ps CLUSTER_JSON JOB INDEX
-    serve_task(json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]))
+    threads = int(os.environ.get("RECPIPE_TASK_THREADS", "0"))
+    serve_task(json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3]), threads)

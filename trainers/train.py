@@ -24,13 +24,17 @@ from trainers.models import build_model, dummy_batch
 from trainers.optim import optimizer_for, precision_policy
 from trainers.options import TrainOptions
 from trainers.progress import Reporter
-from trainers.ps import LocalPSCluster, cluster_from_tf_config, make_strategy
+from trainers.ps import LocalPSCluster, make_strategy, serve_task, tf_config
 from trainers.warm_start import apply_warm_start
 
 __all__ = ["TrainError", "TrainOptions", "TrainState", "train", "set_threads"]
 
 
 def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
+    cluster = tf_config() if opts.run.strategy == "ps" else None
+    if cluster is not None and cluster.task_type != "chief":  # a TFJob runs one command in every replica
+        say(f"train: serving PS-cluster task {cluster.task_type} {cluster.task_index} until killed")
+        serve_task(cluster.cluster.spec(), cluster.task_type, cluster.task_index, opts.run.ps_task_threads)
     model_dir, data = ModelDir(opts.model_dir), PreprocessedData(opts.data_dir)
     cfg, artifact = model_dir.prepare(data, opts.config_path)
     run = opts.run
@@ -45,10 +49,10 @@ def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
         return train_horovod(cfg, artifact, opts, total, say)
     if opts.run.strategy == "local":
         return _fit(cfg, artifact, opts, total, tf.distribute.get_strategy(), say)
-    cluster = cluster_from_tf_config()
     if cluster is not None:
-        say(f"train: PS cluster from TF_CONFIG: {len(cluster.workers)} workers, {len(cluster.ps)} PS")
-        return _fit(cfg, artifact, opts, total, make_strategy(cluster), say)
+        c = cluster.cluster
+        say(f"train: PS cluster from TF_CONFIG: chief {c.chief}, {len(c.workers)} workers, {len(c.ps)} PS")
+        return _fit(cfg, artifact, opts, total, make_strategy(c), say)
     with LocalPSCluster(run.ps_workers, run.ps_servers, run.ps_task_threads, say=say) as local:
         return _fit(cfg, artifact, opts, total, make_strategy(local.cluster), say)
 
