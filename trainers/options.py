@@ -69,7 +69,8 @@ class RunOptions:
         if self.hosts is not None:
             hosts = host_list(self.hosts)
             if self.host_index >= len(hosts):
-                raise TrainError(f"host_index: {self.host_index} is not one of the {len(hosts)} hosts in {self.hosts!r}")
+                raise TrainError(f"host_index: {self.host_index} is not one of the {len(hosts)} hosts in "
+                                 f"{self.hosts!r}")
 
 
 @dataclass(frozen=True)
