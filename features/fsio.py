@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 __all__ = ["resolve", "join", "makedirs", "exists", "write_text", "read_text", "write_bytes", "read_bytes",
-           "read_json", "write_json", "list_files", "SubPath"]
+           "read_json", "write_json", "list_files", "remove", "SubPath"]
 
 
 def resolve(path: str) -> tuple[pafs.FileSystem, str]:
@@ -74,6 +74,11 @@ def write_json(path: str, data: Any, *, indent: int = 1, sort_keys: bool = True,
         fh.write(text)
     os.replace(tmp, path)
     return True
+
+
+def remove(path: str) -> None:
+    fs, p = resolve(path)
+    fs.delete_file(p)
 
 
 def list_files(directory: str, suffix: str = "") -> list[str]:

@@ -46,6 +46,7 @@ class PreprocessedData:
     dead_letter_prefix = fsio.SubPath("dead_letter", "part")
     eval_sample_parquet = fsio.SubPath("eval_sample.parquet")
     eval_sample_records = fsio.SubPath("eval_sample.tfrecord")
+    row_counts_path = fsio.SubPath("_row_counts.json")  # the job's own count, moved into the artifact
 
     def split_dir(self, split: str) -> str:
         if split not in SPLITS:

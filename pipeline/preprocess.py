@@ -6,6 +6,7 @@ fails unless rows in = rows train + rows eval + rows dead-lettered, exactly.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import sys
@@ -16,15 +17,16 @@ import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from features import fsio
 from features.artifact import TransformArtifact
 from features.config import Config, config_to_dict
 from features.errors import RecpipeError
 from features.preprocessed import PreprocessedData
-from pipeline.options import beam_args_with_defaults
+from pipeline.options import beam_args_with_defaults, check_beam_args
 from pipeline.sources import inspect_inputs, list_input_files
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
-                                 ComputeDenseStats, ComputeVocabularies, EvalCutoff, ReadClickLogs, SplitRows,
-                                 ValidateRows, WriteEvalSample)
+                                 ComputeDenseStats, ComputeVocabularies, CountRows, EvalCutoff, ReadClickLogs,
+                                 SplitRows, ValidateRows, WriteEvalSample)
 
 __all__ = ["PreprocessError", "PreprocessResult", "build_pipeline", "run_preprocess", "load_previous_transform"]
 
@@ -120,21 +122,25 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     _ = (validated.dead_letter
          | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
              out.dead_letter_prefix, schema=DEAD_LETTER_SCHEMA, file_name_suffix=".parquet"))
+    _ = (batches, splits.train, splits.eval, validated.dead_letter) | "CountRows" >> CountRows(out.row_counts_path)
 
 
-def _counter(result, name: str) -> int:
-    found = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE).with_name(name))["counters"]
+def _counter(result, name: str) -> int | None:
+    """A counter's value, or None when the runner reports no metrics."""
+    try:
+        found = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE).with_name(name))["counters"]
+    except (NotImplementedError, RuntimeError):
+        return None
     return sum(int(r.committed if r.committed is not None else r.attempted) for r in found)
 
 
-def _dead_letter_counts(result) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for r in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
-        name = r.key.metric.name
-        if name.startswith("dead_letter."):
-            value = int(r.committed if r.committed is not None else r.attempted)
-            out[name.split(".", 1)[1]] = out.get(name.split(".", 1)[1], 0) + value
-    return out
+def _row_counts(staged: PreprocessedData) -> PreprocessResult:
+    """The accounting from the data: the CountRows branch summed the rows the job read, wrote to each
+    split and dead-lettered (by reason), from the elements themselves, so a retried task counts once."""
+    counts = fsio.read_json(staged.row_counts_path)
+    fsio.remove(staged.row_counts_path)
+    dead = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith("dead_letter.")}
+    return PreprocessResult(staged.root, counts.get("in", 0), counts.get("train", 0), counts.get("eval", 0), dead)
 
 
 def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[str] | None = None,
@@ -144,6 +150,8 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
     beam_args: Beam options on top of pipeline.options.DEFAULT_BEAM_ARGS.
     previous_transform: extend that run's vocabularies (IDs of known values never change).
     """
+    beam_args = beam_args_with_defaults(beam_args)
+    check_beam_args(beam_args)
     files = list_input_files(input_spec)
     raw_schema, inputs = inspect_inputs(files, cfg)
     previous = load_previous_transform(previous_transform, cfg, raw_schema) if previous_transform else None
@@ -157,17 +165,20 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
                             f".{os.path.basename(os.path.abspath(output))}.staging-{uuid.uuid4().hex[:8]}")
                if local else output)
 
-    options = PipelineOptions(beam_args_with_defaults(beam_args))
+    options = PipelineOptions(beam_args)
     try:
         p = beam.Pipeline(options=options)
         build_pipeline(p, cfg, inputs, raw_schema, PreprocessedData(staging), previous, previous_transform)
         result = p.run()
         result.wait_until_finish()
-        res = PreprocessResult(output, _counter(result, "rows_in"), _counter(result, "rows_train"),
-                               _counter(result, "rows_eval"), _dead_letter_counts(result))
+        staged = PreprocessedData(staging)
+        res = dataclasses.replace(_row_counts(staged), output=output)
         if res.rows_in != total or res.rows_in != res.rows_train + res.rows_eval + res.rows_dead:
             raise PreprocessError(f"row accounting does not balance: footers say {total} rows; {res.summary()}")
-        staged = PreprocessedData(staging)
+        counted = _counter(result, "rows_in")
+        if counted is not None and counted != res.rows_in:
+            say(f"preprocess: note: the rows_in counter says {counted}, the data {res.rows_in} (a retried task "
+                f"counted twice?); the accounting uses the data")
         artifact = staged.transform()  # the published artifact must load
         artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "eval": res.rows_eval,
                                "dead_letter": res.rows_dead, "dead_letter_by_reason": res.dead_letter,

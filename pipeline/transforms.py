@@ -29,7 +29,7 @@ from pipeline.analysis import (add_moments, batch_moments, boundaries_from_quant
 
 __all__ = ["NAMESPACE", "DEAD_LETTER_SCHEMA", "RawBatch", "ReadClickLogs", "ValidateRows", "EvalCutoff",
            "SplitRows", "ComputeVocabularies", "ComputeDenseStats", "AssembleArtifact", "ApplyTransform",
-           "WriteEvalSample", "EVAL_SAMPLE_ROWS"]
+           "WriteEvalSample", "CountRows", "EVAL_SAMPLE_ROWS"]
 
 NAMESPACE = "recpipe"
 EVAL_SAMPLE_ROWS = 1000  # raw eval rows kept for the export's skew check
@@ -401,3 +401,38 @@ class ApplyTransform(beam.PTransform):
 
     def expand(self, batches):
         return batches | beam.ParDo(_Transform(), beam.pvalue.AsSingleton(self._artifact))
+
+
+# ------------------------------------------------------------------------- accounting
+def _count_in(b: RawBatch) -> list[tuple[str, int]]:
+    return [("in", b.table.num_rows)]
+
+
+def _count_split(cols: dict, split: str) -> list[tuple[str, int]]:
+    return [(split, len(cols[LABEL_KEY]))]
+
+
+def _count_dead(table: pa.Table) -> list[tuple[str, int]]:
+    reasons, counts = np.unique(np.asarray(table.column("reason").to_pylist(), dtype=object), return_counts=True)
+    return [(f"dead_letter.{r}", int(c)) for r, c in zip(reasons, counts)]
+
+
+class CountRows(beam.PTransform):
+    """(read batches, train columns, eval columns, dead-letter tables) -> one JSON file of row counts
+    ({"in", "train", "eval", "dead_letter.<reason>"}), computed from the elements themselves: a task a
+    runner retries contributes once, as its output does (counters may count it twice)."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self._path = path
+
+    def expand(self, pcolls):
+        batches, train, eval_, dead = pcolls
+        path = self._path
+        parts = (batches | "In" >> beam.FlatMap(_count_in),
+                 train | "Train" >> beam.FlatMap(_count_split, "train"),
+                 eval_ | "Eval" >> beam.FlatMap(_count_split, "eval"),
+                 dead | "DeadLetter" >> beam.FlatMap(_count_dead))
+        return (parts | "All" >> beam.Flatten() | "Sum" >> beam.CombinePerKey(sum)
+                | "ToDict" >> beam.combiners.ToDict()
+                | "Write" >> beam.Map(lambda counts: fsio.write_json(path, counts)))

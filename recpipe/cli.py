@@ -94,7 +94,9 @@ def cmd_criteo(a) -> None:
 
 def cmd_preprocess(a, extra: list[str]) -> None:
     from features.config import load_config
+    from pipeline.options import check_beam_args
     from pipeline.preprocess import run_preprocess
+    check_beam_args(extra, also_known=a.own_flags)
     cfg = load_config(a.config)
     t0 = time.perf_counter()
     run_preprocess(cfg, a.input, a.output, extra, say=_say, previous_transform=a.previous_transform)
@@ -217,15 +219,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_criteo)
 
     pp = sub.add_parser("preprocess", help="Beam job: click logs -> transform artifact + training shards",
-                        epilog="Other options go to Beam, e.g. --runner=FlinkRunner --flink_master=HOST:PORT. "
-                               "Default: DirectRunner (in_memory).")
+                        epilog="Other options go to Beam (an option Beam does not know is an error), e.g. "
+                               "--runner=FlinkRunner --flink_master=HOST:PORT, or --runner dask --dask-address "
+                               "tcp://HOST:8786 for a dask.distributed cluster. Default: DirectRunner (in_memory).")
     pp.add_argument("--config", required=True)
     pp.add_argument("--input", required=True, help="a folder (searched recursively), a glob or a file")
     pp.add_argument("--output", required=True)
     pp.add_argument("--previous-transform", metavar="DIR",
                     help="a previous preprocess output (or its transform/): extend its vocabularies so "
                          "IDs of known values never change between days")
-    pp.set_defaults(fn=cmd_preprocess, beam=True)
+    pp.set_defaults(fn=cmd_preprocess, beam=True, own_flags=tuple(s for a in pp._actions for s in a.option_strings))
 
     t = sub.add_parser("train", help="train the configured TFRS model on preprocessed data")
     t.add_argument("--config", help="training config (default: the one the data was preprocessed with)")

@@ -1,0 +1,193 @@
+"""Beam's DaskRunner with the fixes the `recpipe preprocess` job needs, on a dask.distributed cluster.
+
+`--runner=pipeline.dask_runner.DaskRunner --dask_client_address=tcp://HOST:8786` (or recpipe's short
+form `--runner dask --dask-address tcp://HOST:8786`). Each fix below is small, separate and
+tested against the stock behaviour it changes (tests/test_dask_runner.py), so it could go upstream:
+
+1. Multi-output ParDo: each output PCollection gets its own tag's elements. Stock: every consumer
+   of any output saw all outputs' elements (a dead-letter table reached the main output's reader).
+2. Every leaf is computed. Stock: only the last-visited transform's bag, so other sinks never ran.
+3. Outputs emitted in finish_bundle are kept. Stock: a bundle's outputs were collected before
+   finish_bundle, so file sinks (which report their files from finish_bundle) published nothing.
+4. Metrics: each bundle's MetricsContainer is returned with its output partition and merged on the
+   client; only the attempt whose result Dask used counts, so a retried task never double-counts.
+   Stock: `result.metrics()` raised NotImplementedError.
+5. Side inputs are computed once, on the cluster, before the transforms that read them (they are
+   small: a cutoff, an artifact). Stock: each task reading one recomputed its whole upstream graph
+   from inside the task.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import apache_beam as beam
+import dask.bag as db
+from apache_beam import pvalue
+from apache_beam.pipeline import PipelineVisitor
+from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
+from apache_beam.runners.dask import dask_runner as stock
+from apache_beam.runners.dask import transform_evaluator as ops
+from apache_beam.runners.direct.direct_metrics import DirectMetrics
+from apache_beam.metrics.execution import MetricsContainer
+from apache_beam.runners.worker import statesampler
+from apache_beam.transforms import DoFn
+from apache_beam.transforms.sideinputs import SideInputMap
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils import counters
+from apache_beam.utils.windowed_value import WindowedValue
+
+__all__ = ["DaskRunner"]
+
+_METRICS = "__bundle_metrics__"  # the tag of a bundle's MetricUpdates inside its output partition
+
+
+def _run_bundle(items, fn, window_fn, step: str, side_inputs, args, kwargs) -> list:
+    """One Dask partition = one Beam bundle: (tag, element) pairs of every output (tag None: main),
+    finish_bundle's included (fix 3), and (_METRICS, the bundle's MetricUpdates) last (fix 4)."""
+    receivers = ops.OneReceiver()
+    handler = _OutputHandler(window_fn=window_fn, main_receivers=receivers[None], tagged_receivers=receivers,
+                             per_element_output_counter=None, output_batch_converter=None,
+                             process_yields_batches=False, process_batch_yields_elements=False)
+    container = MetricsContainer(step)
+    sampler = statesampler.StateSampler("", counters.CounterFactory())
+    statesampler.set_current_tracker(sampler)
+    try:
+        with sampler.scoped_state(step, "process", metrics_container=container):
+            invoker = DoFnInvoker.create_invoker(
+                DoFnSignature(fn), handler, context=DoFnContext(step, state=None), side_inputs=side_inputs,
+                input_args=args, input_kwargs=kwargs, user_state_context=None,
+                bundle_finalizer_param=DoFn.BundleFinalizerParam())
+            invoker.invoke_setup()
+            invoker.invoke_start_bundle()
+            for item in items:
+                invoker.invoke_process(item)
+            invoker.invoke_finish_bundle()
+            invoker.invoke_teardown()
+    finally:
+        statesampler.set_current_tracker(None)
+    out = [(v.tag, ops.defenestrate(v.value)) if isinstance(v, pvalue.TaggedOutput) else (None, ops.defenestrate(v))
+           for v in receivers.values]
+    out.append((_METRICS, container.get_cumulative()))
+    return out
+
+
+class _ParDo(ops.DaskBagOp):
+    """A ParDo whose bag holds (tag, element) pairs; the visitor splits it per output."""
+
+    def apply(self, input_bag: db.Bag, side_inputs=None) -> db.Bag:
+        transform = self.transform
+        args, kwargs = transform.raw_side_inputs
+        main_input = next(iter(self.applied.main_inputs.values()))
+        window_fn = main_input.windowing.windowfn if hasattr(main_input, "windowing") else None
+        return input_bag.map(ops.get_windowed_value, window_fn).map_partitions(
+            _run_bundle, transform.fn, window_fn, self.applied.full_label, side_inputs, list(args), kwargs)
+
+
+def _tagged(pair, tag) -> bool:
+    return pair[0] == tag
+
+
+def _second(pair):
+    return pair[1]
+
+
+@dataclasses.dataclass
+class _Visitor(PipelineVisitor):
+    """Beam graph -> Dask bags: one bag per transform, one view of it per output PCollection (fix 1)."""
+    client: object
+    bag_kwargs: dict
+    pcolls: dict = dataclasses.field(default_factory=dict)     # PCollection -> bag
+    bags: dict = dataclasses.field(default_factory=dict)       # transform node -> its bag (ParDo: tagged pairs)
+    persisted: set = dataclasses.field(default_factory=set)    # nodes whose bag is computed on the cluster
+    consumed: set = dataclasses.field(default_factory=set)
+
+    def visit_transform(self, node) -> None:
+        transform_cls = type(node.transform)
+        op_class = _ParDo if transform_cls is beam.ParDo else ops.TRANSLATIONS.get(transform_cls, ops.NoOp)
+        op = op_class(node, bag_kwargs=self.bag_kwargs)
+        kwargs: dict = {"input_bag": None, "side_inputs": None}
+        inputs = [pc for pc in node.inputs if not isinstance(pc, pvalue.PBegin)]
+        self.consumed.update(inputs)
+        if node.side_inputs:
+            kwargs["side_inputs"] = [self._side_input(si) for si in node.side_inputs]
+        if inputs:
+            bags = [self.pcolls[pc] for pc in inputs]
+            kwargs["input_bag"] = bags if isinstance(op, ops.Flatten) or len(bags) > 1 else bags[0]
+        self._bind(node, op.apply(**kwargs))
+
+    def _bind(self, node, bag) -> None:
+        self.bags[node] = bag
+        for tag, pc in node.outputs.items():
+            self.pcolls[pc] = _view(bag, tag) if _is_pardo(node) else bag
+
+    def _side_input(self, si) -> SideInputMap:
+        """Fix 5: everything built so far is computed once on the cluster and kept there (so no transform
+        runs twice: a sink's InitializeWrite, run again, would name another temp dir); the side input's
+        elements are then passed by value."""
+        self.consumed.add(si.pvalue)
+        fresh = [n for n, bag in self.bags.items() if n not in self.persisted and isinstance(bag, db.Bag)]
+        if fresh:
+            for node, bag in zip(fresh, self.client.persist([self.bags[n] for n in fresh])):
+                self._bind(node, bag)
+        self.persisted.update(fresh)
+        values = self.client.compute(self.pcolls[si.pvalue]).result()
+        return SideInputMap(type(si), si._view_options(), [WindowedValue(v, 0, (GlobalWindow(),)) for v in values])
+
+    def metrics(self) -> list:
+        return [_view(bag, _METRICS) for node, bag in self.bags.items() if _is_pardo(node)]
+
+    def leaves(self) -> list:
+        """Fix 2: every bag nothing else reads (and every ParDo runs, through its metrics)."""
+        return [bag for pc, bag in self.pcolls.items() if pc not in self.consumed and isinstance(bag, db.Bag)]
+
+
+def _is_pardo(node) -> bool:
+    return type(node.transform) is beam.ParDo
+
+
+def _view(tagged_bag, tag):
+    return tagged_bag.filter(functools.partial(_tagged, tag=tag)).map(_second)
+
+
+class DaskRunnerResult(stock.DaskRunnerResult):
+    """The stock result, plus the metrics of the bundles whose outputs were used (fix 4)."""
+
+    def __init__(self, client, futures, n_metrics: int):
+        super().__init__(client, futures)
+        self._n_metrics = n_metrics
+        self._metrics = None
+
+    def wait_until_finish(self, duration=None) -> str:
+        try:
+            state = super().wait_until_finish(duration)
+            merged = DirectMetrics()
+            for future in self.futures[len(self.futures) - self._n_metrics:]:
+                for updates in future.result():
+                    merged.commit_logical(None, updates)
+                    merged.commit_physical(None, updates)
+            self._metrics = merged
+        finally:
+            self.client.close()  # the job is over either way; stock left the client reconnecting forever
+        return state
+
+    def metrics(self) -> DirectMetrics:
+        if self._metrics is None:
+            raise RuntimeError("metrics are known once wait_until_finish() returned")
+        return self._metrics
+
+
+class DaskRunner(stock.DaskRunner):
+    """Beam's DaskRunner with fixes 1-5 (see the module docstring)."""
+
+    def run_pipeline(self, pipeline, options):
+        import dask.distributed as ddist
+        dask_options = options.view_as(stock.DaskOptions).get_all_options(drop_default=True, current_only=True)
+        bag_kwargs = stock.DaskOptions._extract_bag_kwargs(dask_options)
+        client = ddist.Client(**dask_options)
+        pipeline.replace_all(stock.dask_overrides())
+        visitor = _Visitor(client, bag_kwargs)
+        pipeline.visit(visitor)
+        metrics = visitor.metrics()
+        futures = client.compute([*visitor.leaves(), *metrics])  # one graph: shared tasks run once
+        return DaskRunnerResult(client, list(futures), len(metrics))

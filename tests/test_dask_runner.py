@@ -1,0 +1,293 @@
+"""pipeline.dask_runner on a real dask.distributed cluster (a scheduler and two one-thread worker
+processes started here): each fix beside the stock DaskRunner behaviour it changes, and the
+unchanged preprocess job giving DirectRunner's outputs, also with a worker killed mid-run."""
+from __future__ import annotations
+
+import collections
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from conftest import IN_MEMORY, small_config_dict
+from features.canonical import LABEL_KEY
+from features.config import parse_config
+from features.preprocessed import PreprocessedData
+from pipeline.preprocess import run_preprocess
+
+STOCK = "apache_beam.runners.dask.dask_runner.DaskRunner"
+OURS = "pipeline.dask_runner.DaskRunner"
+TESTS = str(Path(__file__).resolve().parent)
+
+
+@pytest.fixture(scope="module")
+def dask_cluster(tmp_path_factory):
+    """`dask scheduler` + 2 `dask worker` processes (nanny-supervised, one thread each)."""
+    import distributed
+    work = tmp_path_factory.mktemp("dask")
+    dask_cli = str(Path(sys.executable).parent / "dask")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    sched_file = str(work / "scheduler.json")
+    procs = [subprocess.Popen([dask_cli, "scheduler", "--port", "0", "--scheduler-file", sched_file,
+                               "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(sched_file):
+            assert time.monotonic() < deadline, "dask scheduler did not start"
+            time.sleep(0.2)
+        for _ in range(2):
+            procs.append(subprocess.Popen([dask_cli, "worker", "--scheduler-file", sched_file, "--nworkers", "1",
+                                           "--nthreads", "1", "--no-dashboard"], env=env,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        address = json.loads(Path(sched_file).read_text())["address"]
+        with distributed.Client(address) as client:
+            client.wait_for_workers(2, timeout=120)
+        yield address
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _run(build, runner: str, address: str):
+    p = beam.Pipeline(runner=runner, options=PipelineOptions([f"--dask_client_address={address}"]))
+    build(p)
+    result = p.run()
+    try:
+        result.wait_until_finish(duration=120_000)
+    finally:
+        result.client.close()  # the stock runner leaves its client open (ours closes it itself)
+    return result
+
+
+def _record(x, directory: str) -> None:
+    """A side-effect sink that works on any runner: one file per element."""
+    os.makedirs(directory, exist_ok=True)
+    Path(directory, f"{uuid.uuid4().hex}.json").write_text(json.dumps(x, default=repr))
+
+
+def _recorded(directory: Path) -> list:
+    return sorted(json.loads(f.read_text()) for f in directory.glob("*.json")) if directory.exists() else []
+
+
+class _SplitEvenOdd(beam.DoFn):
+    def process(self, x):
+        yield x if x % 2 == 0 else beam.pvalue.TaggedOutput("odd", x)
+
+
+def test_fix1_each_output_gets_its_own_tag(dask_cluster, tmp_path):
+    def build(p, out):
+        outs = p | beam.Create(list(range(8))) | beam.ParDo(_SplitEvenOdd()).with_outputs("odd", main="even")
+        _ = outs.even | "Even" >> beam.Map(_record, str(out / "even"))
+
+    _run(lambda p: build(p, tmp_path / "stock"), STOCK, dask_cluster)
+    stock = _recorded(tmp_path / "stock" / "even")
+    assert stock != [0, 2, 4, 6] and len(stock) == 8  # stock: the odd (tagged) elements reached it too
+    _run(lambda p: build(p, tmp_path / "ours"), OURS, dask_cluster)
+    assert _recorded(tmp_path / "ours" / "even") == [0, 2, 4, 6]
+
+
+def test_fix2_every_leaf_runs(dask_cluster, tmp_path):
+    def build(p, out):
+        items = p | beam.Create([1, 2, 3])
+        _ = items | "First" >> beam.Map(_record, str(out / "first"))
+        _ = items | "Second" >> beam.Map(_record, str(out / "second"))
+
+    _run(lambda p: build(p, tmp_path / "stock"), STOCK, dask_cluster)
+    assert _recorded(tmp_path / "stock" / "first") == []  # stock: only the last-visited leaf ran
+    _run(lambda p: build(p, tmp_path / "ours"), OURS, dask_cluster)
+    assert _recorded(tmp_path / "ours" / "first") == _recorded(tmp_path / "ours" / "second") == [1, 2, 3]
+
+
+class _SumInFinishBundle(beam.DoFn):
+    def start_bundle(self):
+        self.total = 0
+
+    def process(self, x):
+        self.total += x
+
+    def finish_bundle(self):
+        from apache_beam.transforms.window import GlobalWindow
+        from apache_beam.utils.windowed_value import WindowedValue
+        yield WindowedValue(self.total, 0, [GlobalWindow()])
+
+
+def test_fix3_finish_bundle_outputs_are_kept(dask_cluster, tmp_path):
+    def build(p, out):
+        _ = (p | beam.Create([1, 2, 3, 4]) | beam.ParDo(_SumInFinishBundle())
+             | beam.Map(_record, str(out)))
+
+    _run(lambda p: build(p, tmp_path / "stock"), STOCK, dask_cluster)
+    assert _recorded(tmp_path / "stock") == []  # stock: collected before finish_bundle ran
+    _run(lambda p: build(p, tmp_path / "ours"), OURS, dask_cluster)
+    assert sum(_recorded(tmp_path / "ours")) == 10
+
+
+class _Counted(beam.DoFn):
+    def __init__(self, executions: str):
+        self.executions, self.seen = executions, Metrics.counter("test", "seen")
+
+    def process(self, x):
+        self.seen.inc()
+        Path(self.executions, uuid.uuid4().hex).touch()  # how often it really ran
+        yield x % 3, x
+
+
+class _DieOnce(beam.DoFn):
+    """Kills its worker process the first time it sees key 0 (the nanny restarts the worker; Dask
+    recomputes what was lost with it, including results of the stage before)."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def process(self, kv):
+        if kv[0] == 0 and not os.path.exists(self.marker):
+            Path(self.marker).touch()
+            os._exit(1)
+        yield kv
+
+
+def test_fix4_metrics_are_merged_and_count_a_retried_task_once(dask_cluster, tmp_path):
+    def build(p, executions):
+        os.makedirs(executions, exist_ok=True)
+        _ = (p | beam.Create(list(range(300))) | beam.ParDo(_Counted(executions)) | beam.GroupByKey()
+             | beam.ParDo(_DieOnce(str(tmp_path / "died"))) | beam.Map(_record, str(tmp_path / "out")))
+
+    with pytest.raises(NotImplementedError):  # stock: no metrics at all
+        _run(lambda p: build(p, str(tmp_path / "stock_runs")), STOCK, dask_cluster).metrics()
+    os.remove(tmp_path / "died")
+    result = _run(lambda p: build(p, str(tmp_path / "runs")), OURS, dask_cluster)
+    assert (tmp_path / "died").exists()  # a worker died mid-job and its tasks were redone
+    seen = result.metrics().query(MetricsFilter().with_name("seen"))["counters"]
+    assert sum(r.committed for r in seen) == 300  # exactly once per element, whatever ran twice
+    print(f"first stage ran {len(os.listdir(tmp_path / 'runs'))} times for 300 elements")
+    assert len(os.listdir(tmp_path / "runs")) >= 300
+
+
+def _pair(x, s):
+    return x, s
+
+
+def _second(t, s):
+    return t[1], s
+
+
+def test_fix5_one_side_input_value_for_every_reader(dask_cluster, tmp_path):
+    """Like a file sink's InitializeWrite (a fresh temp dir name each time it runs): read by two
+    transforms that run one after the other."""
+    def build(p, out):
+        name = p | "S" >> beam.Create([0]) | "Name" >> beam.Map(lambda _: uuid.uuid4().hex)
+        first = p | "M" >> beam.Create([1, 2]) | "UseA" >> beam.Map(_pair, beam.pvalue.AsSingleton(name))
+        _ = (first | "UseB" >> beam.Map(_second, beam.pvalue.AsSingleton(name))
+             | beam.Map(_record, str(out)))
+
+    _run(lambda p: build(p, tmp_path / "stock"), STOCK, dask_cluster)
+    assert any(a != b for a, b in _recorded(tmp_path / "stock"))  # stock: computed again, another value
+    _run(lambda p: build(p, tmp_path / "ours"), OURS, dask_cluster)
+    assert [a == b for a, b in _recorded(tmp_path / "ours")] == [True, True]
+
+
+# ------------------------------------------------------------------------- the preprocess job
+def _shard_rows(data: PreprocessedData, split: str) -> collections.Counter:
+    import tensorflow as tf
+
+    from features.records import parse_record
+    parse, out = parse_record(data.transform().config), collections.Counter()
+    for f in data.shard_files(split):
+        for rec in tf.data.TFRecordDataset(f):
+            cols = {k: (v.to_list() if isinstance(v, tf.RaggedTensor) else v.numpy().tolist())
+                    for k, v in parse(rec).items()}
+            for i in range(len(cols[LABEL_KEY])):
+                out[json.dumps({k: cols[k][i] for k in sorted(cols)})] += 1
+    return out
+
+
+def _dead_rows(data: PreprocessedData) -> list:
+    files = data.dead_letter_files()
+    rows = pq.read_table(files).to_pylist() if files else []
+    return sorted((r["source_file"], r["row"], r["reason"], r["field"]) for r in rows)
+
+
+def _assert_same_outputs(a: PreprocessedData, b: PreprocessedData) -> None:
+    ta, tb = a.transform(), b.transform()
+    assert ta.vocabularies == tb.vocabularies and ta.vocab_counts == tb.vocab_counts
+    assert json.dumps(ta.dense_stats, sort_keys=True) == json.dumps(tb.dense_stats, sort_keys=True)
+    assert ta.split == tb.split and ta.row_counts == tb.row_counts
+    for split in ("train", "eval"):
+        assert _shard_rows(a, split) == _shard_rows(b, split), split
+    assert _dead_rows(a) == _dead_rows(b) and _dead_rows(a)
+    assert pq.read_metadata(a.eval_sample_parquet).num_rows == pq.read_metadata(b.eval_sample_parquet).num_rows
+
+
+@pytest.fixture(scope="module")
+def log_with_bad_rows(tmp_path_factory, small_log):
+    out = tmp_path_factory.mktemp("badlog")
+    for i, src in enumerate(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))):
+        t = pq.read_table(src)
+        labels = t.column("label").to_pylist()
+        for j in range(i, len(labels), 97):
+            labels[j] = None if j % 2 else 7
+        t = t.set_column(t.schema.get_field_index("label"), "label", pa.array(labels, pa.int64()))
+        os.makedirs(out / f"day{i}")
+        pq.write_table(t, out / f"day{i}" / "part-0.parquet", row_group_size=1000)
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def direct_output(tmp_path_factory, log_with_bad_rows):
+    out = str(tmp_path_factory.mktemp("direct") / "pre")
+    run_preprocess(parse_config(small_config_dict()), log_with_bad_rows, out, IN_MEMORY, say=lambda _: None)
+    return PreprocessedData(out)
+
+
+def test_preprocess_on_dask_gives_directrunners_outputs(dask_cluster, tmp_path, log_with_bad_rows, direct_output):
+    out = str(tmp_path / "pre")
+    proc = subprocess.run([sys.executable, "-m", "recpipe.cli", "preprocess", "--config", _config(tmp_path),
+                           "--input", log_with_bad_rows, "--output", out, "--runner", "dask", "--dask-address",
+                           dask_cluster], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rows in = 6000 = rows out" in proc.stdout and "label_not_0_1=" in proc.stdout
+    _assert_same_outputs(direct_output, PreprocessedData(out))
+
+
+def test_preprocess_on_dask_survives_a_killed_worker(dask_cluster, tmp_path, log_with_bad_rows, direct_output):
+    """A worker process SIGKILLed while the job runs: Dask recomputes what it held; the outputs and the
+    row accounting (from the data) come out exactly as DirectRunner's."""
+    import distributed
+    with distributed.Client(dask_cluster) as client:
+        pids = list(client.run(os.getpid).values())
+    killer = threading.Timer(6.0, os.kill, (pids[0], signal.SIGKILL))
+    killer.start()
+    out = str(tmp_path / "pre")
+    try:
+        res = run_preprocess(parse_config(small_config_dict()), log_with_bad_rows, out,
+                             ["--runner", "dask", "--dask-address", dask_cluster], say=lambda _: None)
+    finally:
+        killer.cancel()
+    assert res.rows_in == 6000 == res.rows_train + res.rows_eval + res.rows_dead
+    _assert_same_outputs(direct_output, PreprocessedData(out))
+
+
+def _config(tmp_path) -> str:
+    import yaml
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(small_config_dict()))
+    return str(path)
