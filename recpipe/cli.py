@@ -26,7 +26,7 @@ from trainers.options import RunOptions
 
 __all__ = ["main", "build_parser", "quiet_startup"]
 
-NO_TENSORFLOW = ("generate", "criteo-to-parquet")  # (and `daily ready`, the sensor's probe)
+NO_TENSORFLOW = ("generate", "criteo-to-parquet", "cluster")  # (and `daily ready`, the sensor's probe)
 
 
 def _say(msg: str) -> None:
@@ -173,9 +173,19 @@ def cmd_demo(a) -> None:
     run_demo(DemoOptions(workdir=a.workdir, rows=a.rows, steps=a.steps, synthetic=a.synthetic), say=_say)
 
 
-def cmd_daily(a) -> int:
+def cmd_daily(a, extra: list[str]) -> int:
     from recpipe.daily import run_step
-    return run_step(a.step, a.project, a.day, say=_say)
+    if extra and a.step != "preprocess":
+        raise ValueError(f"unrecognized arguments: {' '.join(extra)} (only `daily preprocess` takes Beam options)")
+    return run_step(a.step, a.project, a.day, say=_say, beam_args=extra)
+
+
+def cmd_cluster(a) -> None:
+    from recpipe.k8s import RenderOptions, render, write_manifests
+    opts = RenderOptions(a.project, a.day, a.image, a.name, a.namespace, a.volume_claim, a.volume_mount,
+                         a.dask_workers, a.dask_threads)
+    for path in write_manifests(render(opts), a.out):
+        _say(f"cluster render: {path} (validated against its schema)")
 
 
 def cmd_bench(a) -> None:
@@ -295,7 +305,22 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("step", choices=["ready", "preprocess", "train", "evaluate", "bless", "push"])
     dl.add_argument("--project", required=True, help="project YAML: log_root, work_root, model_base, config, ...")
     dl.add_argument("--day", required=True, help="the logical date, YYYY-MM-DD")
-    dl.set_defaults(fn=cmd_daily)
+    dl.set_defaults(fn=cmd_daily, beam=True, own_flags=("--project", "--day"))
+
+    cl = sub.add_parser("cluster", help="Kubernetes manifests for one day: DaskJob (preprocess), TFJob (PS), "
+                                        "MPIJob (Horovod), validated offline against the CRDs' schemas")
+    cl.add_argument("action", choices=["render"])
+    cl.add_argument("--project", required=True, help="the daily project YAML (its paths: shared storage)")
+    cl.add_argument("--day", required=True, help="YYYY-MM-DD")
+    cl.add_argument("--image", required=True, help="container image with recpipe installed (sshd for MPIJob workers)")
+    cl.add_argument("--out", required=True, help="folder for the YAML manifests")
+    cl.add_argument("--name", default="recpipe")
+    cl.add_argument("--namespace")
+    cl.add_argument("--volume-claim", help="PersistentVolumeClaim holding the project's log/work/model paths")
+    cl.add_argument("--volume-mount", default="/data", help="where every pod mounts --volume-claim")
+    cl.add_argument("--dask-workers", type=int, default=4)
+    cl.add_argument("--dask-threads", type=int, default=2)
+    cl.set_defaults(fn=cmd_cluster)
 
     b = sub.add_parser("bench", help="benchmarks -> bench/results/<suite>.json + .md and REPORT.md with plots")
     b.add_argument("suite", nargs="?", default="all", choices=[*SUITES, "all"],

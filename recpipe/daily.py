@@ -105,7 +105,7 @@ def step_ready(dc: DailyConfig, day: str, say) -> int:
     return 0 if files else 1
 
 
-def step_preprocess(dc: DailyConfig, day: str, say) -> int:
+def step_preprocess(dc: DailyConfig, day: str, say, beam_args: Optional[list[str]] = None) -> int:
     from pipeline.preprocess import run_preprocess
     d = _day_dir(dc, day)
     if d.data.is_complete():
@@ -117,7 +117,7 @@ def step_preprocess(dc: DailyConfig, day: str, say) -> int:
         raise RuntimeError(f"daily preprocess {day}: the previous day {prev} is not preprocessed yet "
                            f"({previous.root}); days must run in order")
     os.makedirs(d.root, exist_ok=True)
-    run_preprocess(load_config(dc.config), _partition(dc, day), d.data.root, say=say,
+    run_preprocess(load_config(dc.config), _partition(dc, day), d.data.root, beam_args, say=say,
                    previous_transform=previous.root if previous else None)
     return 0
 
@@ -211,8 +211,12 @@ def step_push(dc: DailyConfig, day: str, say) -> int:
     return 0
 
 
-def run_step(step: str, project: str, day: str, say: Callable[[str], None] = print) -> int:
+def run_step(step: str, project: str, day: str, say: Callable[[str], None] = print,
+             beam_args: Optional[list[str]] = None) -> int:
+    """beam_args: Beam options for the preprocess step (e.g. --runner dask --dask-address ADDR)."""
     dc = load_daily_config(project)
     day = _day(day)
-    return {"ready": step_ready, "preprocess": step_preprocess, "train": step_train, "evaluate": step_evaluate,
-            "bless": step_bless, "push": step_push}[step](dc, day, say)
+    if step == "preprocess":
+        return step_preprocess(dc, day, say, beam_args)
+    return {"ready": step_ready, "train": step_train, "evaluate": step_evaluate, "bless": step_bless,
+            "push": step_push}[step](dc, day, say)

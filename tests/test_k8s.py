@@ -1,0 +1,88 @@
+"""`recpipe cluster render`: the manifests for one day, validated offline against the vendored CRD
+and Kubernetes schemas; the validator rejects what the API server would."""
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import small_config_dict
+from features.config import build_typed
+from recpipe.daily import DailyConfig
+from recpipe.k8s import ManifestError, RenderOptions, render, validate
+
+
+@pytest.fixture()
+def project(tmp_path):
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(small_config_dict()))
+    path = tmp_path / "project.yaml"
+    path.write_text(yaml.safe_dump({"log_root": "/data/log", "work_root": "/data/work", "model_base": "/data/serving",
+                                    "config": "config.yaml",
+                                    "train": {"strategy": "ps", "ps_workers": 3, "ps_servers": 2, "np": 4}}))
+    return str(path)
+
+
+def _by_kind(manifests):
+    return {m["kind"]: m for m in manifests}
+
+
+def test_render_writes_every_engine_from_one_project(project):
+    m = _by_kind(render(RenderOptions(project, "2026-01-02", "reg.example/recpipe:1", volume_claim="data")))
+    assert set(m) == {"ConfigMap", "DaskJob", "TFJob", "MPIJob"}
+    tf = m["TFJob"]["spec"]["tfReplicaSpecs"]
+    assert {k: v["replicas"] for k, v in tf.items()} == {"Chief": 1, "Worker": 3, "PS": 2}
+    chief = tf["Chief"]["template"]["spec"]["containers"][0]
+    assert chief["name"] == "tensorflow" and chief["args"][:3] == ["recpipe", "daily", "train"]
+    assert "/etc/recpipe/project-ps.yaml" in chief["args"] and "2026-01-02" in chief["args"]
+    mpi = m["MPIJob"]["spec"]["mpiReplicaSpecs"]
+    assert mpi["Worker"]["replicas"] == 4 and mpi["Launcher"]["template"]["spec"]["containers"][0]["args"][:4] == \
+        ["horovodrun", "--gloo", "-np", "4"]
+    job = m["DaskJob"]["spec"]["job"]["spec"]["containers"][0]["args"]
+    assert job[-4:] == ["--runner", "dask", "--dask-address", "$(DASK_SCHEDULER_ADDRESS)"]
+    data = m["ConfigMap"]["data"]
+    for key, strategy in (("project.yaml", "ps"), ("project-ps.yaml", "ps"), ("project-horovod.yaml", "horovod")):
+        dc = build_typed(DailyConfig, yaml.safe_load(data[key]))
+        assert dc.train.strategy == strategy and dc.config == "/etc/recpipe/config.yaml" and dc.train.np == 4
+    assert yaml.safe_load(data["config.yaml"])["name"] == "small_ctr"
+
+
+def test_validator_rejects_what_the_api_server_would(project):
+    good = _by_kind(render(RenderOptions(project, "2026-01-02", "img")))
+    cases = []
+    bad = copy.deepcopy(good["TFJob"])
+    bad["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    cases.append((bad, "spec.tfReplicaSpecs.Worker.template.spec.containers.0"))   # unknown field (strict)
+    bad = copy.deepcopy(good["TFJob"])
+    bad["spec"]["tfReplicaSpecs"]["PS"]["replicas"] = "two"
+    cases.append((bad, "spec.tfReplicaSpecs.PS.replicas"))
+    bad = copy.deepcopy(good["TFJob"])
+    del bad["spec"]["tfReplicaSpecs"]
+    cases.append((bad, "'tfReplicaSpecs' is a required property"))
+    bad = copy.deepcopy(good["MPIJob"])
+    bad["spec"]["mpiImplementation"] = "MPICH"
+    cases.append((bad, "spec.mpiImplementation"))
+    bad = copy.deepcopy(good["DaskJob"])
+    bad["spec"]["cluster"]["spec"]["worker"]["replicas"] = -1.5
+    cases.append((bad, "spec.cluster.spec.worker.replicas"))
+    bad = copy.deepcopy(good["ConfigMap"])
+    bad["data"]["config.yaml"] = 3
+    cases.append((bad, "data.config.yaml"))
+    for manifest, where in cases:
+        with pytest.raises(ManifestError, match=where.replace(".", r"\.")):
+            validate(manifest)
+    with pytest.raises(ManifestError, match="no vendored schema"):
+        validate({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "x"}})
+
+
+def test_cli_render_and_daily_options(project, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "recpipe.cli", "cluster", "render", "--project", project, "--day",
+                          "2026-01-02", "--image", "img", "--out", str(tmp_path / "k8s")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert len(list((tmp_path / "k8s").glob("*.yaml"))) == 4 and out.stdout.count("validated") == 4
+    wrong = subprocess.run([sys.executable, "-m", "recpipe.cli", "daily", "train", "--project", project, "--day",
+                            "2026-01-02", "--runner", "dask"], capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 1 and "only `daily preprocess` takes Beam options" in wrong.stderr
