@@ -136,12 +136,14 @@ def cmd_advise(a) -> None:
     from features.config import load_config
     from features.preprocessed import PreprocessedData
     from trainers.advisor import advise
+    from features import fsio
+    from trainers.advisor import Overheads
     artifact = PreprocessedData(a.data).transform()
     cfg = load_config(a.config) if a.config else artifact.config
-    advice = advise(cfg, artifact, a.data, a.workers, a.ps_tasks, a.bandwidth_gbps)
+    overheads = Overheads(**fsio.read_json(a.calibration)["calibration"]["overheads"]) if a.calibration else Overheads()
+    advice = advise(cfg, artifact, a.data, a.workers, a.ps_tasks, a.bandwidth_gbps, overheads=overheads)
     _say(advice.table())
     if a.out:
-        from features import fsio
         fsio.write_json(a.out, advice.as_dict(), sort_keys=False)
 
 
@@ -260,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     ad.add_argument("--workers", type=int, default=8, help="workers of the planned cluster")
     ad.add_argument("--ps-tasks", type=int, default=2, help="PS tasks of the planned cluster")
     ad.add_argument("--bandwidth-gbps", type=float, default=10.0, help="network bandwidth per host")
+    ad.add_argument("--calibration", metavar="CLUSTER_JSON",
+                    help="per-step overheads measured across hosts by `recpipe bench cluster` (its cluster.json)")
     ad.add_argument("--out", help="write the advice as JSON")
     ad.set_defaults(fn=cmd_advise)
 
@@ -327,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="preprocess: Beam vs single-process baseline, peak RSS at 1x vs 10x rows, shard formats; "
                         "train: real vs synthetic input, bf16 vs fp32, every tuning knob, Horovod and PS scaling, "
                         "RSS vs table size, FLOP/s ceiling, Criteo AUC per strategy, scale-out model; "
-                        "serve: QPS/latency at concurrency 1/8/32, batching off/on, against in-process calls")
+                        "serve: QPS/latency at concurrency 1/8/32, batching off/on, against in-process calls; "
+                        "cluster: PS and Horovod across network namespaces at several link speeds vs the advisor")
     b.add_argument("--quick", action="store_true", help="smoke run: small sizes, one repetition (CI)")
     b.add_argument("--reps", type=int, help="repetitions of every measurement (default 3; 1 with --quick)")
     b.add_argument("--rows", type=int, help="generated rows (default per suite)")

@@ -110,6 +110,17 @@ def _why(key: str, found: dict) -> str:
                 f"({c['fp32']['median']:,.0f} GFLOP/s), and bf16 matmuls are only "
                 f"{c['bf16']['median'] / c['fp32']['median']:.2f}x faster here; the embedding lookups, casts, "
                 f"optimizer updates (fp32 master weights) and input pipeline do not speed up.")
+    if key.startswith("cluster_") and "cluster" in found:
+        strategy, link = key[len("cluster_"):].split("_prediction_error_")
+        p = found["cluster"]["predictions"][f"{strategy}_{link}"]
+        cal = found["cluster"]["calibration"]
+        over = cal["overheads"]["ps_s" if strategy == "ps" else "allreduce_s"] + cal["compute_probe_s"]
+        return (f"measured {p['measured_step_s'] * 1000:,.0f} ms per step at {link}, predicted "
+                f"{p['calibrated_s'] * 1000:,.0f} ms = {over * 1000:,.0f} ms measured on the unshaped link + "
+                f"{p['bytes_only_s'] * 1000:,.0f} ms of bytes over this link's goodput. A measured step shorter than "
+                f"that means communication overlapped computation (Horovod starts allreducing gradients while the "
+                f"backward pass still runs), which the model does not credit; longer, that the link's queueing or "
+                f"the CPU the transfers take grew with the slower link.")
     if key == "train_real_vs_synthetic_input" and "real_fp32" in runs:
         return ("parsing and re-batching the shards runs on the same 2 cores as the training step, so the real "
                 "input path takes CPU time the synthetic in-memory batch does not.")

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from recpipe.bench.cluster import ClusterBenchOptions, bench_cluster
+from recpipe.bench.cluster import markdown as cluster_markdown
 from recpipe.bench.common import machine_info, save_result
 from recpipe.bench.preprocess import bench_preprocess, bench_shard_formats, report_markdown
 from recpipe.bench.report import write_report
@@ -21,6 +23,7 @@ from recpipe.bench.serve import run_serve_bench
 from recpipe.bench.targets import SUITES
 from recpipe.bench.train import TrainBenchOptions, bench_train
 from recpipe.bench.train import markdown as train_markdown
+from recpipe.netns import netns_available
 from recpipe.samples import find_criteo_sample, repo_configs
 
 __all__ = ["BenchOptions", "run_bench"]
@@ -71,6 +74,17 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
             result = bench_train(o, sw, cfg_path, say)
             result["machine"] = info
             save_result(opts.out_dir, suite, result, train_markdown(result))
+        elif suite == "cluster":
+            usable, why = netns_available()
+            if not usable:
+                say(f"bench: cluster skipped: {why}")
+                continue
+            o = ClusterBenchOptions(rows=opts.rows or (20_000 if quick else 100_000),
+                                    steps=opts.steps or (16 if quick else 60), reps=reps, quick=quick,
+                                    rates=(None, "100mbit") if quick else (None, "1gbit", "100mbit"))
+            result = bench_cluster(o, sw, cfg_path, say)
+            result["machine"] = info
+            save_result(opts.out_dir, suite, result, cluster_markdown(result))
         else:
             result = run_serve_bench(sw, cfg_path, rows=opts.rows or (5_000 if quick else 100_000),
                                      steps=opts.steps or (20 if quick else 200), reps=reps,

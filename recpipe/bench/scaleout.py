@@ -13,18 +13,16 @@ Validated against the measured 1 -> 2 runs on this box, with loopback's measured
 """
 from __future__ import annotations
 
+import dataclasses
 import socket
 import threading
 import time
 from typing import Callable
 
-import numpy as np
-
 from features.config import load_config
 from features.preprocessed import PreprocessedData
-from trainers.advisor import step_times
+from trainers.advisor import step_times, traffic
 from trainers.data import make_dataset
-from trainers.layers import ids_by_table
 from trainers.models import build_model, dummy_batch
 
 __all__ = ["scale_out_report", "loopback_gbps", "traffic_inputs"]
@@ -60,25 +58,10 @@ def loopback_gbps(megabytes: int = 256) -> float:
 def traffic_inputs(data_dir: str, cfg_path: str) -> dict:
     """Parameter counts and embedding rows touched per batch (with and without dedup)."""
     cfg = load_config(cfg_path)
-    artifact = PreprocessedData(data_dir).transform()
-    model = build_model(cfg, artifact)
+    model = build_model(cfg, PreprocessedData(data_dir).transform())
     model(dummy_batch(cfg))
-    tables, features = model.embeddings.table_specs, model.embeddings.feature_specs
-    total = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
-    sparse = sum(t["rows"] * t["dim"] for t in tables.values())
     batch = next(iter(make_dataset(cfg, data_dir, "train", cfg.train.batch_size, training=True)))
-    unique = occurrences = 0.0
-    unique_bytes = occurrence_bytes = 0.0
-    for table, named in ids_by_table(features, batch).items():
-        ids = np.concatenate([flat.numpy() for _, flat in named])
-        dim = tables[table]["dim"]
-        u = len(np.unique(ids))
-        unique, occurrences = unique + u, occurrences + len(ids)
-        unique_bytes += u * dim * 4 + u * 8          # float32 rows + int64 indices
-        occurrence_bytes += len(ids) * dim * 4 + len(ids) * 8
-    return {"dense_params": total - sparse, "sparse_params": sparse, "batch_size": cfg.train.batch_size,
-            "rows_unique": unique, "rows_occurrences": occurrences,
-            "row_bytes_unique": unique_bytes, "row_bytes_occurrences": occurrence_bytes}
+    return dataclasses.asdict(traffic(model, batch))
 
 
 def _step_times(t_c: float, dense_bytes: float, row_bytes: float, n: int, m: int, bw_bytes: float) -> dict:

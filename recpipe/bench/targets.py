@@ -3,7 +3,7 @@ the CLI reads them before anything heavy is imported)."""
 
 __all__ = ["SUITES", "TARGETS"]
 
-SUITES = ("preprocess", "train", "serve")
+SUITES = ("preprocess", "train", "serve", "cluster")
 
 # The ratio keys every full run carries, with their targets: (">=" | "<=", value).
 TARGETS = {
@@ -15,4 +15,9 @@ TARGETS = {
     "train_ps_vs_local": (">=", 0.8),
     "serve_qps_vs_inprocess": (">=", 0.5),
     "serve_p99_ms_c8": ("<=", 20.0),
+    # the advisor's calibrated step-time prediction vs measurement across hosts (bench cluster)
+    "cluster_ps_prediction_error_1gbit": ("<=", 0.25),
+    "cluster_ps_prediction_error_100mbit": ("<=", 0.25),
+    "cluster_horovod_prediction_error_1gbit": ("<=", 0.25),
+    "cluster_horovod_prediction_error_100mbit": ("<=", 0.25),
 }
