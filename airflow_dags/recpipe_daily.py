@@ -7,25 +7,34 @@ when absent, from the Airflow Variables `recpipe_project` and `recpipe_bin`.
 """
 from __future__ import annotations
 
+import subprocess
 from datetime import timedelta
 
 import pendulum
 from airflow.providers.standard.operators.bash import BashOperator
-from airflow.providers.standard.sensors.bash import BashSensor
+from airflow.providers.standard.sensors.python import PythonSensor
 from airflow.sdk import DAG, Param
 
-RECPIPE = "{{ params.recpipe_bin or var.value.get('recpipe_bin', 'recpipe') }}"
-PROJECT = "{{ params.project or var.value.get('recpipe_project') }}"
+# Run params reach the shell only as environment variables, never as text spliced into the command:
+# a param holding a quote or `;` stays one argument.
+ENV = {"RECPIPE_BIN": "{{ params.recpipe_bin or var.value.get('recpipe_bin', 'recpipe') }}",
+       "RECPIPE_PROJECT": "{{ params.project or var.value.get('recpipe_project') }}",
+       "RECPIPE_DAY": "{{ ds }}"}
 RETRIES = {"retries": 3, "retry_delay": timedelta(minutes=2), "retry_exponential_backoff": True,
            "max_retry_delay": timedelta(minutes=30)}
 
 
 def _command(step: str) -> str:
-    return f"{RECPIPE} daily {step} --project '{PROJECT}' --day '{{{{ ds }}}}'"
+    return f'"$RECPIPE_BIN" daily {step} --project "$RECPIPE_PROJECT" --day "$RECPIPE_DAY"'
+
+
+def _partition_ready(recpipe_bin: str, project: str, day: str) -> bool:
+    """The sensor's probe: `recpipe daily ready` as an argument list (no shell)."""
+    return subprocess.run([recpipe_bin, "daily", "ready", "--project", project, "--day", day]).returncode == 0
 
 
 def _step(step: str, **kwargs) -> BashOperator:
-    return BashOperator(task_id=step, bash_command=_command(step), **RETRIES, **kwargs)
+    return BashOperator(task_id=step, bash_command=_command(step), env=ENV, append_env=True, **RETRIES, **kwargs)
 
 
 with DAG(
@@ -39,8 +48,9 @@ with DAG(
             "recpipe_bin": Param(None, type=["null", "string"], description="recpipe executable")},
     tags=["recpipe"],
 ) as dag:
-    wait = BashSensor(task_id="wait_for_partition", bash_command=_command("ready"), mode="reschedule",
-                      poke_interval=300, timeout=12 * 3600)
+    wait = PythonSensor(task_id="wait_for_partition", python_callable=_partition_ready,
+                        op_kwargs={"recpipe_bin": ENV["RECPIPE_BIN"], "project": ENV["RECPIPE_PROJECT"],
+                                   "day": ENV["RECPIPE_DAY"]}, mode="reschedule", poke_interval=300, timeout=12 * 3600)
     # depends_on_past: a day's vocabularies and warm start need the previous day's outputs.
     preprocess = _step("preprocess", depends_on_past=True)
     train = _step("train", depends_on_past=True)

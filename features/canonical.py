@@ -20,10 +20,15 @@ from features.config import Config, SparseFeature
 from features.errors import RecpipeError
 
 __all__ = ["LABEL_KEY", "SchemaError", "raw_kind", "check_schema", "validate_batch", "canonicalize",
-           "dense_prenorm", "numeric", "DEFAULT_SEPARATOR", "BadRows"]
+           "dense_prenorm", "numeric", "DEFAULT_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
 
 LABEL_KEY = "target.label"  # not a valid feature name, so it cannot collide
 DEFAULT_SEPARATOR = "|"
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# Why a row is dead-lettered (the first failing check names the reason and the field):
+DEAD_LETTER_REASONS = ("invalid_utf8", "label_unparsable", "null_label", "label_not_0_1", "timestamp_unparsable",
+                       "null_timestamp", "dense_unparsable", "dense_infinite", "dense_out_of_range",
+                       "list_item_has_separator")
 
 
 class SchemaError(RecpipeError, ValueError):
@@ -109,8 +114,55 @@ class BadRows:
     fields: list[str]
 
 
+def _combined(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+
+
+def _invalid_utf8(arr: pa.Array) -> np.ndarray:
+    """Rows holding a string (or a list item) that is not valid UTF-8. Parquet does not check it on
+    write, and TensorFlow fails the whole batch on it; the fast path is one validation of the array."""
+    n = len(arr)
+    is_list = pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)
+    values = pc.list_flatten(arr) if is_list else arr
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        return np.zeros(n, dtype=bool)
+    try:
+        values.validate(full=True)
+        return np.zeros(n, dtype=bool)
+    except pa.ArrowInvalid:
+        pass
+    raw = values.cast(pa.binary() if pa.types.is_string(values.type) else pa.large_binary())
+
+    def bad(b) -> bool:
+        try:
+            b.decode("utf-8")
+            return False
+        except UnicodeDecodeError:
+            return True
+
+    bad_values = np.array([v is not None and bad(v) for v in raw.to_pylist()], dtype=bool)
+    if not is_list:
+        return bad_values
+    rows = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
+    out = np.zeros(n, dtype=bool)
+    out[rows[bad_values]] = True
+    return out
+
+
+def _items_with(arr: pa.Array, separator: str) -> np.ndarray:
+    """Rows of a list column with an item containing the separator (serving joins lists with it)."""
+    values = pc.list_flatten(arr)
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        return np.zeros(len(arr), dtype=bool)
+    has = pc.fill_null(pc.match_substring(values, separator), False).to_numpy(zero_copy_only=False)
+    out = np.zeros(len(arr), dtype=bool)
+    out[pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)[has]] = True
+    return out
+
+
 def validate_batch(batch: pa.RecordBatch | pa.Table, cfg: Config) -> tuple[np.ndarray, BadRows]:
-    """Return (good-row mask, bad rows). The first failing check of a row names its reason."""
+    """Return (good-row mask, bad rows). The first failing check of a row names its reason
+    (DEAD_LETTER_REASONS) and its field."""
     n = batch.num_rows
     reason = np.full(n, "", dtype=object)
 
@@ -118,6 +170,10 @@ def validate_batch(batch: pa.RecordBatch | pa.Table, cfg: Config) -> tuple[np.nd
         fresh = mask & (reason == "")
         reason[fresh] = f"{why}:{col}"
 
+    present = set(batch.schema.names)  # the split pass reads only the columns it needs
+    for col in cfg.raw_columns():
+        if col in present:
+            flag(_invalid_utf8(_combined(batch.column(col))), "invalid_utf8", col)
     lv, lbad = numeric(batch.column(cfg.label.column))
     flag(lbad, "label_unparsable", cfg.label.column)
     flag(np.isnan(lv), "null_label", cfg.label.column)
@@ -130,6 +186,15 @@ def validate_batch(batch: pa.RecordBatch | pa.Table, cfg: Config) -> tuple[np.nd
         v, dbad = numeric(batch.column(d.column))
         flag(dbad, "dense_unparsable", d.column)
         flag(np.isinf(v), "dense_infinite", d.column)
+        if d.out_of_range == "dead_letter":  # a finite float64 beyond float32 would become inf, then NaN stats
+            with np.errstate(invalid="ignore"):
+                flag(np.abs(v) > FLOAT32_MAX, "dense_out_of_range", d.column)
+    for f in cfg.features.sparse:
+        if f.column not in present:
+            continue
+        raw = _combined(batch.column(f.column))
+        if f.multivalent and (pa.types.is_list(raw.type) or pa.types.is_large_list(raw.type)):
+            flag(_items_with(raw, f.separator or DEFAULT_SEPARATOR), "list_item_has_separator", f.column)
     bad = np.flatnonzero(reason != "")
     reasons = [str(reason[i]).split(":", 1)[0] for i in bad]
     fields = [str(reason[i]).split(":", 1)[1] for i in bad]
@@ -176,7 +241,10 @@ def canonicalize(batch: pa.RecordBatch | pa.Table, cfg: Config) -> dict[str, pa.
         raw = col(f.column)
         out[f.name] = _tokens(raw, f) if f.multivalent else _as_string(raw).fill_null("")
     for d in cfg.features.dense:
-        out[d.name] = pa.array(numeric(col(d.column))[0].astype(np.float32), pa.float32())
+        values = numeric(col(d.column))[0]
+        if d.out_of_range == "clip":
+            values = np.clip(values, -FLOAT32_MAX, FLOAT32_MAX)  # NaN (missing) stays NaN
+        out[d.name] = pa.array(values.astype(np.float32), pa.float32())
     out[LABEL_KEY] = pa.array(numeric(col(cfg.label.column))[0].astype(np.float32), pa.float32())
     return out
 

@@ -6,6 +6,7 @@ so a user can fix a config without reading code.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import types
 import typing
@@ -20,7 +21,7 @@ from features.errors import RecpipeError
 __all__ = [
     "ConfigError", "VocabSpec", "SparseFeature", "DenseFeature", "FeaturesSpec", "InputSpec",
     "SplitSpec", "LabelSpec", "ModelSpec", "TrainSpec", "Config", "load_config", "parse_config",
-    "config_to_dict", "dump_config", "build_typed", "check_typed", "literal_choices",
+    "config_to_dict", "dump_config", "build_typed", "check_typed", "literal_choices", "read_yaml",
 ]
 
 
@@ -55,6 +56,8 @@ class DenseFeature:
     transform: Literal["zscore", "log_zscore", "bucketize"] = "zscore"
     fill: float = 0.0
     num_buckets: int = 10
+    # a finite value beyond float32's range (e.g. 1e39): dead-letter its row, or clip it to the range
+    out_of_range: Literal["dead_letter", "clip"] = "dead_letter"
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class InputSpec:
 @dataclass(frozen=True)
 class SplitSpec:
     eval_fraction: float = 0.1
+    on_empty: Literal["fail", "warn"] = "fail"  # an empty train or eval split fails the preprocess run
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,12 @@ class Config:
 
 
 DEFAULT_EMBEDDING_DIM = 16
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+# A raw column a feature reads becomes a SavedModel signature input of the same name, so it must be a
+# valid TensorFlow op name (a column "user id" would fail at export, after all the training).
+_COLUMN = re.compile(r"[A-Za-z0-9.][A-Za-z0-9_.\-/]*")
+# PyYAML follows YAML 1.1, where 1e-9 (no dot) is a string; accept such numbers for number keys.
+_FLOAT_STRING = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 # ---------------------------------------------------------------- generic typed loading
@@ -199,8 +208,12 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             raise ConfigError(f"{path}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _FLOAT_STRING.fullmatch(value.strip()):
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{path}: expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{path}: must be a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, str) or not value:
@@ -243,8 +256,12 @@ def _validate(cfg: Config) -> Config:
             path = f"features.{kind}[{i}]"
             if f.name in names:
                 raise ConfigError(f"{path}.name: {f.name!r} is already used by {names[f.name]}")
-            if not _NAME.match(f.name):
+            if not _NAME.fullmatch(f.name):
                 raise ConfigError(f"{path}.name: {f.name!r} must be letters, digits and '_', starting with a letter")
+            if not _COLUMN.fullmatch(f.column):
+                raise ConfigError(f"{path}.column: {f.column!r} cannot be a serving input name (the exported "
+                                  f"signature takes raw columns by name): use letters, digits, '_', '.', '-', '/' "
+                                  f"only (rename the column in the log)")
             names[f.name] = path
     if not cfg.features.sparse and not cfg.features.dense:
         raise ConfigError("features: declare at least one sparse or dense feature")
@@ -366,17 +383,35 @@ def parse_config(data: Any) -> Config:
     return _validate(_build(Config, data, ""))
 
 
-def load_config(path: str | Path) -> Config:
-    """Load a YAML config; every problem is a ConfigError naming the file and the key."""
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with the same key twice (PyYAML keeps the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_yaml(path: str | Path, what: str = "config") -> Any:
+    """A YAML file (duplicate keys refused); every problem is a ConfigError naming the file."""
     path = Path(path)
     try:
         text = path.read_text()
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read config ({e.strerror or e})") from None
+        raise ConfigError(f"{path}: cannot read {what} ({e.strerror or e})") from None
     try:
-        data = yaml.safe_load(text)
+        return yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML ({e})") from None
+        raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Load a YAML config; every problem is a ConfigError naming the file and the key."""
+    data = read_yaml(path)
     try:
         return parse_config(data)
     except ConfigError as e:

@@ -7,6 +7,7 @@ fails unless rows in = rows train + rows eval + rows dead-lettered, exactly.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import shutil
 import sys
@@ -143,6 +144,45 @@ def _row_counts(staged: PreprocessedData) -> PreprocessResult:
     return PreprocessResult(staged.root, counts.get("in", 0), counts.get("train", 0), counts.get("eval", 0), dead)
 
 
+def _staging_path(output: str) -> str:
+    """Where the job writes before publishing: a hidden sibling of OUTPUT, tagged with this process's pid."""
+    out = os.path.abspath(output)
+    return os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.staging-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def remove_stale_staging(output: str) -> list[str]:
+    """Staging folders of OUTPUT whose process is gone (killed before it could clean up); returns them."""
+    out = os.path.abspath(output)
+    parent, prefix = os.path.dirname(out), f".{os.path.basename(out)}.staging-"
+    removed = []
+    for name in os.listdir(parent) if os.path.isdir(parent) else []:
+        if not name.startswith(prefix):
+            continue
+        pid = name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+            removed.append(os.path.join(parent, name))
+    return removed
+
+
+def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResult, say) -> None:
+    """Nothing is published that training cannot use: finite statistics, non-empty splits."""
+    for name, stats in artifact.dense_stats.items():
+        values = [stats.get("mean"), stats.get("std"), *stats.get("boundaries", [])]
+        if not all(v is None or math.isfinite(v) for v in values):
+            raise PreprocessError(f"dense feature {name!r}: its statistics are not finite ({stats}); a value in its "
+                                  f"column overflows (see features.dense[].out_of_range)")
+    if res.rows_train == 0:
+        why = "every row was dead-lettered" if res.rows_dead == res.rows_in else "the eval split took every row"
+        raise PreprocessError(f"the train split is empty: {why} ({res.summary()})")
+    if res.rows_eval == 0:
+        message = (f"the eval split is empty: no good row is later than the cutoff (constant "
+                   f"{cfg.input.timestamp or 'row order'}?) ({res.summary()})")
+        if cfg.split.on_empty == "fail":
+            raise PreprocessError(message + "; set split.on_empty: warn to publish it anyway")
+        say(f"preprocess: WARNING: {message}; published because split.on_empty is warn")
+
+
 def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[str] | None = None,
                    say=print, previous_transform: str | None = None) -> PreprocessResult:
     """Run the job; publish OUTPUT atomically (local paths) and check the row accounting.
@@ -161,9 +201,10 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
     local = "://" not in output
     if local and os.path.exists(output) and os.listdir(output):
         raise PreprocessError(f"{output}: output directory exists and is not empty")
-    staging = (os.path.join(os.path.dirname(os.path.abspath(output)) or ".",
-                            f".{os.path.basename(os.path.abspath(output))}.staging-{uuid.uuid4().hex[:8]}")
-               if local else output)
+    if local:
+        for stale in remove_stale_staging(output):
+            say(f"preprocess: removed {stale}, left by a run that was killed")
+    staging = _staging_path(output) if local else output
 
     options = PipelineOptions(beam_args)
     try:
@@ -180,6 +221,7 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
             say(f"preprocess: note: the rows_in counter says {counted}, the data {res.rows_in} (a retried task "
                 f"counted twice?); the accounting uses the data")
         artifact = staged.transform()  # the published artifact must load
+        _check_usable(cfg, artifact, res, say)
         artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "eval": res.rows_eval,
                                "dead_letter": res.rows_dead, "dead_letter_by_reason": res.dead_letter,
                                "files": len(inputs)}

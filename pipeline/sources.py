@@ -81,7 +81,8 @@ def open_parquet(path: str) -> pq.ParquetFile:
     except FileNotFoundError:
         raise InputError(f"{path}: file disappeared") from None
     except Exception as e:  # pyarrow raises ArrowInvalid/OSError subclasses for damaged files
-        raise InputError(f"{path}: not a readable Parquet file ({type(e).__name__}: {e})") from None
+        raise InputError(f"{path}: not a readable Parquet file ({type(e).__name__}: {' '.join(str(e).split())})") \
+            from None
 
 
 def inspect_inputs(files: list[str], cfg: Config) -> tuple[dict[str, str], list[InputFile]]:

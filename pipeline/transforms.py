@@ -69,7 +69,8 @@ class _ReadFile(beam.DoFn):
                                pa.Table.from_batches([batch]))
                 start += n
         except (OSError, pa.ArrowException) as e:
-            raise ValueError(f"{path}: unreadable after row {start} ({type(e).__name__}: {e})") from None
+            raise ValueError(f"{path}: unreadable after row {start} ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())})") from None
         expected = pf.metadata.num_rows
         if start != expected:
             raise ValueError(f"{path}: read {start} rows but the footer says {expected}")
@@ -112,7 +113,7 @@ class _Validate(beam.DoFn):
         if len(bad.indices) and self._dead_letter:
             for reason in set(bad.reasons):
                 self._count(reason, bad.reasons.count(reason))
-            rows = b.table.take(pa.array(bad.indices)).to_pylist()
+            rows = _rows_for_json(b.table.take(pa.array(bad.indices)))
             yield beam.pvalue.TaggedOutput(DEAD_TAG, pa.table({
                 "source_file": [b.source] * len(rows),
                 "row": (b.first_row + bad.indices).astype(np.int64),
@@ -125,6 +126,34 @@ class _Validate(beam.DoFn):
         elif good.any():
             keep = np.flatnonzero(good)
             yield RawBatch(b.source, b.first_row, b.positions[keep], b.table.take(pa.array(keep)))
+
+
+def _bytes_type(tp: pa.DataType) -> pa.DataType | None:
+    """The binary twin of a string (or list-of-string) type; None for other types."""
+    if pa.types.is_string(tp) or pa.types.is_large_string(tp):
+        return pa.binary()
+    if pa.types.is_list(tp) or pa.types.is_large_list(tp):
+        inner = _bytes_type(tp.value_type)
+        return pa.list_(inner) if inner is not None else None
+    return None
+
+
+def _text(v):
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "backslashreplace")  # a dead-lettered row may hold invalid UTF-8
+    if isinstance(v, list):
+        return [_text(x) for x in v]
+    return v
+
+
+def _rows_for_json(table: pa.Table) -> list[dict]:
+    """Rows as Python dicts, strings read as bytes and decoded leniently (escapes for invalid UTF-8)."""
+    cols = {}
+    for name, col in zip(table.column_names, table.columns):
+        as_bytes = _bytes_type(col.type)
+        values = (col.cast(as_bytes) if as_bytes is not None else col).to_pylist()
+        cols[name] = [_text(v) for v in values] if as_bytes is not None else values
+    return [{k: cols[k][i] for k in cols} for i in range(table.num_rows)]
 
 
 class ValidateRows(beam.PTransform):

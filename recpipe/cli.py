@@ -70,8 +70,11 @@ def quiet_startup(verbose: bool, uses_tensorflow: bool) -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")    # inherited by the processes we start
     warnings.filterwarnings("ignore")
     logging.getLogger().addFilter(_DropRootWarnings())
-    for name in ("apache_beam", "tensorflow", "absl", "h5py", "matplotlib"):
+    for name in ("tensorflow", "absl", "h5py", "matplotlib"):
         logging.getLogger(name).setLevel(logging.ERROR)
+    # Beam logs a failing transform's traceback at ERROR before re-raising; the error is printed once, as
+    # one line, by main() (-v / RECPIPE_DEBUG=1 show the traceback).
+    logging.getLogger("apache_beam").setLevel(logging.CRITICAL)
     if uses_tensorflow:
         _import_tensorflow_quietly()
 
@@ -88,7 +91,7 @@ def cmd_generate(a) -> None:
 
 def cmd_criteo(a) -> None:
     from pipeline.criteo import criteo_csv_to_parquet
-    out = criteo_csv_to_parquet(a.csv, a.out)
+    out = criteo_csv_to_parquet(a.csv, a.out, say=_say)
     _say(f"criteo-to-parquet: wrote {out}")
 
 
@@ -344,12 +347,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    if not lines:
-        return type(e).__name__
-    # Beam re-raises worker errors with the worker traceback inside; the cause is the last line.
-    line = lines[-1] if len(lines) > 1 else lines[0]
-    return line[:1000]
+    """Our errors are one line already. Beam re-raises a worker's error with the worker's traceback
+    inside: the cause is the last line that says something (not a bracket or a `[while running ...]`)."""
+    if isinstance(e, RecpipeError):
+        return " ".join(str(e).split())[:1000] or type(e).__name__
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if len(ln.strip().strip("()[]{}'\",. ")) > 2]
+    lines = [ln for ln in lines if not ln.startswith("[while running")] or lines
+    return lines[-1][:1000] if lines else type(e).__name__
 
 
 def main(argv: list[str] | None = None) -> int:

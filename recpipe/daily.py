@@ -23,10 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-import yaml
-
 from features import fsio
-from features.config import ConfigError, build_typed, load_config
+from features.config import ConfigError, build_typed, load_config, read_yaml
 from features.preprocessed import PreprocessedData
 from serving.version import ExportBase, ExportedVersion
 from trainers.options import RunOptions, TrainOptions
@@ -47,10 +45,7 @@ class DailyConfig:
 
 
 def load_daily_config(path: str) -> DailyConfig:
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read project config ({e.strerror or e})") from None
+    data = read_yaml(path, "project config")
     try:
         dc = build_typed(DailyConfig, data)
     except (ConfigError, ValueError) as e:

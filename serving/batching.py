@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from serving.metrics import BATCH_BUCKETS, Metrics
+from serving.metrics import Metrics
 from serving.registry import LoadedVersion
 
 __all__ = ["Batcher", "Predictor"]
@@ -79,7 +79,7 @@ class Batcher:
             self._run(batch, rows)
 
     def _run(self, batch: list[_Item], rows: int) -> None:
-        self.metrics.observe("recpipe_batch_size", "Rows per model call.", rows, BATCH_BUCKETS)
+        self.metrics.batch(rows)
         if len(batch) == 1:
             self._run_one(batch[0])
             return
@@ -117,7 +117,7 @@ class Predictor:
         columns = lv.validate(columns)
         if self.batcher is None:
             rows = len(next(iter(columns.values())))
-            self.metrics.observe("recpipe_batch_size", "Rows per model call.", rows, BATCH_BUCKETS)
+            self.metrics.batch(rows)
             return lv.run(columns)
         return self.batcher.submit(lv, columns)
 

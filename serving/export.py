@@ -32,11 +32,12 @@ from features.preprocessed import PreprocessedData
 from features.records import read_single_batch
 from features.transform import (FeatureTransform, canonicalize_request, request_from_arrow,
                                 request_spec)
-from serving.version import ExportBase, ExportedVersion, ExportMeta
+from serving.version import TEMP_PREFIX, ExportBase, ExportedVersion, ExportMeta
 from trainers.evaluate import candidate_universe
 from trainers.model_dir import ModelDir
 
-__all__ = ["export_model", "example_request", "skew_check", "SkewError", "SKEW_TOLERANCE"]
+__all__ = ["export_model", "example_request", "skew_check", "differing_features", "SkewError", "ExportError",
+           "SKEW_TOLERANCE"]
 
 SKEW_TOLERANCE = 1e-5
 
@@ -114,6 +115,31 @@ class SkewError(RecpipeError, RuntimeError):
     """The exported graph and the training path disagree on the same raw rows."""
 
 
+class ExportError(RecpipeError, ValueError):
+    pass
+
+
+def differing_features(artifact: TransformArtifact, sample: pa.Table, preprocessed: dict,
+                       specs: dict, tolerance: float = SKEW_TOLERANCE) -> list[str]:
+    """The features whose serving-graph transform of the raw sample differs from the Beam job's record:
+    where a skew check failure comes from."""
+    served = FeatureTransform(artifact)(canonicalize_request(request_from_arrow(sample, specs), artifact))
+    out = []
+    for name, value in served.items():
+        if name not in preprocessed:
+            continue
+        a, b = value, preprocessed[name]
+        if isinstance(a, tf.RaggedTensor) or isinstance(b, tf.RaggedTensor):
+            same = a.to_list() == b.to_list() if isinstance(a, tf.RaggedTensor) and isinstance(b, tf.RaggedTensor) \
+                else False
+        else:
+            x, y = np.asarray(a.numpy(), np.float64), np.asarray(b.numpy(), np.float64)
+            same = x.shape == y.shape and bool(np.all((np.abs(x - y) <= tolerance) | (np.isnan(x) & np.isnan(y))))
+        if not same:
+            out.append(name)
+    return out
+
+
 def _eval_sample(model_dir: ModelDir, data_dir: Optional[str]) -> PreprocessedData:
     """The preprocessed data whose eval sample feeds the skew check: --data, else the model's own."""
     data_dir = data_dir or model_dir.data_dir()
@@ -155,13 +181,17 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
     data = _eval_sample(md, data_dir)
     sample = pq.read_table(data.eval_sample_parquet)
     preprocessed = read_single_batch(cfg, data.eval_sample_records)
+    if version is not None and not 0 < version < 2 ** 63:
+        raise ExportError(f"--version {version}: versions are positive integers (TF Serving's layout)")
     base = ExportBase(export_base)
+    base.remove_stale_temp()
     version = version if version is not None else base.next_version()
     final = base.version(version)
     if os.path.exists(final.path):
         raise FileExistsError(f"{final.path}: version {version} already exists")
     os.makedirs(export_base, exist_ok=True)
-    staged = ExportedVersion(os.path.join(export_base, f".tmp-{version}-{uuid.uuid4().hex[:8]}"), version)
+    staged = ExportedVersion(os.path.join(export_base, f"{TEMP_PREFIX}{version}-{os.getpid()}-{uuid.uuid4().hex[:8]}"),
+                             version)
     quiet = tf.get_logger().level
     try:
         if cfg.model.task == "retrieval":
@@ -182,10 +212,16 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
         if not all(np.all(np.isfinite(v.numpy())) for v in smoke.values() if v.dtype.is_floating):
             raise RuntimeError(f"{staged.path}: the exported model returns non-finite scores")
         report = skew_check(loaded.signatures[compare], output, direct, sample, preprocessed)
+        if not report["passed"]:
+            report["differing_features"] = differing_features(
+                artifact, sample, preprocessed, dict(loaded.signatures[compare].structured_input_signature[1]))
         staged.write_skew_report(report)
         if not report["passed"]:
+            where = (f"the transform of {', '.join(report['differing_features'])} differs between serving and the "
+                     f"Beam job" if report["differing_features"] else "the features agree, the models differ")
             raise SkewError(f"skew check failed: max |served - trainer| = {report['max_abs_diff']:.3g} > "
-                            f"{report['tolerance']:g} on {report['rows']} eval rows (worst row {report['worst_row']})")
+                            f"{report['tolerance']:g} on {report['rows']} eval rows (worst row {report['worst_row']}): "
+                            f"{where}")
         os.rename(staged.path, final.path)
     except BaseException:
         shutil.rmtree(staged.path, ignore_errors=True)

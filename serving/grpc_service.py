@@ -15,7 +15,7 @@ from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb
                                      predict_pb2, prediction_service_pb2_grpc)
 
 from serving.batching import Predictor
-from serving.metrics import LATENCY_BUCKETS_S, Metrics
+from serving.metrics import Metrics
 from serving.registry import SIGNATURE, ModelRegistry, RequestError
 
 __all__ = ["make_grpc_server"]
@@ -41,22 +41,19 @@ class _Prediction(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     def Predict(self, request, context):
         t0 = time.perf_counter()
-        code = "OK"
+        failed = True
         try:
             lv = self._lookup(request.model_spec, context)
             try:
                 cols = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
                 outputs = self.predictor.predict(lv, cols)
-            except (RequestError, ValueError, TypeError, tf.errors.InvalidArgumentError) as e:
-                code = "INVALID_ARGUMENT"
+            except (RequestError, ValueError, TypeError, OverflowError, tf.errors.InvalidArgumentError) as e:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e).splitlines()[0])
-        except BaseException:
-            code = code if code != "OK" else "ERROR"
-            raise
+            failed = False
         finally:
-            self.metrics.inc("recpipe_requests_total", "Requests by API and HTTP status.", api="grpc_predict", code=code)
-            self.metrics.observe("recpipe_request_latency_seconds", "Request latency.", time.perf_counter() - t0,
-                                 LATENCY_BUCKETS_S, api="grpc_predict")
+            status = context.code()  # what abort() set; None when the call succeeded
+            code = status.name if status is not None else ("UNKNOWN" if failed else "OK")
+            self.metrics.request("grpc_predict", code, time.perf_counter() - t0)
         resp = predict_pb2.PredictResponse()
         resp.model_spec.name = self.registry.name
         resp.model_spec.version.value = lv.version

@@ -4,23 +4,24 @@ Depends on nothing of training: it only reads TF Serving's layout MODEL_BASE/<in
 """
 from __future__ import annotations
 
-import os
-
 import logging
+import os
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from features.errors import RecpipeError
-from serving.version import ExportBase
+from serving.version import ExportBase, ExportedVersion
 
-__all__ = ["LoadedVersion", "ModelRegistry", "RequestError", "SIGNATURE", "load_version"]
+__all__ = ["LoadedVersion", "ModelRegistry", "RequestError", "SIGNATURE", "FLOAT32_MAX", "load_version"]
 
 log = logging.getLogger("recpipe.serving")
 SIGNATURE = "serving_default"
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class RequestError(RecpipeError, ValueError):
@@ -36,6 +37,12 @@ class LoadedVersion:
     outputs: list[str]
     signature_defs: object           # tensorflow.core.protobuf.meta_graph_pb2 signature_def map
     loaded: object = None            # the loaded SavedModel object: keeps its variables alive
+    _kinds: dict = field(init=False, repr=False)  # input -> ("s"|"i"|"f", numpy dtype), read per request
+
+    def __post_init__(self):
+        self._kinds = {n: ("s" if spec.dtype == tf.string else "i" if spec.dtype.is_integer else "f",
+                           None if spec.dtype == tf.string else spec.dtype.as_numpy_dtype)
+                       for n, spec in self.inputs.items()}
 
     def validate(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Columns of a request -> 1-D arrays of the signature's dtypes; RequestError if they do not fit."""
@@ -50,19 +57,25 @@ class LoadedVersion:
             arr = np.asarray(values)
             if arr.ndim != 1:
                 raise RequestError(f"input {name!r}: expected one value per row (1-D), got shape {list(arr.shape)}")
-            dtype = self.inputs[name].dtype
-            if dtype == tf.string:
+            kind, np_dtype = self._kinds[name]
+            if kind == "s":
                 if arr.dtype.kind not in "OSU":
                     raise RequestError(f"input {name!r}: expects strings, got {arr.dtype}")
                 out[name] = arr.astype(object)
-            elif dtype.is_integer:
+            elif kind == "i":
                 if arr.dtype.kind not in "iu":
                     raise RequestError(f"input {name!r}: expects integers, got {arr.dtype}")
-                out[name] = arr.astype(dtype.as_numpy_dtype)
+                out[name] = arr.astype(np_dtype)
             else:
                 if arr.dtype.kind not in "iuf":
                     raise RequestError(f"input {name!r}: expects numbers, got {arr.dtype}")
-                out[name] = arr.astype(dtype.as_numpy_dtype)
+                with np.errstate(over="ignore"):
+                    cast = arr.astype(np_dtype)  # beyond float32 -> inf; NaN (missing) stays NaN
+                if np.isinf(cast).any():  # inf, or finite beyond float32: the trainer's data never has them
+                    row = int(np.argmax(np.isinf(cast)))
+                    raise RequestError(f"input {name!r} row {row}: {arr[row]} is not a finite float32 number "
+                                       f"(the trainer's data dead-letters such values)")
+                out[name] = cast
         sizes = {len(v) for v in out.values()}
         if len(sizes) != 1:
             raise RequestError(f"inputs have different batch sizes: {sorted(sizes)}")
@@ -105,50 +118,84 @@ def _warm_up(lv: LoadedVersion) -> None:
     lv.predict(columns)
 
 
+@dataclass
+class _Refusal:
+    signature: tuple      # the version folder's files when it was refused
+    retry_at: float       # monotonic time of the next attempt if the files do not change
+    backoff_s: float
+
+
 class ModelRegistry:
+    """The served version of one model: the newest loadable version in MODEL_BASE.
+
+    At start the newest version that loads is served (newer ones that fail are refused and logged); a
+    watcher thread then loads newer versions in the background and swaps when one is ready. A refused
+    version is tried again when its files change (a copy still in progress) or after a back-off doubling
+    from RETRY_S to MAX_RETRY_S, so a version copied in non-atomically is served once it is complete and
+    never before. The watcher survives any error (logged); healthy() is False if it is gone.
+    """
+    RETRY_S, MAX_RETRY_S = 5.0, 300.0
+
     def __init__(self, model_base: str, model_name: str, poll_seconds: float = 2.0):
         self.base, self.name, self.poll_seconds = model_base, model_name, poll_seconds
         self._lock = threading.Lock()
         self._versions: dict[int, LoadedVersion] = {}
-        self._refused: set[int] = set()
+        self._refused: dict[int, _Refusal] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _on_disk(self) -> list[int]:
-        return [v.version for v in ExportBase(self.base).on_disk()]
+    def _may_try(self, v: ExportedVersion) -> bool:
+        refusal = self._refused.get(v.version)
+        return refusal is None or refusal.signature != v.files_signature() or time.monotonic() >= refusal.retry_at
+
+    def _refuse(self, v: ExportedVersion, error: Exception) -> None:
+        previous = self._refused.get(v.version)
+        backoff = min(previous.backoff_s * 2, self.MAX_RETRY_S) if previous else self.RETRY_S
+        self._refused[v.version] = _Refusal(v.files_signature(), time.monotonic() + backoff, backoff)
+        log.error("refusing %s version %d at %s (retried when its files change, or in %.0f s): %s",
+                  self.name, v.version, v.path, backoff, error)
 
     def refresh(self) -> None:
-        """Load the newest on-disk version if it is new; keep serving the old one if it fails."""
-        on_disk = self._on_disk()
-        candidates = [v for v in on_disk if v not in self._versions and v not in self._refused]
-        if not candidates:
+        """Serve the newest version newer than the current one that loads; keep the current one otherwise."""
+        current = max(self._versions) if self._versions else 0
+        for v in reversed(ExportBase(self.base).on_disk()):
+            if v.version <= current:
+                return
+            if not self._may_try(v):
+                continue
+            try:
+                lv = load_version(v.path, v.version)
+            except Exception as e:  # noqa: BLE001 - a corrupt/partial version must not take the server down
+                self._refuse(v, e)
+                continue
+            self._refused.pop(v.version, None)
+            with self._lock:
+                self._versions = {v.version: lv}
+            log.info("serving %s version %d from %s", self.name, v.version, v.path)
             return
-        newest = candidates[-1]
-        if self._versions and newest < max(self._versions):
-            return
-        path = os.path.join(self.base, str(newest))
-        try:
-            lv = load_version(path, newest)
-        except Exception as e:  # a corrupt/partial version must not take the server down
-            log.error("refusing %s version %d at %s: %s", self.name, newest, path, e)
-            self._refused.add(newest)
-            return
-        with self._lock:
-            self._versions = {newest: lv}
-        log.info("serving %s version %d from %s", self.name, newest, path)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - e.g. the model base vanished for a moment: keep watching
+                log.exception("version watcher: refresh failed; serving version %s", self.get().version)
 
     def start(self) -> None:
         self.refresh()
         if not self._versions:
             raise RuntimeError(f"{self.base}: no loadable version of model {self.name!r} "
                                f"(expected {self.base}/<integer version>/saved_model.pb)")
-
-        def loop():
-            while not self._stop.wait(self.poll_seconds):
-                self.refresh()
-
-        self._thread = threading.Thread(target=loop, name="version-watcher", daemon=True)
+        self._thread = threading.Thread(target=self._watch, name="version-watcher", daemon=True)
         self._thread.start()
+
+    def healthy(self) -> bool:
+        return bool(self._versions) and self._thread is not None and self._thread.is_alive()
+
+    def health_problem(self) -> str:
+        if not self._versions:
+            return "no version loaded"
+        return "the version watcher has stopped: new versions would not be picked up"
 
     def stop(self) -> None:
         self._stop.set()

@@ -2,17 +2,26 @@
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import threading
 from dataclasses import dataclass
 from typing import Optional
+
+from features.errors import RecpipeError
 
 from serving.batching import Predictor
 from serving.metrics import Metrics
 from serving.registry import ModelRegistry
 from serving.rest import make_rest_server
 
-__all__ = ["ServeOptions", "ModelServer"]
+__all__ = ["ServeOptions", "ModelServer", "ServeError"]
+
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")  # what the REST paths can address
+
+
+class ServeError(RecpipeError, ValueError):
+    pass
 
 
 @dataclass(frozen=True)
@@ -25,6 +34,11 @@ class ServeOptions:
     poll_seconds: float = 2.0
     max_batch_rows: int = 0          # 0: no server-side batching
     batch_timeout_ms: float = 1.0
+
+    def __post_init__(self):
+        if not MODEL_NAME.fullmatch(self.model_name):
+            raise ServeError(f"--model-name {self.model_name!r}: letters, digits, '_', '.', '-', starting with a "
+                             f"letter or digit (it is part of the REST paths)")
 
 
 class ModelServer:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
@@ -18,9 +19,10 @@ from typing import Any, Optional
 from features import fsio
 from features.config import Config, parse_config
 
-__all__ = ["ExportBase", "ExportedVersion", "ExportMeta", "is_version_name"]
+__all__ = ["ExportBase", "ExportedVersion", "ExportMeta", "is_version_name", "TEMP_PREFIX"]
 
 _VERSION = re.compile(r"[0-9]{1,19}")
+TEMP_PREFIX = ".tmp-"  # BASE/.tmp-<version>-<pid>-<random>: an export in progress
 
 
 def is_version_name(name: str) -> bool:
@@ -112,6 +114,17 @@ class ExportBase:
         existing = self.on_disk()
         now = int(time.time())
         return max(now, existing[-1].version + 1) if existing else now
+
+    def remove_stale_temp(self) -> list[str]:
+        """Temp folders of exports whose process is gone (killed mid-export); returns them."""
+        removed = []
+        for name in os.listdir(self.root) if os.path.isdir(self.root) else []:
+            parts = name[len(TEMP_PREFIX):].split("-")
+            if name.startswith(TEMP_PREFIX) and len(parts) == 3 and parts[1].isdigit() \
+                    and int(parts[1]) != os.getpid() and not os.path.exists(f"/proc/{parts[1]}"):
+                shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+                removed.append(os.path.join(self.root, name))
+        return removed
 
     def find_model_dir(self, model_dir: str) -> Optional[ExportedVersion]:
         """The version exported from `model_dir`, if any (a day's model is pushed at most once)."""

@@ -104,7 +104,7 @@ def test_daily_runs_bless_push_idempotent_and_refuse_a_worse_model(airflow_env, 
     assert before[1] == after[1]  # no new or changed version
 
     worse_cfg = small_config_dict(steps=40)
-    worse_cfg["train"].update(optimizer="sgd", learning_rate=300.0)  # deliberately destroys the warm start
+    worse_cfg["train"].update(optimizer="sgd", learning_rate=3.0)  # wrecks the warm start, finite (300 diverges)
     worse = _project(tmp_path, "worse", worse_cfg)
     served_before = sorted(os.listdir(tmp_path / "serving"))
     day3 = run("2026-01-03", worse)
@@ -113,3 +113,26 @@ def test_daily_runs_bless_push_idempotent_and_refuse_a_worse_model(airflow_env, 
     assert verdict["blessed"] is False and verdict["new"] < verdict["served"] - 0.02, verdict
     assert sorted(os.listdir(tmp_path / "serving")) == served_before  # not pushed
     assert (tmp_path / "work" / "2026-01-03" / "metrics.json").exists()  # kept with its metrics
+
+
+RUN_ONE = """
+import json, sys, pendulum
+from airflow.dag_processing.dagbag import DagBag
+dag = DagBag(sys.argv[1]).dags["recpipe_daily"].partial_subset(task_ids=[sys.argv[5]], include_upstream=False)
+dr = dag.test(logical_date=pendulum.parse(sys.argv[2]), run_conf={"project": sys.argv[3], "recpipe_bin": sys.argv[4]})
+print("RESULT " + json.dumps({"state": str(dr.state), "tasks": {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}}))
+"""
+
+
+def test_params_never_reach_the_shell_as_code(airflow_env, tmp_path):
+    """A run param holding a quote and a command (here: the project path) stays one argument."""
+    from pipeline.synthetic import GenerateSpec, generate_log
+    generate_log(GenerateSpec(rows=2000, days=1, seed=4, num_users=100, num_items=50), str(tmp_path / "log"))
+    good = Path(_project(tmp_path, "p", small_config_dict(steps=20)))
+    evil = tmp_path / "evil'; touch \"$AIRFLOW_HOME\"-pwned; echo '.yaml"  # no '/': one file name
+    good.rename(evil)
+    recpipe = str(Path(sys.executable).parent / "recpipe")
+    r = _python(airflow_env, RUN_ONE, str(DAGS), "2026-01-01", str(evil), recpipe, "preprocess")
+    assert not Path(airflow_env["AIRFLOW_HOME"] + "-pwned").exists()  # the payload never ran
+    assert r["tasks"] == {"preprocess": "success"}, r  # and the odd path was used as the path it is
+    assert (tmp_path / "work" / "2026-01-01" / "preprocessed" / "transform" / "transform.json").exists()

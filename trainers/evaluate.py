@@ -8,9 +8,11 @@ import tensorflow as tf
 
 from features import fsio
 from features.canonical import LABEL_KEY
+from features.preprocessed import PreprocessedData
 from trainers.data import make_dataset
+from trainers.errors import TrainError
 from trainers.metrics import log_loss, ndcg_at_k, rank_of_true, recall_at_k, roc_auc
-from trainers.model_dir import load_trained
+from trainers.model_dir import check_data_matches, load_trained
 
 __all__ = ["evaluate", "candidate_universe"]
 
@@ -19,6 +21,9 @@ def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_s
     """Eval-split metrics as flat keys: auc, logloss, examples (ranking) or recall_at_10, ndcg_at_10,
     examples (retrieval, against every candidate in the data)."""
     cfg, _, model = load_trained(model_dir)
+    artifact = check_data_matches(cfg, PreprocessedData(data_dir), f"the model in {model_dir}")
+    if artifact.row_counts.get("eval") == 0:
+        raise TrainError(f"{data_dir}: the eval split is empty (nothing to evaluate on)")
     if cfg.model.task == "retrieval":
         metrics = _retrieval(cfg, model, data_dir, batch_size)
     else:
@@ -36,7 +41,7 @@ def _ranking(cfg, model, data_dir: str, batch_size: int) -> dict:
         labels.append(batch[LABEL_KEY].numpy())
         probs.append(predict(batch).numpy())
     if not labels:
-        raise ValueError(f"{data_dir}/eval: the eval split is empty")
+        raise TrainError(f"{data_dir}/eval: the eval split is empty (nothing to evaluate on)")
     y, p = np.concatenate(labels), np.concatenate(probs)
     return {"auc": roc_auc(y, p), "logloss": log_loss(y, p), "examples": int(len(y)),
             "positive_rate": float(y.mean())}
@@ -72,7 +77,7 @@ def _retrieval(cfg, model, data_dir: str, batch_size: int, k: int = 10) -> dict:
         truth = np.array([index[tuple(r)] for r in _candidate_ids(batch, names)[clicked].tolist()])
         ranks.append(rank_of_true(queries @ cand.T, truth))
     if not ranks:
-        raise ValueError(f"{data_dir}/eval: no clicked rows to evaluate retrieval on")
+        raise TrainError(f"{data_dir}/eval: no clicked rows to evaluate retrieval on")
     r = np.concatenate(ranks)
     return {f"recall_at_{k}": recall_at_k(r, k), f"ndcg_at_{k}": ndcg_at_k(r, k), "examples": int(len(r)),
             "candidates": int(len(universe))}

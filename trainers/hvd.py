@@ -17,7 +17,9 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +35,7 @@ from features.preprocessed import PreprocessedData
 from trainers.data import make_dataset
 from trainers.errors import TrainError
 from trainers.gradients import accumulated_gradients
+from trainers.health import check_loss
 from trainers.model_dir import ModelDir, TrainState
 from trainers.models import build_model, dummy_batch
 from trainers.optim import optimizer_for, precision_policy
@@ -80,7 +83,8 @@ def _rank_command(opts: TrainOptions) -> list[str]:
 
 def _supervise(start: Callable[[dict], list[subprocess.Popen]], say: Callable[[str], None]) -> list[tuple]:
     """Start rank processes (start(extra_env) -> processes), show rank 0's progress events, wait for all;
-    when one fails, stop the others. Returns (returncode, last output lines) per process."""
+    when one fails, stop the others. Returns (returncode, last output lines, order of failure) per
+    process (order 0: the first to fail; None: it did not fail first-hand)."""
     with tempfile.TemporaryDirectory(prefix="recpipe-hvd-") as tmp:
         events = os.path.join(tmp, "events.jsonl")
         reporter = Reporter(say, 0, 0, 0)
@@ -91,24 +95,52 @@ def _supervise(start: Callable[[dict], list[subprocess.Popen]], say: Callable[[s
         tails: list[list[str]] = [[] for _ in procs]
 
         def drain(i: int, proc: subprocess.Popen) -> None:
-            for line in proc.stdout:  # kept for error messages only; progress comes as events
-                tails[i] = (tails[i] + [line.split(">:", 1)[-1].rstrip("\n")])[-20:]
+            for line in proc.stdout:  # kept for error messages only (the last lines, and any line naming a
+                text = line.split(">:", 1)[-1].rstrip("\n")  # dead rank); progress comes as events
+                tails[i] = [t for t in tails[i] if _DIED.search(t)][:1] + \
+                    [t for t in tails[i] if not _DIED.search(t)][-19:] + [text]
 
         readers = [threading.Thread(target=drain, args=(i, p), daemon=True) for i, p in enumerate(procs)]
         for r in readers:
             r.start()
+        failed: list[int] = []
         while any(p.poll() is None for p in procs):
-            if any(p.poll() not in (None, 0) for p in procs):
+            for i, p in enumerate(procs):
+                if p.poll() not in (None, 0) and i not in failed:
+                    failed.append(i)
+            if failed:
                 for p in procs:
                     if p.poll() is None:
                         p.terminate()
             done.wait(0.2)
+        failed += [i for i, p in enumerate(procs) if p.returncode not in (0, None) and i not in failed]
         for r in readers:
             r.join(timeout=5)
         done.set()
         follower.join()
         reporter.close()
-    return [(p.returncode, t) for p, t in zip(procs, tails)]
+    return [(p.returncode, t, failed.index(i) if i in failed else None) for i, (p, t) in enumerate(zip(procs, tails))]
+
+
+_DIED = re.compile(r"Process (\d+) exit with status code (-?\d+)")
+
+
+def how_it_ended(code: int) -> str:
+    """An exit status in words: a signal's name, or the exit code."""
+    signum = -code if code < 0 else code - 128 if 128 < code < 160 else None
+    if signum:
+        try:
+            return f"killed by {signal.Signals(signum).name}"
+        except ValueError:
+            pass
+    return f"exit code {code}"
+
+
+def rank_died(opts: TrainOptions, rank: int, code: int, where: str = "") -> TrainError:
+    step = ModelDir(opts.model_dir).latest_step()
+    resume = (f"the last checkpoint is step {step} in {ModelDir(opts.model_dir).checkpoints_dir}; rerun the same "
+              f"command to resume from it" if step else "no checkpoint was written yet; a rerun starts over")
+    return TrainError(f"horovod rank {rank}{where} died ({how_it_ended(code)}), so the job stopped: {resume}")
 
 
 def launch(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
@@ -117,9 +149,12 @@ def launch(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
     run = opts.run
     cmd = [_horovodrun(), "-np", str(run.np), "-H", f"localhost:{run.np}", "--gloo", *_rank_command(opts)]
     say(f"train: horovodrun -np {run.np} --gloo on localhost")
-    (rc, tail), = _supervise(lambda env: [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                           text=True, env=dict(os.environ, **env))], say)
+    (rc, tail, _), = _supervise(lambda env: [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                              text=True, env=dict(os.environ, **env))], say)
     if rc != 0:
+        died = next((m for m in map(_DIED.search, tail) if m), None)  # horovodrun names the first rank to fail
+        if died:
+            raise rank_died(opts, int(died[1]), int(died[2]))
         raise TrainError(f"horovodrun exited with {rc}: " + " | ".join(t for t in tail if t)[-800:])
     return _written_state(opts)
 
@@ -157,10 +192,10 @@ def launch_on_host(opts: TrainOptions, total: int, say: Callable[[str], None]) -
     finally:
         if server is not None:
             server.shutdown()
-    failed = [(slot.rank, rc, tail) for slot, (rc, tail) in zip(mine, results) if rc != 0]
+    failed = sorted((order, slot.rank, rc) for slot, (rc, _, order) in zip(mine, results) if order is not None)
     if failed:
-        rank, rc, tail = failed[0]
-        raise TrainError(f"horovod rank {rank} on {me} exited with {rc}: " + " | ".join(t for t in tail if t)[-800:])
+        _, rank, rc = failed[0]
+        raise rank_died(opts, rank, rc, f" on {me}")
     if any(slot.rank == 0 for slot in mine):
         return _written_state(opts)
     say(f"train: ranks on {me} finished; rank 0 on {hosts[0].hostname} wrote the model dir")
@@ -263,6 +298,7 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
             if done % every == 0 or done == total:
                 loss = float(hvd.allreduce(loss_t, op=hvd.Average).numpy())
                 reporter.interval_end(done)
+                check_loss(loss, done, cfg, opts.data_dir)  # every rank sees the same loss: all stop
                 if rank == 0:
                     manager.save(checkpoint_number=done)
                     auc_v = float(auc.result().numpy()) if auc is not None else None

@@ -25,7 +25,7 @@ from features.preprocessed import PreprocessedData
 from trainers.errors import TrainError
 from trainers.models import build_model, dummy_batch
 
-__all__ = ["TrainState", "ModelDir", "load_trained"]
+__all__ = ["TrainState", "ModelDir", "load_trained", "check_data_matches"]
 
 MAX_CHECKPOINTS = 3
 
@@ -56,6 +56,18 @@ class TrainState:
     def from_dict(cls, data: dict) -> "TrainState":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def check_data_matches(cfg: Config, data: PreprocessedData, what: str) -> TransformArtifact:
+    """The data's transform artifact, if it was preprocessed with cfg's features, label and input;
+    else a TrainError naming the section (instead of a TensorFlow error deep in the input pipeline)."""
+    artifact = data.transform()
+    ours, theirs = config_to_dict(cfg), config_to_dict(artifact.config)
+    for key in ("features", "label", "input"):
+        if ours[key] != theirs[key]:
+            raise TrainError(f"{data.root}: preprocessed with another '{key}' section than {what}; use data "
+                             f"preprocessed with that config (or re-run `recpipe preprocess` with it)")
+    return artifact
 
 
 class ModelDir:
@@ -108,16 +120,16 @@ class ModelDir:
     def resolve_config(self, data: PreprocessedData, config_path: Optional[str]) -> tuple[Config, TransformArtifact]:
         """--config, else this dir's own config (a rerun resumes), else the preprocessing config;
         checked against the data's features and this dir's model."""
-        artifact = data.transform()
-        if config_path is None:
-            cfg = self.config() if self.has_config() else artifact.config
+        if config_path is not None:
+            cfg, what = load_config(config_path), config_path
+        elif self.has_config():
+            cfg, what = self.config(), f"the model in {self.root}"
         else:
-            cfg = load_config(config_path)
-            ours, theirs = config_to_dict(cfg), config_to_dict(artifact.config)
-            for key in ("features", "label", "input"):
-                if ours[key] != theirs[key]:
-                    raise TrainError(f"{config_path}: '{key}' differs from the config the data in "
-                                     f"{data.root} was preprocessed with; re-run `recpipe preprocess`")
+            cfg, what = data.transform().config, "itself"
+        artifact = check_data_matches(cfg, data, what)
+        if artifact.row_counts.get("train") == 0:
+            raise TrainError(f"{data.root}: the train split is empty (preprocess kept no training rows); "
+                             f"nothing to train on")
         if self.has_config():
             previous, ours = config_to_dict(self.config()), config_to_dict(cfg)
             if previous["features"] != ours["features"] or previous["model"] != ours["model"]:

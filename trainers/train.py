@@ -18,6 +18,7 @@ from features.preprocessed import PreprocessedData
 from trainers.advisor import advise
 from trainers.data import make_dataset, synthetic_dataset
 from trainers.errors import TrainError
+from trainers.health import check_loss
 from trainers.hvd import train_horovod
 from trainers.model_dir import ModelDir, TrainState
 from trainers.models import build_model, dummy_batch
@@ -76,9 +77,10 @@ class _Checkpoints(tf.keras.callbacks.Callback):
     and the bar per step. Under ParameterServerStrategy batch-level hooks are not allowed (they
     would sync every step), so there the bar moves once per epoch."""
 
-    def __init__(self, manager: tf.train.CheckpointManager, reporter: Reporter, per_batch: bool):
+    def __init__(self, manager: tf.train.CheckpointManager, reporter: Reporter, per_batch: bool,
+                 check: Callable[[float, int], None]):
         super().__init__()
-        self.manager, self.reporter = manager, reporter
+        self.manager, self.reporter, self.check = manager, reporter, check
         self.step = reporter.start
         self.last_logs: dict = {}
         self._supports_tf_logs = True  # the bar never reads the logs, so Keras need not fetch them
@@ -92,8 +94,9 @@ class _Checkpoints(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         step = self.step = int(self.model.optimizer.iterations.numpy())
         self.reporter.interval_end(step)
-        self.manager.save(checkpoint_number=step)
         self.last_logs = {k: _scalar(v) for k, v in (logs or {}).items()}
+        self.check(self.last_logs.get("loss", math.nan), step)  # a non-finite loss is never saved
+        self.manager.save(checkpoint_number=step)
         self.reporter.interval(step, self.last_logs.get("loss", math.nan), self.last_logs.get("auc"))
 
 
@@ -143,7 +146,8 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
 
         data = tf.keras.utils.experimental.DatasetCreator(dataset_fn) if ps else dataset_fn()
         reporter = Reporter(say, total, start, cfg.train.batch_size)
-        checkpoints = _Checkpoints(manager, reporter, per_batch=not ps)
+        checkpoints = _Checkpoints(manager, reporter, per_batch=not ps,
+                                   check=lambda loss, step: check_loss(loss, step, cfg, opts.data_dir))
         tensorboard = tf.keras.callbacks.TensorBoard(model_dir.logs_dir, update_freq="epoch", write_graph=False,
                                                      profile_batch=0)
         # Epochs of `every` steps (a checkpoint at each end), then one short epoch for the rest.
