@@ -141,11 +141,13 @@ def _invalid_utf8(arr: pa.Array) -> np.ndarray:
             return True
 
     bad_values = np.array([v is not None and bad(v) for v in raw.to_pylist()], dtype=bool)
-    if not is_list:
-        return bad_values
-    rows = pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)
-    out = np.zeros(n, dtype=bool)
-    out[rows[bad_values]] = True
+    return _rows_holding(arr, bad_values) if is_list else bad_values
+
+
+def _rows_holding(arr: pa.Array, item_mask: np.ndarray) -> np.ndarray:
+    """Rows of a list column with at least one item flagged in item_mask (over the flattened items)."""
+    out = np.zeros(len(arr), dtype=bool)
+    out[pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)[item_mask]] = True
     return out
 
 
@@ -154,10 +156,7 @@ def _items_with(arr: pa.Array, separator: str) -> np.ndarray:
     values = pc.list_flatten(arr)
     if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
         return np.zeros(len(arr), dtype=bool)
-    has = pc.fill_null(pc.match_substring(values, separator), False).to_numpy(zero_copy_only=False)
-    out = np.zeros(len(arr), dtype=bool)
-    out[pc.list_parent_indices(arr).to_numpy(zero_copy_only=False)[has]] = True
-    return out
+    return _rows_holding(arr, pc.fill_null(pc.match_substring(values, separator), False).to_numpy(zero_copy_only=False))
 
 
 def validate_batch(batch: pa.RecordBatch | pa.Table, cfg: Config) -> tuple[np.ndarray, BadRows]:

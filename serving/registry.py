@@ -17,11 +17,10 @@ from tensorflow.core.protobuf import saved_model_pb2
 from features.errors import RecpipeError
 from serving.version import ExportBase, ExportedVersion
 
-__all__ = ["LoadedVersion", "ModelRegistry", "RequestError", "SIGNATURE", "FLOAT32_MAX", "load_version"]
+__all__ = ["LoadedVersion", "ModelRegistry", "RequestError", "SIGNATURE", "load_version"]
 
 log = logging.getLogger("recpipe.serving")
 SIGNATURE = "serving_default"
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class RequestError(RecpipeError, ValueError):

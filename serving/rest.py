@@ -33,9 +33,10 @@ import tensorflow as tf
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2
 
+from features.canonical import FLOAT32_MAX
 from serving.batching import Predictor
 from serving.metrics import Metrics
-from serving.registry import FLOAT32_MAX, SIGNATURE, ModelRegistry, RequestError
+from serving.registry import SIGNATURE, ModelRegistry, RequestError
 
 __all__ = ["parse_predict_body", "format_predict_response", "make_rest_server", "RestServer", "MAX_BODY_BYTES",
            "REQUEST_DEADLINE_S"]
