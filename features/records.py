@@ -14,7 +14,7 @@ import tensorflow as tf
 from features.canonical import LABEL_KEY
 from features.config import Config
 
-__all__ = ["encode_batch", "column_specs", "parse_record", "read_single_batch"]
+__all__ = ["encode_batch", "column_specs", "parse_record", "read_single_batch", "count_rows"]
 
 
 def _proto_bytes(arr: np.ndarray) -> bytes:
@@ -74,3 +74,18 @@ def read_single_batch(cfg: Config, path: str) -> dict:
     if len(records) != 1:
         raise FileNotFoundError(f"{path}: expected one record batch, found {len(records)}")
     return parse_record(cfg)(records[0])
+
+
+def count_rows(paths: list[str]) -> int:
+    """The rows in shard files, from each record's label column only (what is on disk, not what a
+    runner reported)."""
+    if not paths:
+        return 0
+    keys = {LABEL_KEY: tf.io.FixedLenFeature([], tf.string)}
+
+    def rows(serialized: tf.Tensor) -> tf.Tensor:
+        label = tf.io.parse_tensor(tf.io.parse_single_example(serialized, keys)[LABEL_KEY], tf.float32)
+        return tf.cast(tf.size(label), tf.int64)
+
+    ds = tf.data.TFRecordDataset(paths).map(rows, num_parallel_calls=tf.data.AUTOTUNE)
+    return int(ds.reduce(tf.constant(0, tf.int64), lambda total, n: total + n))

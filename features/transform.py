@@ -4,20 +4,25 @@
   sparse  -> int64 IDs [B] (vocabulary + OOV buckets, or FarmHash fingerprint buckets)
   multivalent -> int64 RaggedTensor [B, None]
   dense   -> float32 [B] (fill, optional log1p, z-score or bucket index / num buckets)
-The Beam job calls it eagerly on whole record batches; the serving export embeds it in the
-SavedModel behind `canonicalize_request`, which builds canonical tensors from raw request tensors.
+The serving export embeds it in the SavedModel behind `canonicalize_request`, which builds canonical
+tensors from raw request tensors. The Beam job applies `BatchTransform` to whole Arrow record batches:
+the same transform with its vocabulary lookups done by Arrow, tested equal ID for ID and checked
+against the graph by every export's skew check.
 """
 from __future__ import annotations
 
+import re
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import tensorflow as tf
 
 from features.artifact import TransformArtifact
 from features.canonical import DEFAULT_SEPARATOR
 
-__all__ = ["FeatureTransform", "canonical_to_tensors", "canonicalize_request", "request_spec", "request_from_arrow"]
+__all__ = ["FeatureTransform", "BatchTransform", "canonical_to_tensors", "canonicalize_request", "request_spec",
+           "request_from_arrow", "example_spec", "request_from_examples", "examples_from_arrow"]
 
 _MIN_STD = 1e-6
 
@@ -32,6 +37,8 @@ class FeatureTransform(tf.Module):
             if f.vocab is None or f.share_embedding_with is not None:
                 continue
             values = artifact.vocabularies[f.name]
+            if not values:  # nothing reached min_count: every token is OOV (a table cannot be empty)
+                continue
             init = tf.lookup.KeyValueTensorInitializer(
                 tf.constant(values, dtype=tf.string, shape=[len(values)]),
                 tf.range(len(values), dtype=tf.int64))
@@ -41,6 +48,8 @@ class FeatureTransform(tf.Module):
         owner = self._cfg.sparse_by_name[owner_name]
         if owner.hash_buckets is not None:
             return tf.strings.to_hash_bucket_fast(tokens, owner.hash_buckets)
+        if owner_name not in self._tables:  # an empty vocabulary: the OOV buckets StaticVocabularyTable would use
+            return tf.strings.to_hash_bucket_fast(tokens, owner.vocab.oov_buckets)
         return self._tables[owner_name].lookup(tokens)
 
     def _dense(self, name: str, transform: str, fill: float, x: tf.Tensor) -> tf.Tensor:
@@ -149,3 +158,130 @@ def request_from_arrow(table: pa.Table, specs: dict[str, tf.TensorSpec]) -> dict
             values = [np.nan if v is None else float(v) for v in values]
         request[name] = tf.constant(values, spec.dtype)
     return request
+
+
+# ------------------------------------------------------------------ tf.Example requests
+def example_spec(artifact: TransformArtifact) -> dict[str, tf.io.RaggedFeature]:
+    """How a serialized tf.Example carries the raw columns request_spec names (TF Serving's
+    classify/regress clients send these): an ID column as bytes_list (string columns) or int64_list
+    (integer columns), a list column as a bytes_list/int64_list of its items (or one joined string
+    when the log stores it joined), a dense column as float_list. Every feature may be absent: a
+    missing value, as a null in the log."""
+    cfg = artifact.config
+    spec: dict[str, tf.io.RaggedFeature] = {}
+    for f in cfg.features.sparse:
+        kind = artifact.raw_schema[f.column]
+        spec[f.column] = tf.io.RaggedFeature(tf.int64 if kind in ("int", "list<int>") else tf.string)
+    for d in cfg.features.dense:
+        spec.setdefault(d.column, tf.io.RaggedFeature(tf.float32))
+    return spec
+
+
+def _one_value(column: str, values: tf.RaggedTensor, default) -> tf.Tensor:
+    check = tf.debugging.assert_less_equal(values.row_lengths(), tf.constant(1, values.row_splits.dtype),
+                                           message=f"feature {column!r} takes at most one value per example")
+    with tf.control_dependencies([check]):
+        return values.to_tensor(default_value=default, shape=[None, 1])[:, 0]
+
+
+def request_from_examples(parsed: dict[str, tf.RaggedTensor], artifact: TransformArtifact) -> dict[str, tf.Tensor]:
+    """Parsed Examples (example_spec) -> the raw request tensors canonicalize_request takes: ID
+    columns as strings ("" when absent, as a null in the log), list columns joined by the feature's
+    separator, dense values as float32 (NaN when absent)."""
+    cfg = artifact.config
+    out: dict[str, tf.Tensor] = {}
+    for f in cfg.features.sparse:
+        values = parsed[f.column]
+        if values.dtype != tf.string:
+            values = tf.strings.as_string(values)
+        if f.multivalent and artifact.raw_schema[f.column].startswith("list"):
+            sep = f.separator or DEFAULT_SEPARATOR
+            clash = tf.reduce_any(tf.strings.regex_full_match(values.flat_values, f".*{re.escape(sep)}.*"))
+            check = tf.debugging.assert_equal(clash, False, message=f"feature {f.column!r}: a list item contains "
+                                                                   f"the separator {sep!r}")
+            with tf.control_dependencies([check]):
+                out[f.column] = tf.strings.reduce_join(values, axis=1, separator=sep)
+        else:
+            out[f.column] = _one_value(f.column, values, "")
+    for d in cfg.features.dense:
+        if d.column not in out:
+            out[d.column] = _one_value(d.column, parsed[d.column], float("nan"))
+    return out
+
+
+def examples_from_arrow(table: pa.Table, artifact: TransformArtifact) -> list[bytes]:
+    """Raw log rows as serialized tf.Examples in the example_spec layout (nulls left out)."""
+    spec = example_spec(artifact)
+    columns = {name: table.column(name).to_pylist() for name in spec}
+    out = []
+    for i in range(table.num_rows):
+        feature = {}
+        for name, fs in spec.items():
+            v = columns[name][i]
+            if v is None:
+                continue
+            items = v if isinstance(v, list) else [v]
+            if fs.dtype == tf.int64:
+                feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x) for x in items]))
+            elif fs.dtype == tf.float32:
+                feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(x) for x in items]))
+            else:
+                feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(
+                    value=[x if isinstance(x, bytes) else str(x).encode("utf-8") for x in items]))
+        out.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    return out
+
+
+class BatchTransform:
+    """The batch path of the one transform, for the Beam job: canonical Arrow columns -> the same
+    model inputs FeatureTransform makes, with the vocabulary lookups done by Arrow.
+
+    Vocabulary IDs come from `pc.index_in` against the vocabulary; only the tokens it does not know
+    (OOV) and the hashed features go through TensorFlow's FarmHash op, as in the graph; dense
+    features go through FeatureTransform's own TF ops. The strings of in-vocabulary tokens never
+    become Python objects or string tensors, which was most of the job's transform time. Equality with
+    FeatureTransform is tested (tests/test_features.py) and checked again on every export by the skew
+    check, which scores the raw eval sample through the SavedModel's graph against these records.
+    """
+
+    def __init__(self, artifact: TransformArtifact):
+        self._cfg = artifact.config
+        self._graph = FeatureTransform(artifact)
+        self._vocab = {f.name: pa.array(artifact.vocabularies[f.name], pa.string())
+                       for f in self._cfg.features.sparse if f.vocab is not None and f.share_embedding_with is None}
+
+    def _ids(self, owner_name: str, tokens: pa.Array) -> np.ndarray:
+        owner = self._cfg.sparse_by_name[owner_name]
+        if owner.hash_buckets is not None:
+            return tf.strings.to_hash_bucket_fast(_string_tensor(tokens), owner.hash_buckets).numpy()
+        vocab = self._vocab[owner_name]
+        ids = pc.fill_null(pc.index_in(tokens, value_set=vocab), -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        oov = ids < 0
+        if oov.any():  # as StaticVocabularyTable: vocabulary size + FarmHash64(token) % oov_buckets
+            unknown = tokens.filter(pa.array(oov))
+            ids[oov] = len(vocab) + tf.strings.to_hash_bucket_fast(_string_tensor(unknown),
+                                                                   owner.vocab.oov_buckets).numpy()
+        return ids
+
+    def __call__(self, columns: dict[str, pa.Array]) -> dict[str, np.ndarray | tf.RaggedTensor]:
+        out: dict = {}
+        for f in self._cfg.features.sparse:
+            if f.name not in columns:
+                continue
+            owner = self._cfg.table_owner(f).name
+            arr = columns[f.name]
+            if pa.types.is_list(arr.type):
+                offsets = arr.offsets.to_numpy().astype(np.int64)
+                values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
+                out[f.name] = tf.RaggedTensor.from_row_splits(self._ids(owner, values), offsets - offsets[0],
+                                                              validate=False)
+            else:
+                out[f.name] = self._ids(owner, arr)
+        dense = {d.name: columns[d.name] for d in self._cfg.features.dense if d.name in columns}
+        if dense:
+            out.update({k: v.numpy() for k, v in self._graph(canonical_to_tensors(dense)).items()})
+        return out
+
+
+def _string_tensor(arr: pa.Array) -> tf.Tensor:
+    return tf.constant(arr.to_numpy(zero_copy_only=False).astype(object), dtype=tf.string, shape=[len(arr)])

@@ -14,7 +14,8 @@ import pyarrow.compute as pc
 from features.canonical import dense_prenorm, numeric
 from features.config import Config
 
-__all__ = ["ts_histogram", "eval_cutoff_from_histogram", "token_counts", "select_vocabulary", "merge_vocabulary",
+__all__ = ["ts_histogram", "eval_cutoff_from_histogram", "COUNT_SCHEMA", "token_count_tables", "merge_count_tables",
+           "select_vocabulary_table", "select_vocabulary", "merge_vocabulary",
            "batch_moments", "moment_stats", "add_moments", "boundaries_from_quantiles", "merge_dense_stats"]
 
 
@@ -37,7 +38,12 @@ def eval_cutoff_from_histogram(hist: dict[int, int], eval_fraction: float) -> fl
     return max(hist)
 
 
-def token_counts(cols: dict[str, pa.Array], cfg: Config) -> Iterable[tuple[tuple[str, str], int]]:
+COUNT_SCHEMA = pa.schema([("value", pa.string()), ("count", pa.int64())])
+
+
+def token_count_tables(cols: dict[str, pa.Array], cfg: Config) -> Iterable[tuple[str, pa.Table]]:
+    """(vocabulary owner, table of distinct values and their counts) per vocabulary feature of one
+    batch: one element per feature and batch, counted by Arrow, never one element per token."""
     for f in cfg.features.sparse:
         owner = cfg.table_owner(f)
         if owner.vocab is None:
@@ -45,9 +51,28 @@ def token_counts(cols: dict[str, pa.Array], cfg: Config) -> Iterable[tuple[tuple
         arr = cols[f.name]
         if pa.types.is_list(arr.type):
             arr = pc.list_flatten(arr)
-        counts = pc.value_counts(arr)
-        for v, c in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
-            yield (owner.name, v), c
+        counts = pc.value_counts(arr.cast(pa.string()))
+        yield owner.name, pa.Table.from_arrays([counts.field("values"), counts.field("counts").cast(pa.int64())],
+                                               schema=COUNT_SCHEMA)
+
+
+def merge_count_tables(tables: list[pa.Table]) -> pa.Table:
+    """One count table: the counts of equal values summed."""
+    if not tables:
+        return COUNT_SCHEMA.empty_table()
+    if len(tables) == 1:
+        return tables[0]
+    summed = pa.concat_tables(tables).group_by("value").aggregate([("count", "sum")])
+    return pa.Table.from_arrays([summed.column("value"), summed.column("count_sum")], schema=COUNT_SCHEMA)
+
+
+def select_vocabulary_table(counts: pa.Table, min_count: int, max_size: int | None) -> tuple[list[str], list[int]]:
+    """select_vocabulary over a count table, vectorised (same order: count descending, ties by value)."""
+    kept = counts.filter(pc.greater_equal(counts.column("count"), min_count))
+    kept = kept.sort_by([("count", "descending"), ("value", "ascending")])
+    if max_size is not None:
+        kept = kept.slice(0, max_size)
+    return kept.column("value").to_pylist(), kept.column("count").to_pylist()
 
 
 def select_vocabulary(counts: Iterable[tuple[str, int]], min_count: int, max_size: int | None

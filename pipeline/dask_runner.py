@@ -15,6 +15,10 @@ tested against the stock behaviour it changes (tests/test_dask_runner.py), so it
 5. Side inputs are computed once, on the cluster, before the transforms that read them (they are
    small: a cutoff, an artifact). Stock: each task reading one recomputed its whole upstream graph
    from inside the task.
+6. The metrics of the steps computed for a side input are fetched with it, so the end of the job
+   never asks for those steps again: a worker killed after a file sink's finalize had moved the shards
+   made Dask recompute the sink's pre-finalize step (to get its metrics), which deletes existing
+   final shards, and the job published a split with no shards while its row counts balanced.
 """
 from __future__ import annotations
 
@@ -101,6 +105,7 @@ class _Visitor(PipelineVisitor):
     bags: dict = dataclasses.field(default_factory=dict)       # transform node -> its bag (ParDo: tagged pairs)
     persisted: set = dataclasses.field(default_factory=set)    # nodes whose bag is computed on the cluster
     consumed: set = dataclasses.field(default_factory=set)
+    metric_values: dict = dataclasses.field(default_factory=dict)  # node -> MetricUpdates fetched early (fix 6)
 
     def visit_transform(self, node) -> None:
         transform_cls = type(node.transform)
@@ -130,12 +135,21 @@ class _Visitor(PipelineVisitor):
         if fresh:
             for node, bag in zip(fresh, self.client.persist([self.bags[n] for n in fresh])):
                 self._bind(node, bag)
+            # their metrics now, by value: asked for at the end, a partition lost with a worker would be
+            # recomputed, re-running a step such as a file sink's pre-finalize, which deletes the shards
+            # its finalize has already moved into place
+            done = [n for n in fresh if _is_pardo(n)]
+            for node, updates in zip(done, self.client.compute([_view(self.bags[n], _METRICS) for n in done],
+                                                               sync=True)):
+                self.metric_values[node] = list(updates)
         self.persisted.update(fresh)
         values = self.client.compute(self.pcolls[si.pvalue]).result()
         return SideInputMap(type(si), si._view_options(), [WindowedValue(v, 0, (GlobalWindow(),)) for v in values])
 
     def metrics(self) -> list:
-        return [_view(bag, _METRICS) for node, bag in self.bags.items() if _is_pardo(node)]
+        """The metrics bags of the ParDos whose metrics were not fetched already (fix 6)."""
+        return [_view(bag, _METRICS) for node, bag in self.bags.items()
+                if _is_pardo(node) and node not in self.metric_values]
 
     def leaves(self) -> list:
         """Fix 2: every bag nothing else reads (and every ParDo runs, through its metrics)."""
@@ -153,17 +167,18 @@ def _view(tagged_bag, tag):
 class DaskRunnerResult(stock.DaskRunnerResult):
     """The stock result, plus the metrics of the bundles whose outputs were used (fix 4)."""
 
-    def __init__(self, client, futures, n_metrics: int):
+    def __init__(self, client, futures, n_metrics: int, early_metrics: list):
         super().__init__(client, futures)
-        self._n_metrics = n_metrics
+        self._n_metrics, self._early = n_metrics, early_metrics
         self._metrics = None
 
     def wait_until_finish(self, duration=None) -> str:
         try:
             state = super().wait_until_finish(duration)
             merged = DirectMetrics()
-            for future in self.futures[len(self.futures) - self._n_metrics:]:
-                for updates in future.result():
+            late = [future.result() for future in self.futures[len(self.futures) - self._n_metrics:]]
+            for bundles in [*self._early, *late]:
+                for updates in bundles:
                     merged.commit_logical(None, updates)
                     merged.commit_physical(None, updates)
             self._metrics = merged
@@ -190,4 +205,4 @@ class DaskRunner(stock.DaskRunner):
         pipeline.visit(visitor)
         metrics = visitor.metrics()
         futures = client.compute([*visitor.leaves(), *metrics])  # one graph: shared tasks run once
-        return DaskRunnerResult(client, list(futures), len(metrics))
+        return DaskRunnerResult(client, list(futures), len(metrics), list(visitor.metric_values.values()))

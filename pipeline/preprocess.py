@@ -26,8 +26,8 @@ from features.preprocessed import PreprocessedData
 from pipeline.options import beam_args_with_defaults, check_beam_args
 from pipeline.sources import inspect_inputs, list_input_files
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
-                                 ComputeDenseStats, ComputeVocabularies, CountRows, EvalCutoff, ReadClickLogs,
-                                 SplitRows, ValidateRows, WriteEvalSample)
+                                 ComputeDenseStats, ComputeVocabularies, CountRows, EvalCutoff, PackArtifact,
+                                 ReadClickLogs, SplitRows, ValidateRows, WriteEvalSample)
 
 __all__ = ["PreprocessError", "PreprocessResult", "build_pipeline", "run_preprocess", "load_previous_transform"]
 
@@ -113,13 +113,14 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     splits = validated.good | "SplitByTime" >> SplitRows(cfg, cutoff)
     transform_dir = out.transform_dir
     _ = artifact | "WriteArtifact" >> beam.Map(lambda a: a.write(transform_dir))
+    packed = artifact | "PackArtifact" >> PackArtifact()
     for split in ("train", "eval"):
         _ = (splits[split]
-             | f"ApplyTransform[{split}]" >> ApplyTransform(artifact)
+             | f"ApplyTransform[{split}]" >> ApplyTransform(packed)
              | f"WriteShards[{split}]" >> beam.io.WriteToTFRecord(out.shard_prefix(split),
                                                                    file_name_suffix=".tfrecord"))
     _ = splits.eval_raw | "WriteEvalSample" >> WriteEvalSample(cfg, out.eval_sample_parquet, out.eval_sample_records,
-                                                               artifact)
+                                                               packed)
     _ = (validated.dead_letter
          | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
              out.dead_letter_prefix, schema=DEAD_LETTER_SCHEMA, file_name_suffix=".parquet"))
@@ -163,6 +164,22 @@ def remove_stale_staging(output: str) -> list[str]:
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
             removed.append(os.path.join(parent, name))
     return removed
+
+
+def _check_written(data: PreprocessedData, res: PreprocessResult) -> None:
+    """The shards and dead-letter files on disk hold exactly the rows the accounting counted: a runner
+    that loses written files (a sink step re-run after a worker died) fails the run here instead."""
+    import pyarrow.parquet as pq
+
+    from features.records import count_rows
+    found = {split: count_rows(data.shard_files(split)) for split in ("train", "eval")}
+    found["dead_letter"] = sum(pq.read_metadata(path, filesystem=fs).num_rows
+                               for fs, path in map(fsio.resolve, data.dead_letter_files()))
+    expected = {"train": res.rows_train, "eval": res.rows_eval, "dead_letter": res.rows_dead}
+    wrong = [f"{k}: {found[k]} rows written, {expected[k]} counted" for k in expected if found[k] != expected[k]]
+    if wrong:
+        raise PreprocessError(f"{data.root}: the written files do not hold the counted rows ({'; '.join(wrong)}); "
+                              f"the runner lost or duplicated output files: rerun the job")
 
 
 def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResult, say) -> None:
@@ -220,6 +237,7 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
         if counted is not None and counted != res.rows_in:
             say(f"preprocess: note: the rows_in counter says {counted}, the data {res.rows_in} (a retried task "
                 f"counted twice?); the accounting uses the data")
+        _check_written(staged, res)
         artifact = staged.transform()  # the published artifact must load
         _check_usable(cfg, artifact, res, say)
         artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "eval": res.rows_eval,

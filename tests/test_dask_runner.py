@@ -205,6 +205,48 @@ def test_fix5_one_side_input_value_for_every_reader(dask_cluster, tmp_path):
     assert [a == b for a, b in _recorded(tmp_path / "ours")] == [True, True]
 
 
+class _SideEffect(beam.DoFn):
+    """Like a file sink's pre-finalize (which deletes existing final shards): counts how often it
+    runs and records the pid of the worker that ran it."""
+
+    def __init__(self, runs: str):
+        self.runs = runs
+
+    def process(self, x):
+        os.makedirs(self.runs, exist_ok=True)
+        Path(self.runs, f"{os.getpid()}-{uuid.uuid4().hex}").touch()
+        Metrics.counter("t", "side_runs").inc()
+        yield x
+
+
+def _kill_side_worker(x, side, runs: str, marker: str):
+    """The first element kills the worker that ran _SideEffect (and holds its result) and waits for it
+    to be gone; a retry of this task (if it killed itself) finds the marker and goes on."""
+    if not os.path.exists(marker):
+        Path(marker).touch()
+        pid = int(next(iter(os.listdir(runs))).split("-")[0])
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(3)
+    return x + side
+
+
+def test_fix6_a_lost_worker_never_reruns_a_step_computed_for_a_side_input(dask_cluster, tmp_path):
+    runs, marker = str(tmp_path / "runs"), str(tmp_path / "killed")
+
+    def build(p):
+        side = p | "S" >> beam.Create([100]) | "Side" >> beam.ParDo(_SideEffect(runs))
+        _ = (p | "M" >> beam.Create(list(range(20)))
+             | "Use" >> beam.Map(_kill_side_worker, beam.pvalue.AsSingleton(side), runs, marker)
+             | beam.Map(_record, str(tmp_path / "out")))
+
+    result = _run(build, OURS, dask_cluster)
+    assert os.path.exists(marker)  # the worker holding the side step's result was killed
+    assert len(os.listdir(runs)) == 1  # and the step did not run again for its metrics
+    assert _recorded(tmp_path / "out") == list(range(100, 120))
+    side_runs = result.metrics().query(MetricsFilter().with_name("side_runs"))["counters"]
+    assert sum(r.committed for r in side_runs) == 1
+
+
 # ------------------------------------------------------------------------- the preprocess job
 def _shard_rows(data: PreprocessedData, split: str) -> collections.Counter:
     import tensorflow as tf

@@ -11,7 +11,8 @@ from features.canonical import (LABEL_KEY, SchemaError, canonicalize, check_sche
                                 validate_batch)
 from features.config import parse_config
 from features.records import encode_batch, parse_record
-from features.transform import FeatureTransform, canonical_to_tensors, canonicalize_request, request_spec
+from features.transform import (BatchTransform, FeatureTransform, canonical_to_tensors, canonicalize_request,
+                                request_spec)
 
 
 def _cfg():
@@ -176,3 +177,47 @@ def test_artifact_round_trip(tmp_path):
     assert back.vocabularies == {"a": ["p", "q"]}
     assert back.id_space_size(cfg.sparse_by_name["tags"]) == 4  # 2 values + 2 OOV, shared with a
     assert back.table_sizes() == {"a": 4, "n": 50, "lst": 10}
+
+
+def test_batch_transform_equals_the_graph_transform():
+    """The Beam job's Arrow path (BatchTransform) gives exactly FeatureTransform's IDs and values:
+    in-vocabulary, OOV buckets, hashed, shared and multivalent features, dense transforms, on a
+    batch with many distinct tokens (unicode, empty strings and an empty vocabulary included)."""
+    rng = np.random.default_rng(5)
+    cfg = parse_config({"name": "t", "features": {
+        "sparse": [{"name": "a", "column": "a", "vocab": {"min_count": 1, "oov_buckets": 7}},
+                   {"name": "e", "column": "e", "vocab": {"min_count": 1, "oov_buckets": 3}},
+                   {"name": "n", "column": "n", "hash_buckets": 97},
+                   {"name": "tags", "column": "tags", "multivalent": True, "share_embedding_with": "a"},
+                   {"name": "lst", "column": "lst", "multivalent": True, "hash_buckets": 10}],
+        "dense": [{"name": "x", "column": "x", "transform": "log_zscore", "fill": 0},
+                  {"name": "z", "column": "x", "transform": "zscore", "fill": 2},
+                  {"name": "b", "column": "x", "transform": "bucketize", "num_buckets": 3}]}})
+    tokens = [f"t{i}" for i in range(300)] + ["", "ü", "日本", "a b"]
+    n = 2_000
+    table = pa.table({
+        "label": pa.array(rng.integers(0, 2, n)),
+        "a": pa.array([tokens[i] for i in rng.integers(0, len(tokens), n)]),
+        "e": pa.array([tokens[i] for i in rng.integers(0, len(tokens), n)]),
+        "n": pa.array(rng.integers(0, 10_000, n)),
+        "tags": pa.array(["|".join(tokens[i] for i in rng.integers(0, len(tokens), rng.integers(0, 4)))
+                          for _ in range(n)]),
+        "lst": pa.array([list(map(int, rng.integers(0, 50, rng.integers(0, 3)))) for _ in range(n)],
+                        pa.list_(pa.int64())),
+        "x": pa.array(np.where(rng.random(n) < 0.1, np.nan, rng.lognormal(1, 2, n)))})
+    art = TransformArtifact(config=cfg, raw_schema=check_schema(table.schema, cfg, "mem"),
+                            vocabularies={"a": tokens[:150:3] + ["ü"], "e": []}, vocab_counts={"a": [1] * 51, "e": []},
+                            dense_stats={"x": {"mean": 1.0, "std": 2.0}, "z": {"mean": 0.5, "std": 3.0},
+                                         "b": {"boundaries": [1.5, 5.0]}})
+    cols = {k: v for k, v in canonicalize(table, cfg).items() if k != LABEL_KEY}
+    graph = FeatureTransform(art)(canonical_to_tensors(cols))
+    batch = BatchTransform(art)(cols)
+    assert set(batch) == set(graph)
+    for k, want in graph.items():
+        got = batch[k]
+        if isinstance(want, tf.RaggedTensor):
+            assert got.to_list() == want.to_list(), k
+        else:
+            assert got.dtype == want.numpy().dtype, k
+            np.testing.assert_array_equal(got, want.numpy(), err_msg=k)
+    assert (batch["a"] >= 51).any() and (batch["a"] < 51).any() and (batch["e"] >= 0).all()

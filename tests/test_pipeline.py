@@ -20,8 +20,9 @@ from features.config import parse_config
 from features.records import parse_record
 from pipeline.preprocess import PreprocessError, run_preprocess
 from pipeline.sources import InputError, inspect_inputs, list_input_files
-from pipeline.analysis import eval_cutoff_from_histogram, merge_dense_stats, merge_vocabulary, select_vocabulary
-from pipeline.transforms import ComputeVocabularies, RawBatch, ValidateRows
+from pipeline.analysis import (eval_cutoff_from_histogram, merge_count_tables, merge_dense_stats, merge_vocabulary,
+                               select_vocabulary, select_vocabulary_table, token_count_tables)
+from pipeline.transforms import ComputeVocabularies, RawBatch, ValidateRows, _MergeCountTables
 from features.canonical import SchemaError, canonicalize
 
 
@@ -39,6 +40,36 @@ def test_select_vocabulary_top_k_ties_deterministic():
     counts = [("b", 5), ("a", 5), ("c", 9), ("d", 1), ("e", 5)]
     assert select_vocabulary(counts, 2, None) == (["c", "a", "b", "e"], [9, 5, 5, 5])
     assert select_vocabulary(reversed(counts), 2, 2) == (["c", "a"], [9, 5])
+
+
+def test_count_tables_select_the_same_vocabulary_as_per_token_counting():
+    """Per-batch Arrow count tables, merged whole (with compaction on the way), give exactly the
+    vocabulary the per-token counts give: same values, counts, order (ties by value) and cut."""
+    cfg = parse_config({"name": "t", "features": {"sparse": [
+        {"name": "a", "column": "a", "vocab": {"min_count": 2}},
+        {"name": "b", "column": "b", "multivalent": True, "vocab": {"min_count": 1, "max_size": 7}},
+        {"name": "c", "column": "c", "share_embedding_with": "a"}]}})
+    rng = np.random.default_rng(3)
+    batches, expected = [], {"a": {}, "b": {}}
+    for _ in range(6):
+        a = [f"v{x}" for x in rng.zipf(1.5, 50) % 40]
+        c = [f"v{x}" for x in rng.integers(0, 60, 50)]
+        b = [[f"t{x}" for x in rng.integers(0, 30, rng.integers(0, 4))] for _ in range(50)]
+        batches.append({"a": pa.array(a), "c": pa.array(c), "b": pa.array(b, pa.list_(pa.string()))})
+        for owner, tokens in (("a", a + c), ("b", [t for row in b for t in row])):
+            for t in tokens:
+                expected[owner][t] = expected[owner].get(t, 0) + 1
+    combiner = _MergeCountTables(compact_rows=30)  # compacts after a few tables
+    accs = {"a": [combiner.create_accumulator(), combiner.create_accumulator()], "b": [combiner.create_accumulator()]}
+    for i, cols in enumerate(batches):
+        for owner, table in token_count_tables(cols, cfg):
+            assert table.num_rows == len(set(table.column("value").to_pylist()))  # one row per distinct value
+            acc = accs[owner][i % len(accs[owner])]
+            combiner.add_input(acc, table)
+    merged = {o: combiner.extract_output(combiner.merge_accumulators(a)) for o, a in accs.items()}
+    assert select_vocabulary_table(merged["a"], 2, None) == select_vocabulary(expected["a"].items(), 2, None)
+    assert select_vocabulary_table(merged["b"], 1, 7) == select_vocabulary(expected["b"].items(), 1, 7)
+    assert merge_count_tables([]).num_rows == 0
 
 
 def test_eval_cutoff():
@@ -76,7 +107,8 @@ def test_compute_vocabularies_min_count_top_k_and_shared():
     with BeamTestPipeline(options=beam.options.pipeline_options.PipelineOptions(IN_MEMORY)) as p:
         vocabs = (p | beam.Create([canonicalize(t1, cfg), canonicalize(t2, cfg)]) | ComputeVocabularies(cfg))
         # x:3 y:3 w:2 z:2 -> top 2 by count, ties by value: x, y ; 'rare' has nothing >= 5
-        assert_that(vocabs, equal_to([("item", (["x", "y"], [3, 3])), ("rare", ([], []))]))
+        as_lists = vocabs | beam.MapTuple(lambda owner, vc: (owner, (vc[0].to_pylist(), vc[1].to_pylist())))
+        assert_that(as_lists, equal_to([("item", (["x", "y"], [3, 3])), ("rare", ([], []))]))
 
 
 # ----------------------------------------------------------------------------- whole runs
@@ -91,6 +123,21 @@ def test_preprocess_outputs_and_accounting(preprocessed, small_cfg):
     assert result.rows_eval == pytest.approx(1200, abs=60)  # last 20% by timestamp
     assert len(art.vocabularies["item_id"]) <= 500 and art.dense_stats["I3"]["boundaries"]
     assert not [d for d in os.listdir(os.path.dirname(out)) if ".staging-" in d]
+
+
+def test_written_files_must_hold_the_counted_rows(tmp_path, preprocessed):
+    """The last check before publishing reads what is on disk: a lost shard fails the run, naming the split."""
+    import shutil
+
+    from features.preprocessed import PreprocessedData
+    from pipeline.preprocess import _check_written
+    out, result = preprocessed
+    copy = shutil.copytree(out, tmp_path / "copy")
+    _check_written(PreprocessedData(str(copy)), result)  # complete: passes
+    for f in PreprocessedData(str(copy)).shard_files("eval"):
+        os.remove(f)
+    with pytest.raises(PreprocessError, match=rf"eval: 0 rows written, {result.rows_eval} counted"):
+        _check_written(PreprocessedData(str(copy)), result)
 
 
 def test_split_is_by_time(tmp_path, small_log, small_cfg):

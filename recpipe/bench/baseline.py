@@ -16,9 +16,10 @@ from features.artifact import TransformArtifact
 from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, numeric, validate_batch
 from features.preprocessed import SPLITS, PreprocessedData
 from features.records import encode_batch
-from features.transform import FeatureTransform, canonical_to_tensors
+from features.transform import BatchTransform
 from pipeline.analysis import (add_moments, batch_moments, boundaries_from_quantiles, eval_cutoff_from_histogram,
-                               moment_stats, select_vocabulary, token_counts, ts_histogram)
+                               merge_count_tables, moment_stats, select_vocabulary_table, token_count_tables,
+                               ts_histogram)
 from pipeline.sources import inspect_inputs, list_input_files, open_parquet
 from pipeline.transforms import RawBatch
 
@@ -56,7 +57,7 @@ def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65
     else:
         cutoff = float(total - int(np.floor(cfg.split.eval_fraction * total)) - 1)
 
-    counts: dict = collections.Counter()
+    counts: dict = collections.defaultdict(list)
     moments: dict = {}
     bucket_values: dict = collections.defaultdict(list)
     buckets = {d.name: d for d in cfg.features.dense if d.transform == "bucketize"}
@@ -64,15 +65,13 @@ def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65
         g, _ = good(b)
         train = g.table.filter(pa.array(split_key(g) <= cutoff))
         cols = canonicalize(train, cfg)
-        counts.update(dict(token_counts(cols, cfg)))
+        for owner, table in token_count_tables(cols, cfg):
+            counts[owner].append(table)
         for k, v in batch_moments(cols, cfg).items():
             moments[k] = add_moments(moments[k], v) if k in moments else v
         for name, d in buckets.items():
             bucket_values[name].append(dense_prenorm(cols[name].to_numpy(zero_copy_only=False), d.transform, d.fill))
-    per_owner = collections.defaultdict(list)
-    for (owner, value), c in counts.items():
-        per_owner[owner].append((value, c))
-    vocabs = {f.name: select_vocabulary(per_owner[f.name], f.vocab.min_count, f.vocab.max_size)
+    vocabs = {f.name: select_vocabulary_table(merge_count_tables(counts[f.name]), f.vocab.min_count, f.vocab.max_size)
               for f in cfg.features.sparse if f.vocab is not None}
     stats = moment_stats(moments)
     for name, d in buckets.items():
@@ -83,7 +82,7 @@ def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65
     data = PreprocessedData(out_dir)
     artifact.write(data.transform_dir)
 
-    transform = FeatureTransform(artifact)
+    transform = BatchTransform(artifact)
     n = {"in": 0, "train": 0, "eval": 0, "dead": 0}
     for s in SPLITS:
         os.makedirs(data.split_dir(s), exist_ok=True)
@@ -96,7 +95,7 @@ def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65
         for s, mask in (("train", ~is_eval), ("eval", is_eval)):
             if mask.any():
                 cols = canonicalize(g.table.filter(pa.array(mask)), cfg)
-                out = transform(canonical_to_tensors({k: v for k, v in cols.items() if k != LABEL_KEY}))
+                out = transform({k: v for k, v in cols.items() if k != LABEL_KEY})
                 out[LABEL_KEY] = cols[LABEL_KEY].to_numpy(zero_copy_only=False)
                 writers[s].write(encode_batch(out))
                 n[s] += int(mask.sum())
