@@ -1,9 +1,11 @@
 """Export a trained model as a SavedModel whose `serving_default` takes RAW log columns.
 
-Ranking: `serving_default` returns `score`. Retrieval: `query_embedding` returns the query tower's
-output and `serving_default` the top-K `candidates` (labels) and `scores` by brute force over a
-candidate index stored in the model (every vocabulary value of a single vocabulary candidate
-feature, else every candidate ID tuple seen in the data).
+Ranking: `serving_default` returns `score`, and `predict_examples` the same `score` for serialized
+tf.Examples of the same raw columns (features.transform.example_spec; what TF Serving's classify and
+regress clients send), checked equal on the eval sample at export. Retrieval: `query_embedding`
+returns the query tower's output and `serving_default` the top-K `candidates` (labels) and `scores`
+by brute force over a candidate index stored in the model (every vocabulary value of a single
+vocabulary candidate feature, else every candidate ID tuple seen in the data).
 
 EXPORT_BASE/<version>/ is TF Serving's versioned layout (serving.version). The feature transform (vocabulary tables, hashing, dense normalisation) is the
 same features.transform.FeatureTransform the Beam job ran, embedded in the graph. A version is
@@ -30,14 +32,14 @@ from features.config import config_to_dict
 from features.errors import RecpipeError
 from features.preprocessed import PreprocessedData
 from features.records import read_single_batch
-from features.transform import (FeatureTransform, canonicalize_request, request_from_arrow,
-                                request_spec)
-from serving.version import TEMP_PREFIX, ExportBase, ExportedVersion, ExportMeta
+from features.transform import (FeatureTransform, canonicalize_request, example_spec, examples_from_arrow,
+                                request_from_arrow, request_from_examples, request_spec)
+from serving.version import EXAMPLES_SIGNATURE, TEMP_PREFIX, ExportBase, ExportedVersion, ExportMeta
 from trainers.evaluate import candidate_universe
 from trainers.model_dir import ModelDir
 
-__all__ = ["export_model", "example_request", "skew_check", "differing_features", "SkewError", "ExportError",
-           "SKEW_TOLERANCE"]
+__all__ = ["export_model", "example_request", "skew_check", "examples_check", "differing_features", "SkewError",
+           "ExportError", "SKEW_TOLERANCE"]
 
 SKEW_TOLERANCE = 1e-5
 
@@ -52,8 +54,15 @@ def _ranking_module(artifact: TransformArtifact, model: tf.keras.Model) -> tuple
         features = module.transform(canonicalize_request(inputs, artifact))
         return {"score": tf.sigmoid(module.model(features))[:, 0]}
 
-    module.serve = serve
-    return module, {"serving_default": serve.get_concrete_function()}
+    spec = example_spec(artifact)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+    def predict_examples(examples):
+        return serve(request_from_examples(tf.io.parse_example(examples, spec), artifact))
+
+    module.serve, module.predict_examples = serve, predict_examples
+    return module, {"serving_default": serve.get_concrete_function(),
+                    EXAMPLES_SIGNATURE: predict_examples.get_concrete_function()}
 
 
 def _candidate_index(cfg, artifact: TransformArtifact, data_dir: str) -> tuple[np.ndarray, list[str]]:
@@ -172,6 +181,16 @@ def skew_check(signature, output: str, direct: Callable[[dict], tf.Tensor], samp
             "passed": bool(len(per_row) and per_row.max() <= tolerance)}
 
 
+def examples_check(examples_fn, serve_fn, sample: pa.Table, artifact: TransformArtifact) -> dict:
+    """The eval sample's raw rows as serialized tf.Examples through `predict_examples` against the
+    same rows as columns through `serving_default`: the two request forms must score alike."""
+    served = serve_fn(**request_from_arrow(sample, dict(serve_fn.structured_input_signature[1])))["score"].numpy()
+    via_examples = examples_fn(examples=tf.constant(examples_from_arrow(sample, artifact)))["score"].numpy()
+    diff = float(np.max(np.abs(served.astype(np.float64) - via_examples))) if len(served) else 0.0
+    return {"examples_rows": int(len(served)), "examples_max_abs_diff": diff,
+            "examples_passed": bool(served.shape == via_examples.shape and diff <= SKEW_TOLERANCE)}
+
+
 def export_model(model_dir: str, export_base: str, version: int | None = None, data_dir: str | None = None,
                  top_k: int = 10, metrics: dict | None = None) -> str:
     """Write EXPORT_BASE/<version>/ atomically after a passing skew check; return its path.
@@ -212,6 +231,11 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
         if not all(np.all(np.isfinite(v.numpy())) for v in smoke.values() if v.dtype.is_floating):
             raise RuntimeError(f"{staged.path}: the exported model returns non-finite scores")
         report = skew_check(loaded.signatures[compare], output, direct, sample, preprocessed)
+        if EXAMPLES_SIGNATURE in loaded.signatures:
+            report.update(examples_check(loaded.signatures[EXAMPLES_SIGNATURE], serve_fn, sample, artifact))
+            if not report["examples_passed"]:
+                raise SkewError(f"{EXAMPLES_SIGNATURE} scores the eval sample's rows as tf.Examples differently from "
+                                f"serving_default (max |diff| {report['examples_max_abs_diff']:.3g})")
         if not report["passed"]:
             report["differing_features"] = differing_features(
                 artifact, sample, preprocessed, dict(loaded.signatures[compare].structured_input_signature[1]))

@@ -1,7 +1,8 @@
 """TF Serving's gRPC API on the official tensorflow-serving-api protos.
 
-PredictionService.Predict / GetModelMetadata and ModelService.GetModelStatus, so a client built
-on `prediction_service_pb2_grpc.PredictionServiceStub` works unchanged.
+PredictionService.Predict / Classify / Regress / GetModelMetadata and ModelService.GetModelStatus, so
+a client built on `prediction_service_pb2_grpc.PredictionServiceStub` works unchanged (Classify and
+Regress: serving.examples).
 """
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from concurrent import futures
 import grpc
 import numpy as np
 import tensorflow as tf
-from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
-                                     predict_pb2, prediction_service_pb2_grpc)
+from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
+                                     model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc,
+                                     regression_pb2)
 
 from serving.batching import Predictor
+from serving.examples import SIGNATURES, classes, examples_from_input
 from serving.metrics import Metrics
-from serving.registry import SIGNATURE, ModelRegistry, RequestError
+from serving.registry import EXAMPLES_SIGNATURE, SIGNATURE, ModelRegistry, RequestError
 
 __all__ = ["make_grpc_server"]
 
@@ -29,10 +32,10 @@ class _Prediction(prediction_service_pb2_grpc.PredictionServiceServicer):
     def __init__(self, registry: ModelRegistry, predictor: Predictor, metrics: Metrics):
         self.registry, self.predictor, self.metrics = registry, predictor, metrics
 
-    def _lookup(self, spec, context):
+    def _lookup(self, spec, context, signatures=("", SIGNATURE)):
         if spec.name != self.registry.name:
             context.abort(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Latest({spec.name})")
-        if spec.signature_name not in ("", SIGNATURE):
+        if spec.signature_name not in signatures:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"signature {spec.signature_name!r} not found")
         try:
             return self.registry.get(_version(spec))
@@ -60,6 +63,46 @@ class _Prediction(prediction_service_pb2_grpc.PredictionServiceServicer):
         resp.model_spec.signature_name = SIGNATURE
         for k, v in outputs.items():
             resp.outputs[k].CopyFrom(tf.make_tensor_proto(np.asarray(v)))
+        return resp
+
+    def _score_examples(self, api: str, request, context):
+        """(version, scores) of a Classify/Regress request's tf.Examples."""
+        t0 = time.perf_counter()
+        failed = True
+        try:
+            lv = self._lookup(request.model_spec, context, SIGNATURES)
+            try:
+                scores = lv.score_examples(examples_from_input(request.input))
+            except RequestError as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e).splitlines()[0])
+            failed = False
+        finally:
+            status = context.code()
+            code = status.name if status is not None else ("UNKNOWN" if failed else "OK")
+            self.metrics.request(api, code, time.perf_counter() - t0)
+        return lv, scores
+
+    def _spec(self, resp, lv) -> None:
+        resp.model_spec.name = self.registry.name
+        resp.model_spec.version.value = lv.version
+        resp.model_spec.signature_name = EXAMPLES_SIGNATURE
+
+    def Classify(self, request, context):
+        lv, scores = self._score_examples("grpc_classify", request, context)
+        resp = classification_pb2.ClassificationResponse()
+        self._spec(resp, lv)
+        for pairs in classes(scores):
+            classification = resp.result.classifications.add()
+            for label, score in pairs:
+                classification.classes.add(label=label, score=score)
+        return resp
+
+    def Regress(self, request, context):
+        lv, scores = self._score_examples("grpc_regress", request, context)
+        resp = regression_pb2.RegressionResponse()
+        self._spec(resp, lv)
+        for p in scores:
+            resp.result.regressions.add(value=float(p))
         return resp
 
     def GetModelMetadata(self, request, context):

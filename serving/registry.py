@@ -15,12 +15,11 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from features.errors import RecpipeError
-from serving.version import ExportBase, ExportedVersion
+from serving.version import EXAMPLES_SIGNATURE, SIGNATURE, ExportBase, ExportedVersion
 
-__all__ = ["LoadedVersion", "ModelRegistry", "RequestError", "SIGNATURE", "load_version"]
+__all__ = ["LoadedVersion", "ModelRegistry", "RequestError", "SIGNATURE", "EXAMPLES_SIGNATURE", "load_version"]
 
 log = logging.getLogger("recpipe.serving")
-SIGNATURE = "serving_default"
 
 
 class RequestError(RecpipeError, ValueError):
@@ -36,6 +35,7 @@ class LoadedVersion:
     outputs: list[str]
     signature_defs: object           # tensorflow.core.protobuf.meta_graph_pb2 signature_def map
     loaded: object = None            # the loaded SavedModel object: keeps its variables alive
+    examples_fn: object = None       # the predict_examples ConcreteFunction (ranking exports), else None
     _kinds: dict = field(init=False, repr=False)  # input -> ("s"|"i"|"f", numpy dtype), read per request
 
     def __post_init__(self):
@@ -90,6 +90,32 @@ class LoadedVersion:
     def predict(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.run(self.validate(columns))
 
+    def score_examples(self, serialized: list[bytes]) -> np.ndarray:
+        """Scores of serialized tf.Examples (TF Serving's classify/regress); RequestError when this
+        version has no predict_examples signature or an Example does not fit it."""
+        if self.examples_fn is None:
+            raise RequestError(f"version {self.version} has no {EXAMPLES_SIGNATURE!r} signature (classify/regress "
+                               f"serve ranking models exported by this recpipe)")
+        if not serialized:
+            raise RequestError("empty batch: no examples")
+        try:
+            out = self.examples_fn(examples=tf.constant(serialized, tf.string))
+        except tf.errors.InvalidArgumentError as e:
+            raise RequestError(f"examples: {_graph_error(e.message)}") from None
+        return out["score"].numpy()
+
+
+def _graph_error(message: str) -> str:
+    """The cause in a graph op's error text (a failed assertion's message, a parse error), without
+    TensorFlow's framing ("Graph execution error", "Detected at node", the node list)."""
+    for line in message.splitlines():
+        line = line.strip()
+        if line.startswith("assertion failed: ["):
+            return line[len("assertion failed: ["):].split("]", 1)[0].replace("\\'", "'")
+        if line and not line.startswith(("Graph execution error", "Detected at node", "<stack traces", "[[")):
+            return line.replace("Name: <unknown>, ", "")
+    return message.splitlines()[0] if message else "invalid examples"
+
 
 def load_version(path: str, version: int) -> LoadedVersion:
     """Load, inspect and warm up one SavedModel version."""
@@ -102,7 +128,8 @@ def load_version(path: str, version: int) -> LoadedVersion:
     with open(os.path.join(path, "saved_model.pb"), "rb") as fh:
         proto.ParseFromString(fh.read())
     sig_defs = proto.meta_graphs[0].signature_def
-    lv = LoadedVersion(version, path, fn, inputs, sorted(fn.structured_outputs), sig_defs, loaded)
+    lv = LoadedVersion(version, path, fn, inputs, sorted(fn.structured_outputs), sig_defs, loaded,
+                       loaded.signatures.get(EXAMPLES_SIGNATURE))
     _warm_up(lv)
     return lv
 

@@ -3,6 +3,8 @@
 GET  /v1/models/NAME[/versions/V]            model version status
 GET  /v1/models/NAME[/versions/V]/metadata   signature defs, in TF Serving's JSON form
 POST /v1/models/NAME[/versions/V]:predict    {"instances": [...]} or {"inputs": {...}}
+POST /v1/models/NAME[/versions/V]:classify   {"examples": [...], "context": {...}} (serving.examples)
+POST /v1/models/NAME[/versions/V]:regress    the same body; {"result": [p, ...]}
 GET  /healthz                                200 once a version is loaded
 GET  /monitoring/prometheus/metrics          requests, latency histogram, batch sizes (Prometheus text)
 Errors are {"error": "..."} with 400 (bad request), 404 (unknown model/version/path), 411 (no
@@ -35,6 +37,7 @@ from tensorflow_serving.apis import get_model_metadata_pb2
 
 from features.canonical import FLOAT32_MAX
 from serving.batching import Predictor
+from serving.examples import classes, examples_from_json
 from serving.metrics import Metrics
 from serving.registry import SIGNATURE, ModelRegistry, RequestError
 
@@ -47,7 +50,8 @@ REQUEST_DEADLINE_S = 30.0     # a request must arrive whole within this long aft
 IDLE_TIMEOUT_S = 120.0        # keep-alive connections with nothing in flight are closed after this
 MAX_CONNECTIONS = 1000
 _PATH = re.compile(r"^/v1/models/(?P<name>[A-Za-z0-9_.\-]+)(?:/versions/(?P<version>\d{1,19}))?"
-                   r"(?P<rest>/metadata|:predict)?$")
+                   r"(?P<rest>/metadata|:predict|:classify|:regress)?$")
+_POST_VERBS = (":predict", ":classify", ":regress")
 
 
 def _column(name: str, values: list, spec: tf.TensorSpec) -> np.ndarray:
@@ -201,7 +205,8 @@ class RestApp:
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         t0 = time.perf_counter()
         method = environ["REQUEST_METHOD"]
-        api = "rest_predict" if method == "POST" else "rest_get"
+        verb = environ.get("PATH_INFO", "").rpartition(":")[2]
+        api = f"rest_{verb if verb in ('classify', 'regress') else 'predict'}" if method == "POST" else "rest_get"
         try:
             code, body, content_type = self._handle(method, environ)
         except Exception:  # noqa: BLE001 - a bug: answered and counted as 500, logged with its traceback
@@ -243,7 +248,7 @@ class RestApp:
             self.metrics.version(self.registry.name, self.registry.get().version)
             return 200, self.metrics.render(), self.metrics.content_type
         route = self._route(path)
-        if route is None or route[1] == ":predict":
+        if route is None or route[1] in _POST_VERBS:
             return 404, {"error": f"unknown path {path}"}, "application/json"
         version, rest = route
         body = model_metadata(self.registry, version) if rest == "/metadata" else model_status(self.registry, version)
@@ -260,7 +265,7 @@ class RestApp:
             return 413, {"error": f"request body over {MAX_BODY_BYTES} bytes"}, "application/json"
         raw = environ["wsgi.input"].read(length)
         route = self._route(path)
-        if route is None or route[1] != ":predict":
+        if route is None or route[1] not in _POST_VERBS:
             return 404, {"error": f"unknown path {path}"}, "application/json"
         lv = self.registry.get(route[0])
         try:
@@ -269,6 +274,10 @@ class RestApp:
             raise RequestError(f"JSON parse error: {e}") from None
         except RecursionError:
             raise RequestError("JSON nested too deeply") from None
+        if route[1] != ":predict":
+            scores = lv.score_examples(examples_from_json(body))
+            result = classes(scores) if route[1] == ":classify" else [float(p) for p in scores]
+            return 200, {"result": result}, "application/json"
         try:
             cols, row_format = parse_predict_body(body, lv.inputs)
             return 200, format_predict_response(self.predictor.predict(lv, cols), row_format), "application/json"

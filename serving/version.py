@@ -19,7 +19,11 @@ from typing import Any, Optional
 from features import fsio
 from features.config import Config, parse_config
 
-__all__ = ["ExportBase", "ExportedVersion", "ExportMeta", "is_version_name", "TEMP_PREFIX"]
+__all__ = ["ExportBase", "ExportedVersion", "ExportMeta", "is_version_name", "TEMP_PREFIX", "SIGNATURE",
+           "EXAMPLES_SIGNATURE"]
+
+SIGNATURE = "serving_default"           # raw columns in (predict)
+EXAMPLES_SIGNATURE = "predict_examples"  # ranking: serialized tf.Examples of raw columns in (classify/regress)
 
 _VERSION = re.compile(r"[0-9]{1,19}")
 TEMP_PREFIX = ".tmp-"  # BASE/.tmp-<version>-<pid>-<random>: an export in progress

@@ -173,6 +173,78 @@ def test_grpc_with_official_stub(server, small_log, small_cfg):
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def _json_examples(table, artifact):
+    """Raw rows as TF Serving's JSON examples in example_spec's layout: dense values as floats."""
+    from features.transform import example_spec
+    spec = example_spec(artifact)
+    rows = []
+    for r in table.select(list(spec)).to_pylist():
+        rows.append({k: (float(v) if spec[k].dtype == tf.float32 else v) for k, v in r.items() if v is not None})
+    return rows
+
+
+def test_classify_and_regress_on_tf_examples(server, preprocessed, small_log):
+    """tf.Examples of raw columns score like the same rows as columns: gRPC Classify/Regress with the
+    official stub (example_list and example_list_with_context) and REST :classify/:regress."""
+    from tensorflow.core.example import example_pb2
+    from tensorflow_serving.apis import classification_pb2, regression_pb2
+
+    from features.preprocessed import PreprocessedData
+    from features.transform import examples_from_arrow, request_from_arrow
+    artifact = PreprocessedData(preprocessed[0]).transform()
+    table = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[-1]).slice(0, 6)
+    lv = server.registry.get()
+    expected = lv.run({k: v.numpy() for k, v in request_from_arrow(table, lv.inputs).items()})["score"]
+    examples = [example_pb2.Example.FromString(b) for b in examples_from_arrow(table, artifact)]
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(ch)
+        req = classification_pb2.ClassificationRequest()
+        req.model_spec.name = "small"
+        req.input.example_list.examples.extend(examples)
+        resp = stub.Classify(req, timeout=30)
+        assert [[c.label for c in x.classes] for x in resp.result.classifications] == [["0", "1"]] * 6
+        np.testing.assert_allclose([x.classes[1].score for x in resp.result.classifications], expected, atol=1e-6)
+        np.testing.assert_allclose([x.classes[0].score for x in resp.result.classifications], 1 - expected,
+                                   atol=1e-6)
+        assert resp.model_spec.signature_name == "predict_examples" and resp.model_spec.version.value == 1
+        reg = regression_pb2.RegressionRequest()
+        reg.model_spec.name = "small"
+        context = example_pb2.Example()  # C1 of the first row as context: rows without their own C1 take it
+        context.features.feature["C1"].CopyFrom(examples[0].features.feature["C1"])
+        for ex in examples:
+            own = example_pb2.Example()
+            own.CopyFrom(ex)
+            if ex.features.feature["C1"] == context.features.feature["C1"]:
+                del own.features.feature["C1"]
+            reg.input.example_list_with_context.examples.append(own)
+        reg.input.example_list_with_context.context.CopyFrom(context)
+        values = [r.value for r in stub.Regress(reg, timeout=30).result.regressions]
+        np.testing.assert_allclose(values, expected, atol=1e-6)
+        two = example_pb2.Example()
+        two.CopyFrom(examples[0])
+        two.features.feature["C1"].bytes_list.value.append(b"extra")
+        bad = classification_pb2.ClassificationRequest()
+        bad.model_spec.name = "small"
+        bad.input.example_list.examples.append(two)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Classify(bad, timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'C1'" in e.value.details()
+    url = f"http://127.0.0.1:{server.rest_port}/v1/models/small"
+    rows = _json_examples(table, artifact)
+    code, body = _http("POST", url + ":classify", {"examples": rows})
+    assert code == 200 and [[c[0] for c in r] for r in body["result"]] == [["0", "1"]] * 6
+    np.testing.assert_allclose([r[1][1] for r in body["result"]], expected, atol=1e-6)
+    without_i2 = [{k: v for k, v in r.items() if k != "I2"} for r in rows]
+    code, body = _http("POST", url + "/versions/1:regress", {"examples": without_i2, "context": {"I2": 1.5}})
+    assert code == 200 and len(body["result"]) == 6
+    code, body = _http("POST", url + ":regress", {"examples": rows[:1], "context": {}})
+    np.testing.assert_allclose(body["result"], expected[:1], atol=1e-6)
+    for bad_body, message in (({"examples": [{"I1": 3}]}, "I1"), ({"examples": []}, "non-empty"),
+                              ({"examples": [{"C1": ["a", "b"]}]}, "'C1'"), ({"instances": [{}]}, "unknown key")):
+        code, body = _http("POST", url + ":classify", bad_body)
+        assert code == 400 and message in body["error"], (bad_body, body)
+
+
 def test_new_version_is_picked_up_and_corrupt_one_refused(server, exported, trained):
     base, _ = exported
     os.makedirs(os.path.join(base, "3"))
