@@ -194,6 +194,16 @@ def cmd_cluster(a) -> None:
 
 
 def cmd_bench(a) -> None:
+    if a.suite == "compare":
+        from recpipe.bench.compare import compare_ratios, format_comparison, load_ratios
+        if len(a.paths) != 2:
+            raise SystemExit("recpipe bench compare: give OLD.json NEW.json (suite results or two results folders)")
+        (old, old_commit), (new, new_commit) = (load_ratios(p) for p in a.paths)
+        print(format_comparison(compare_ratios(old, new), f"{a.paths[0]} ({old_commit})",
+                                f"{a.paths[1]} ({new_commit})"))
+        return
+    if a.paths:
+        raise SystemExit(f"recpipe bench {a.suite}: unexpected arguments {a.paths} (only `compare` takes paths)")
     from recpipe.bench.run import BenchOptions, run_bench
     run_bench(BenchOptions(suite=a.suite, quick=a.quick, reps=a.reps, rows=a.rows, steps=a.steps, out_dir=a.out,
                            workdir=a.workdir), say=_say)
@@ -330,12 +340,14 @@ def build_parser() -> argparse.ArgumentParser:
     cl.set_defaults(fn=cmd_cluster)
 
     b = sub.add_parser("bench", help="benchmarks -> bench/results/<suite>.json + .md and REPORT.md with plots")
-    b.add_argument("suite", nargs="?", default="all", choices=[*SUITES, "all"],
+    b.add_argument("suite", nargs="?", default="all", choices=[*SUITES, "all", "compare"],
                    help="preprocess: Beam vs single-process baseline, peak RSS at 1x vs 10x rows, shard formats; "
                         "train: real vs synthetic input, bf16 vs fp32, every tuning knob, Horovod and PS scaling, "
                         "RSS vs table size, FLOP/s ceiling, Criteo AUC per strategy, scale-out model; "
                         "serve: QPS/latency at concurrency 1/8/32, batching off/on, against in-process calls; "
-                        "cluster: PS and Horovod across network namespaces at several link speeds vs the advisor")
+                        "cluster: PS and Horovod across network namespaces at several link speeds vs the advisor; "
+                        "compare OLD.json NEW.json: the ratio changes between two runs")
+    b.add_argument("paths", nargs="*", help="compare: two suite JSONs (or two results folders)")
     b.add_argument("--quick", action="store_true", help="smoke run: small sizes, one repetition (CI)")
     b.add_argument("--reps", type=int, help="repetitions of every measurement (default 3; 1 with --quick)")
     b.add_argument("--rows", type=int, help="generated rows (default per suite)")

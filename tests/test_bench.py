@@ -26,6 +26,7 @@ def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):
         result = json.loads((out / f"{suite}.json").read_text())
         assert result["quick"] is True and result["machine"]["cpus"] >= 1
         assert result["machine"]["versions"]["tensorflow"] == "2.21.0"
+        assert len(result["machine"]["git_commit"]) == 40  # the commit of the measured code
         ratios.update(result["ratios"])
         assert (out / f"{suite}.md").read_text().startswith("#")
     # the quick cluster run shapes links to 100mbit only
@@ -44,6 +45,9 @@ def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):
     for png in ("preprocess_throughput.png", "train_throughput.png", "train_rss_vs_table.png", "serve_latency.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
         assert f"]({png})" in report
+    compared = subprocess.run([sys.executable, "-m", "recpipe.cli", "bench", "compare", str(out / "preprocess.json"),
+                               str(out)], check=True, capture_output=True, text=True).stdout
+    assert "preprocess_beam_vs_duckdb" in compared and " same" in compared
     print(f"bench --quick took {elapsed:.0f} s")
 
 
@@ -56,3 +60,44 @@ def _check_cluster(out, tmp_path):
                              "--bandwidth-gbps", "0.1", "--calibration", str(out / "cluster.json")],
                             check=True, capture_output=True, text=True).stdout
     assert "+ measured overheads" in advice
+
+
+def test_bench_compare_flags_a_missed_target_as_regressed():
+    from recpipe.bench.compare import compare_ratios, format_comparison
+    rows = {r["ratio"]: r for r in compare_ratios(
+        {"serve_p99_ms_c8": 12.0, "preprocess_beam_vs_duckdb": 0.3, "train_bf16_vs_fp32": 1.2, "other": 2.0},
+        {"serve_p99_ms_c8": 25.0, "preprocess_beam_vs_duckdb": 0.6, "train_bf16_vs_fp32": 1.21, "new_key": 1.0})}
+    assert rows["serve_p99_ms_c8"]["verdict"] == "regressed"          # <= 20 met before, missed now
+    assert rows["preprocess_beam_vs_duckdb"]["verdict"] == "fixed"
+    assert rows["train_bf16_vs_fp32"]["verdict"] == "same"
+    assert rows["other"]["verdict"] == "gone" and rows["new_key"]["verdict"] == "new"
+    assert "REGRESSED" in format_comparison(list(rows.values()), "a", "b")
+
+
+def test_duckdb_peer_does_the_same_split_and_vocabularies(tmp_path):
+    """The peer is a fair yardstick: same split, same vocabularies, same in-vocabulary IDs as ours."""
+    import pyarrow.parquet as pq
+
+    from features.canonical import LABEL_KEY
+    from features.config import load_config
+    from recpipe.bench.baseline import baseline_preprocess
+    from recpipe.bench.criteo_like import write_criteo_like
+    from recpipe.bench.duckdb_peer import duckdb_preprocess
+    from recpipe.samples import repo_configs
+    from trainers.data import make_dataset
+
+    cfg = load_config(repo_configs() / "criteo.yaml")
+    log = write_criteo_like(3_000, str(tmp_path / "log"), file_rows=1_000)
+    ours = baseline_preprocess(cfg, log, str(tmp_path / "ours"))
+    peer = duckdb_preprocess(cfg, log, str(tmp_path / "peer"))
+    assert (peer["train"], peer["eval"]) == (ours["train"], ours["eval"]) == (2_700, 300)
+    from features.preprocessed import PreprocessedData
+    vocabs = PreprocessedData(str(tmp_path / "ours")).transform().vocabularies
+    assert peer["vocab_sizes"] == {name: len(v) for name, v in vocabs.items()}
+    peer_train = pq.read_table(tmp_path / "peer" / "train.parquet")
+    ours_train = next(iter(make_dataset(cfg, str(tmp_path / "ours"), "train", 10_000, training=False)))
+    for name in ("C3", "C20"):
+        size = len(vocabs[name])
+        a, b = peer_train.column(name).to_numpy(), ours_train[name].numpy()
+        assert sorted(a[a < size]) == sorted(b[b < size])
+    assert sorted(peer_train.column("label").to_numpy()) == sorted(ours_train[LABEL_KEY].numpy())

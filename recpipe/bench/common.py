@@ -17,7 +17,8 @@ from features.preprocessed import PreprocessedData
 from pipeline.synthetic import GenerateSpec, generate_log
 from recpipe.bench.baseline import baseline_preprocess
 
-__all__ = ["CLI", "summary", "run_measured", "machine_info", "save_result", "generate_once", "preprocess_once"]
+__all__ = ["CLI", "summary", "run_measured", "git_commit", "machine_info", "save_result", "generate_once",
+           "preprocess_once"]
 
 CLI = [sys.executable, "-m", "recpipe.cli"]
 
@@ -46,6 +47,22 @@ def run_measured(cmd: list[str]) -> tuple[float, float, str]:
     return wall, peak, stdout
 
 
+def git_commit() -> dict:
+    """The commit of the code being measured and whether the tree had changes (None outside a clone)."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", repo, *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {"git_commit": commit, "git_dirty": bool(status) if status is not None else None}
+
+
 def machine_info() -> dict:
     import importlib.metadata as md
     cpu = ""
@@ -62,7 +79,8 @@ def machine_info() -> dict:
             versions[pkg] = None
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return {"cpus": os.cpu_count(), "cpu": cpu, "memory_gib": round(mem, 1), "python": platform.python_version(),
-            "platform": platform.platform(), "versions": versions, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+            "platform": platform.platform(), "versions": versions, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            **git_commit()}
 
 
 def save_result(out_dir: str, name: str, result: dict, md: str) -> None:

@@ -17,9 +17,10 @@ from features.canonical import LABEL_KEY
 from features.preprocessed import PreprocessedData
 from features.records import column_specs
 from recpipe.bench.common import CLI, generate_once, run_measured, summary
+from recpipe.bench.criteo_like import write_criteo_like
 from trainers.data import make_dataset
 
-__all__ = ["bench_preprocess", "bench_shard_formats", "report_markdown"]
+__all__ = ["bench_preprocess", "bench_peers", "bench_shard_formats", "report_markdown"]
 
 
 def bench_preprocess(rows: int, work: str, cfg_path: str, say: Callable[[str], None], scale: int = 10,
@@ -58,6 +59,34 @@ def bench_preprocess(rows: int, work: str, cfg_path: str, say: Callable[[str], N
                    "preprocess_rss_10x_vs_1x" if scale == 10 else f"preprocess_rss_{scale}x_vs_1x":
                        mem[f"beam_{scale}x"] / mem["beam_1x"]}
     return r
+
+
+def bench_peers(rows: int, work: str, cfg_path: str, say: Callable[[str], None], reps: int = 3,
+                threads: int = 2) -> dict:
+    """`recpipe preprocess` (Beam DirectRunner) against DuckDB with `threads` threads doing the same
+    transform (recpipe.bench.duckdb_peer) on the same Criteo-shaped Parquet log, round robin."""
+    log = write_criteo_like(rows, os.path.join(work, "criteo_like"))
+    walls: dict = collections.defaultdict(list)
+    rss: dict = collections.defaultdict(list)
+    for rep in range(reps):
+        for job in ("beam", "duckdb"):
+            out = os.path.join(work, f"peer_{job}")
+            shutil.rmtree(out, ignore_errors=True)
+            say(f"bench preprocess: peers, {job}, {rows:,} Criteo-shaped rows (rep {rep + 1}/{reps})")
+            cmd = ([*CLI, "preprocess", "--config", cfg_path, "--input", log, "--output", out] if job == "beam" else
+                   [sys.executable, "-c", "import sys; from features.config import load_config; "
+                    "from recpipe.bench.duckdb_peer import duckdb_preprocess; "
+                    "print(duckdb_preprocess(load_config(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])))",
+                    cfg_path, log, out, str(threads)])
+            wall, peak, _ = run_measured(cmd)
+            walls[job].append(wall)
+            rss[job].append(peak)
+            shutil.rmtree(out, ignore_errors=True)
+    rps = {job: summary([rows / w for w in v]) for job, v in walls.items()}
+    return {"rows": rows, "reps": reps, "duckdb_threads": threads, "config": os.path.basename(cfg_path),
+            "rows_per_s": rps, "wall_s": {k: summary(v) for k, v in walls.items()},
+            "peak_rss_mb": {k: summary(v) for k, v in rss.items()},
+            "ratios": {"preprocess_beam_vs_duckdb": rps["beam"]["median"] / rps["duckdb"]["median"]}}
 
 
 def bench_shard_formats(pre_dir: str, say: Callable[[str], None], batch_size: int = 1024) -> dict:
@@ -110,7 +139,7 @@ def bench_shard_formats(pre_dir: str, say: Callable[[str], None], batch_size: in
 
 
 def report_markdown(results: dict) -> str:
-    p, s = results["preprocess"], results["shards"]
+    p, s, peers = results["preprocess"], results["shards"], results.get("peers")
     scale, n = p["scale"], p["rows"]
     rps, mem, ratios = p["rows_per_s"], p["peak_rss_mb"], p["ratios"]
 
@@ -133,4 +162,18 @@ def report_markdown(results: dict) -> str:
         f"| one tf.train.Example per row | {s['per_row_examples_write_rows_per_s']:,.0f} rows/s (Python loop) | "
         f"{s['per_row_examples_read_rows_per_s']:,.0f} rows/s | {s['per_row_examples_bytes_per_row']:.0f} |",
         "", "Reproduce: `.venv/bin/recpipe bench preprocess` (`--rows N` sets the 1x size).", ""]
+    if peers:
+        pr, pw, pm = peers["rows_per_s"], peers["wall_s"], peers["peak_rss_mb"]
+        ratio = peers["ratios"]["preprocess_beam_vs_duckdb"]
+        lines += [
+            f"## Against DuckDB ({peers['rows']:,} Criteo-shaped rows, `configs/{peers['config']}`; "
+            f"median (min–max) of {peers['reps']} round-robin runs)", "",
+            "Same Parquet, same config, same work: time split, 26 vocabularies (min_count, max_size) over the "
+            "train rows, IDs with OOV buckets, log/z-score dense features; DuckDB with "
+            f"{peers['duckdb_threads']} threads writes Parquet, Beam writes its TFRecord shards. Wall time of the "
+            "whole command (Python and library start-up included).", "",
+            "| job | rows/s | wall s | peak RSS MB |", "|---|---|---|---|",
+            *[f"| {'`recpipe preprocess` (Beam DirectRunner)' if k == 'beam' else 'DuckDB (recpipe.bench.duckdb_peer)'}"
+              f" | {cell(pr[k])} | {cell(pw[k], '.1f')} | {cell(pm[k])} |" for k in ("beam", "duckdb")], "",
+            f"- **preprocess_beam_vs_duckdb**: **{ratio:.2f}** (target >= 0.5)", ""]
     return "\n".join(lines)

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 from recpipe.bench.cluster import ClusterBenchOptions, bench_cluster
 from recpipe.bench.cluster import markdown as cluster_markdown
 from recpipe.bench.common import machine_info, save_result
-from recpipe.bench.preprocess import bench_preprocess, bench_shard_formats, report_markdown
+from recpipe.bench.preprocess import bench_peers, bench_preprocess, bench_shard_formats, report_markdown
 from recpipe.bench.report import write_report
 from recpipe.bench.serve import markdown as serve_markdown
 from recpipe.bench.serve import run_serve_bench
@@ -60,8 +60,11 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
             rows = opts.rows or (3_000 if quick else 500_000)
             pre = bench_preprocess(rows, sw, cfg_path, say, scale=10, reps=reps, quick=quick)
             shards = bench_shard_formats(os.path.join(sw, "beam_1x"), say)
+            peers = bench_peers(20_000 if quick else 2_000_000, sw, str(repo_configs() / "criteo.yaml"), say,
+                                reps=reps)
             result = {"suite": suite, "quick": quick, "machine": info, "config": {"rows_1x": rows, "scale": 10},
-                      "preprocess": pre, "shards": shards, "ratios": pre["ratios"]}
+                      "preprocess": pre, "shards": shards, "peers": peers,
+                      "ratios": {**pre["ratios"], **peers["ratios"]}}
             mult = 10 if quick else 1  # quick: the 10x data (50k rows); full: the 1x data (500k rows)
             shared = (os.path.join(sw, f"log_{mult}x"), os.path.join(sw, f"beam_{mult}x"))
             save_result(opts.out_dir, suite, result, report_markdown(result))
