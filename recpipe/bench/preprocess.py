@@ -23,6 +23,24 @@ from trainers.data import make_dataset
 __all__ = ["bench_preprocess", "bench_peers", "bench_shard_formats", "report_markdown"]
 
 
+_JOBS = {  # job -> (module, function) of the Python API the non-Beam jobs run
+    "baseline": ("recpipe.bench.baseline", "baseline_preprocess"),
+    "duckdb": ("recpipe.bench.duckdb_peer", "duckdb_preprocess"),
+}
+
+
+def _command(job: str, cfg_path: str, log: str, out: str, threads: int | None = None) -> list[str]:
+    """The command line of one measured preprocessing run: `recpipe preprocess` for "beam", else the
+    job's function in a fresh Python process (so each pays its own start-up, as a user would)."""
+    if job == "beam":
+        return [*CLI, "preprocess", "--config", cfg_path, "--input", log, "--output", out]
+    module, fn = _JOBS[job]
+    extra = ", int(sys.argv[4])" if threads is not None else ""
+    return [sys.executable, "-c", f"import sys; from features.config import load_config; from {module} import {fn}; "
+            f"print({fn}(load_config(sys.argv[1]), sys.argv[2], sys.argv[3]{extra}))", cfg_path, log, out,
+            *([str(threads)] if threads is not None else [])]
+
+
 def bench_preprocess(rows: int, work: str, cfg_path: str, say: Callable[[str], None], scale: int = 10,
                      reps: int = 3, quick: bool = False) -> dict:
     """Beam vs baseline rows/s at rows and scale x rows; peak RSS of each; `reps` runs of each
@@ -39,12 +57,7 @@ def bench_preprocess(rows: int, work: str, cfg_path: str, say: Callable[[str], N
                 out = os.path.join(work, f"{job}_{mult}x" if rep == 0 else f"{job}_{mult}x_rep{rep}")
                 shutil.rmtree(out, ignore_errors=True)
                 say(f"bench preprocess: {job}, {rows * mult:,} rows (rep {rep + 1}/{reps})")
-                cmd = ([*CLI, "preprocess", "--config", cfg_path, "--input", log, "--output", out] if job == "beam" else
-                       [sys.executable, "-c", "import sys; from features.config import load_config; "
-                        "from recpipe.bench.baseline import baseline_preprocess; "
-                        "print(baseline_preprocess(load_config(sys.argv[1]), sys.argv[2], sys.argv[3]))",
-                        cfg_path, log, out])
-                wall, peak, _ = run_measured(cmd)
+                wall, peak, _ = run_measured(_command(job, cfg_path, log, out))
                 walls[f"{job}_{mult}x"].append(wall)
                 rss[f"{job}_{mult}x"].append(peak)
                 if rep:
@@ -73,12 +86,7 @@ def bench_peers(rows: int, work: str, cfg_path: str, say: Callable[[str], None],
             out = os.path.join(work, f"peer_{job}")
             shutil.rmtree(out, ignore_errors=True)
             say(f"bench preprocess: peers, {job}, {rows:,} Criteo-shaped rows (rep {rep + 1}/{reps})")
-            cmd = ([*CLI, "preprocess", "--config", cfg_path, "--input", log, "--output", out] if job == "beam" else
-                   [sys.executable, "-c", "import sys; from features.config import load_config; "
-                    "from recpipe.bench.duckdb_peer import duckdb_preprocess; "
-                    "print(duckdb_preprocess(load_config(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])))",
-                    cfg_path, log, out, str(threads)])
-            wall, peak, _ = run_measured(cmd)
+            wall, peak, _ = run_measured(_command(job, cfg_path, log, out, threads))
             walls[job].append(wall)
             rss[job].append(peak)
             shutil.rmtree(out, ignore_errors=True)
