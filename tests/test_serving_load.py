@@ -114,7 +114,8 @@ def test_version_swap_under_load_loses_no_request(batching_server, trained, smal
         deadline = time.monotonic() + 60
         while srv.registry.get().version != 2 and time.monotonic() < deadline:
             time.sleep(0.1)
-        while len(codes) < 2000 and time.monotonic() < deadline:
+        # the status poller (one thread among the clients) must see the swap too, not only the registry
+        while ("2" not in versions_seen or len(codes) < 2000) and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
         stop.set()
