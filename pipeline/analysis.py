@@ -66,13 +66,14 @@ def merge_count_tables(tables: list[pa.Table]) -> pa.Table:
     return pa.Table.from_arrays([summed.column("value"), summed.column("count_sum")], schema=COUNT_SCHEMA)
 
 
-def select_vocabulary_table(counts: pa.Table, min_count: int, max_size: int | None) -> tuple[list[str], list[int]]:
-    """select_vocabulary over a count table, vectorised (same order: count descending, ties by value)."""
+def select_vocabulary_table(counts: pa.Table, min_count: int, max_size: int | None) -> tuple[pa.Array, pa.Array]:
+    """select_vocabulary over a count table, vectorised (same order: count descending, ties by value);
+    the values and counts as Arrow arrays."""
     kept = counts.filter(pc.greater_equal(counts.column("count"), min_count))
     kept = kept.sort_by([("count", "descending"), ("value", "ascending")])
     if max_size is not None:
         kept = kept.slice(0, max_size)
-    return kept.column("value").to_pylist(), kept.column("count").to_pylist()
+    return kept.column("value").combine_chunks(), kept.column("count").combine_chunks()
 
 
 def select_vocabulary(counts: Iterable[tuple[str, int]], min_count: int, max_size: int | None

@@ -355,23 +355,21 @@ class ComputeVocabularies(beam.PTransform):
         owners = {f.name: f.vocab for f in cfg.features.sparse if f.vocab is not None}
 
         def select(kv):
-            # (values, counts) leave as Arrow arrays: the artifact's assembly takes them as a side input,
+            # (values, counts) stay Arrow arrays: the artifact's assembly takes them as a side input,
             # which a runner sizes object by object when they are Python lists
-            owner, (values, counts) = kv[0], _select(kv)
-            return owner, (pa.array(values, pa.string()), pa.array(counts, pa.int64()))
-
-        def _select(kv):
             owner, counts = kv
             spec = owners[owner]
             if prev is None:
-                return select_vocabulary_table(counts, spec.min_count, spec.max_size)
+                return owner, select_vocabulary_table(counts, spec.min_count, spec.max_size)
             known = pa.array(prev.vocabularies.get(owner, []), pa.string())
             # only values that can enter or are already known go through the Python merge
             wanted = counts.filter(pc.or_(pc.greater_equal(counts.column("count"), spec.min_count),
                                           pc.is_in(counts.column("value"), value_set=known)))
-            return merge_vocabulary(prev.vocabularies.get(owner, []), prev.vocab_counts.get(owner, []),
-                                    zip(wanted.column("value").to_pylist(), wanted.column("count").to_pylist()),
-                                    spec.min_count, spec.max_size)
+            values, merged = merge_vocabulary(prev.vocabularies.get(owner, []), prev.vocab_counts.get(owner, []),
+                                              zip(wanted.column("value").to_pylist(),
+                                                  wanted.column("count").to_pylist()),
+                                              spec.min_count, spec.max_size)
+            return owner, (pa.array(values, pa.string()), pa.array(merged, pa.int64()))
 
         counted = (train
                    | "CountTables" >> beam.FlatMap(token_count_tables, cfg)

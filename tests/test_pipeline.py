@@ -67,8 +67,10 @@ def test_count_tables_select_the_same_vocabulary_as_per_token_counting():
             acc = accs[owner][i % len(accs[owner])]
             combiner.add_input(acc, table)
     merged = {o: combiner.extract_output(combiner.merge_accumulators(a)) for o, a in accs.items()}
-    assert select_vocabulary_table(merged["a"], 2, None) == select_vocabulary(expected["a"].items(), 2, None)
-    assert select_vocabulary_table(merged["b"], 1, 7) == select_vocabulary(expected["b"].items(), 1, 7)
+    for owner, min_count, max_size in (("a", 2, None), ("b", 1, 7)):
+        values, counts = select_vocabulary_table(merged[owner], min_count, max_size)
+        assert (values.to_pylist(), counts.to_pylist()) == select_vocabulary(expected[owner].items(), min_count,
+                                                                             max_size)
     assert merge_count_tables([]).num_rows == 0
 
 

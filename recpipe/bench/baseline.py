@@ -71,7 +71,8 @@ def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65
             moments[k] = add_moments(moments[k], v) if k in moments else v
         for name, d in buckets.items():
             bucket_values[name].append(dense_prenorm(cols[name].to_numpy(zero_copy_only=False), d.transform, d.fill))
-    vocabs = {f.name: select_vocabulary_table(merge_count_tables(counts[f.name]), f.vocab.min_count, f.vocab.max_size)
+    vocabs = {f.name: [a.to_pylist() for a in select_vocabulary_table(merge_count_tables(counts[f.name]),
+                                                                        f.vocab.min_count, f.vocab.max_size)]
               for f in cfg.features.sparse if f.vocab is not None}
     stats = moment_stats(moments)
     for name, d in buckets.items():
