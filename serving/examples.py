@@ -19,7 +19,8 @@ from tensorflow.core.example import example_pb2, feature_pb2
 from serving.registry import RequestError
 from serving.version import EXAMPLES_SIGNATURE, SIGNATURE
 
-__all__ = ["SIGNATURES", "check_signature", "examples_from_json", "examples_from_input", "classes", "CLASS_LABELS"]
+__all__ = ["SIGNATURES", "check_signature", "is_b64", "b64_bytes", "examples_from_json", "examples_from_input",
+           "classes", "CLASS_LABELS"]
 
 SIGNATURES = ("", SIGNATURE, EXAMPLES_SIGNATURE)  # what a classify/regress request may name
 CLASS_LABELS = ("0", "1")
@@ -30,20 +31,25 @@ def check_signature(name: str) -> None:
         raise RequestError(f"signature {name!r} not found; classify and regress use {EXAMPLES_SIGNATURE!r}")
 
 
+def is_b64(value: Any) -> bool:
+    """TF Serving's JSON form of raw bytes: {"b64": "<base64>"}."""
+    return isinstance(value, dict) and set(value) == {"b64"}
+
+
+def b64_bytes(value: dict, where: str) -> bytes:
+    """The bytes of an is_b64 value; RequestError naming `where` when it is not valid base64."""
+    try:
+        return base64.b64decode(value["b64"], validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        raise RequestError(f"{where}: 'b64' is not valid base64") from None
+
+
 def _feature(name: str, where: str, value: Any) -> feature_pb2.Feature:
     items = value if isinstance(value, list) else [value]
     if not items:
         return feature_pb2.Feature()
-    if all(isinstance(x, str) or (isinstance(x, dict) and set(x) == {"b64"}) for x in items):
-        raw = []
-        for x in items:
-            if isinstance(x, str):
-                raw.append(x.encode("utf-8"))
-                continue
-            try:
-                raw.append(base64.b64decode(x["b64"], validate=True))
-            except (binascii.Error, ValueError, TypeError):
-                raise RequestError(f"{where}: feature {name!r}: 'b64' is not valid base64") from None
+    if all(isinstance(x, str) or is_b64(x) for x in items):
+        raw = [x.encode("utf-8") if isinstance(x, str) else b64_bytes(x, f"{where}: feature {name!r}") for x in items]
         return feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=raw))
     if any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in items):
         raise RequestError(f"{where}: feature {name!r}: values must be all strings or all numbers, got "

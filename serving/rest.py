@@ -17,8 +17,6 @@ incomplete REQUEST_DEADLINE_S after its first byte (slow-loris) is dropped.
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import logging
 import math
@@ -37,7 +35,7 @@ from tensorflow_serving.apis import get_model_metadata_pb2
 
 from features.canonical import FLOAT32_MAX
 from serving.batching import Predictor
-from serving.examples import classes, examples_from_json
+from serving.examples import b64_bytes, classes, examples_from_json, is_b64
 from serving.metrics import Metrics
 from serving.registry import SIGNATURE, ModelRegistry, RequestError
 
@@ -63,11 +61,8 @@ def _column(name: str, values: list, spec: tf.TensorSpec) -> np.ndarray:
                 out.append(b"")
             elif isinstance(v, str):
                 out.append(v.encode("utf-8"))
-            elif isinstance(v, dict) and set(v) == {"b64"}:
-                try:
-                    out.append(base64.b64decode(v["b64"], validate=True))
-                except (binascii.Error, ValueError, TypeError):
-                    raise RequestError(f"input {name!r} row {i}: 'b64' is not valid base64") from None
+            elif is_b64(v):
+                out.append(b64_bytes(v, f"input {name!r} row {i}"))
             elif isinstance(v, list):
                 if not all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in v):
                     raise RequestError(f"input {name!r} row {i}: list items must be strings or integers")
