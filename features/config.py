@@ -20,7 +20,7 @@ from features.errors import RecpipeError
 
 __all__ = [
     "ConfigError", "VocabSpec", "SparseFeature", "DenseFeature", "FeaturesSpec", "InputSpec",
-    "SplitSpec", "LabelSpec", "ModelSpec", "TrainSpec", "Config", "load_config", "parse_config",
+    "SplitSpec", "LabelSpec", "ModelSpec", "EarlyStoppingSpec", "TrainSpec", "Config", "load_config", "parse_config",
     "config_to_dict", "dump_config", "build_typed", "check_typed", "literal_choices", "read_yaml",
 ]
 
@@ -73,8 +73,12 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class SplitSpec:
+    """Rows by time (timestamp, else row order): the last eval_fraction are eval, touched once at the
+    end; of the rows before them, the last validation_fraction are validation (early stopping, model
+    selection, `recpipe tune`); the rest are train. Vocabularies and statistics come from train only."""
     eval_fraction: float = 0.1
-    on_empty: Literal["fail", "warn"] = "fail"  # an empty train or eval split fails the preprocess run
+    validation_fraction: float = 0.0
+    on_empty: Literal["fail", "warn"] = "fail"  # an empty train, validation or eval split fails the preprocess run
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,10 @@ class ModelSpec:
     query_features: list[str] = field(default_factory=list)       # retrieval: the query tower's inputs
     candidate_features: list[str] = field(default_factory=list)   # retrieval: sparse single-valued IDs
     tower_layers: list[int] = field(default_factory=lambda: [64, 32])
+    # ranking: add a wide (linear) logit to DCN-v2/DLRM's (one weight per ID + a linear term on the dense
+    # features, as in Wide & Deep): the memorisation small logs reward
+    wide: bool = False
+    dropout: float = 0.0                                          # after each deep layer, while training
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,15 @@ class TuningSpec:
 
 
 @dataclass(frozen=True)
+class EarlyStoppingSpec:
+    """Model selection on the validation split (split.validation_fraction > 0): each checkpoint is
+    scored on it, the best one is kept and is what evaluate, export and warm start use; with
+    patience > 0, training stops after that many checkpoints without improvement."""
+    metric: Literal["auto", "auc", "logloss", "recall_at_10", "ndcg_at_10"] = "auto"  # auto: auc / recall_at_10
+    patience: int = 0
+
+
+@dataclass(frozen=True)
 class TrainSpec:
     batch_size: int = 1024
     learning_rate: float = 0.05
@@ -121,6 +138,10 @@ class TrainSpec:
     # Horovod embedding gradients: allgather the IndexedSlices, or densify and allreduce. Measured
     # np=2, 1 thread each: 10.8k vs 6.7k ex/s with a 1M-row table, 17.9k vs 16.4k with 50k rows.
     sparse_gradients: Literal["allgather", "dense"] = "allgather"
+    # L2 on the embedding rows a batch looks up (mean over the batch of each feature's squared norm): the
+    # regularisation sparse tables need, as rows of rare IDs are updated rarely (not weight decay on the table)
+    embedding_l2: float = 0.0
+    early_stopping: EarlyStoppingSpec = field(default_factory=EarlyStoppingSpec)
     tuning: TuningSpec = field(default_factory=TuningSpec)
 
 
@@ -298,11 +319,15 @@ def _validate(cfg: Config) -> Config:
 
     if not 0 < cfg.split.eval_fraction < 1:
         raise ConfigError(f"split.eval_fraction: must be between 0 and 1 (exclusive), got {cfg.split.eval_fraction}")
+    if not 0 <= cfg.split.validation_fraction < 1:
+        raise ConfigError(f"split.validation_fraction: must be in [0, 1), got {cfg.split.validation_fraction}")
     t = cfg.train
     _positive(t.batch_size, "train.batch_size")
     _positive(t.learning_rate, "train.learning_rate")
     _positive(t.steps, "train.steps")
     _positive(t.checkpoint_every, "train.checkpoint_every")
+    _positive(t.embedding_l2, "train.embedding_l2", allow_zero=True)
+    _positive(t.early_stopping.patience, "train.early_stopping.patience", allow_zero=True)
     k = t.tuning
     _positive(k.grad_accum_steps, "train.tuning.grad_accum_steps")
     _positive(k.steps_per_execution, "train.tuning.steps_per_execution")
@@ -321,6 +346,15 @@ def _validate(cfg: Config) -> Config:
             _positive(width, f"model.{key}[{j}]")
     _positive(m.cross_layers, "model.cross_layers", allow_zero=True)
     _positive(m.low_rank, "model.low_rank")
+    if not 0 <= m.dropout < 1:
+        raise ConfigError(f"model.dropout: must be in [0, 1), got {m.dropout}")
+    if m.wide and m.type not in ("dcn_v2", "dlrm"):
+        raise ConfigError(f"model.wide: only dcn_v2 and dlrm take a wide logit ({m.type} has none)")
+    metric = t.early_stopping.metric
+    task_metrics = {"ranking": ("auc", "logloss"), "retrieval": ("recall_at_10", "ndcg_at_10")}[m.task]
+    if metric != "auto" and metric not in task_metrics:
+        raise ConfigError(f"train.early_stopping.metric: {metric!r} is not a {m.task} metric "
+                          f"(use auto | {' | '.join(task_metrics)})")
     if m.type == "dlrm" and len(dims) > 1:
         raise ConfigError(f"model.type: dlrm needs one embedding_dim for all sparse features, got {sorted(dims)}")
     if m.task == "retrieval":

@@ -2,7 +2,9 @@
 
     ROOT/transform/             the TransformArtifact (its transform.json carries the row counts)
     ROOT/train/part-*.tfrecord  training shards (features.records batches)
-    ROOT/eval/part-*.tfrecord   evaluation shards
+    ROOT/validation/part-*.tfrecord  validation shards (empty unless split.validation_fraction > 0):
+                                early stopping and model selection
+    ROOT/eval/part-*.tfrecord   evaluation shards: touched once, at the end
     ROOT/dead_letter/*.parquet  rows that cannot be used: source_file, row, reason, field, row_json
     ROOT/eval_sample.parquet    up to 1,000 raw eval rows, and eval_sample.tfrecord the same rows
                                 transformed like the shards: the export's skew check compares them
@@ -21,7 +23,7 @@ from features.artifact import ArtifactError, TransformArtifact
 
 __all__ = ["PreprocessedData", "SPLITS"]
 
-SPLITS = ("train", "eval")
+SPLITS = ("train", "validation", "eval")  # in time order
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class PreprocessedData:
 
     def split_dir(self, split: str) -> str:
         if split not in SPLITS:
-            raise ValueError(f"split {split!r}: use {' or '.join(SPLITS)}")
+            raise ValueError(f"split {split!r}: use {', '.join(SPLITS)}")
         return fsio.join(self.root, split)
 
     def shard_prefix(self, split: str) -> str:

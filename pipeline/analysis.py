@@ -14,7 +14,8 @@ import pyarrow.compute as pc
 from features.canonical import dense_prenorm, numeric
 from features.config import Config
 
-__all__ = ["ts_histogram", "eval_cutoff_from_histogram", "COUNT_SCHEMA", "token_count_tables", "merge_count_tables",
+__all__ = ["ts_histogram", "split_sizes", "split_cutoffs_from_histogram", "split_cutoffs_by_row",
+           "COUNT_SCHEMA", "token_count_tables", "merge_count_tables",
            "select_vocabulary_table", "select_vocabulary", "merge_vocabulary",
            "batch_moments", "moment_stats", "add_moments", "boundaries_from_quantiles", "merge_dense_stats"]
 
@@ -24,18 +25,33 @@ def ts_histogram(table: pa.Table, column: str) -> dict[float, int]:
     return dict(zip(values.tolist(), counts.tolist()))
 
 
-def eval_cutoff_from_histogram(hist: dict[int, int], eval_fraction: float) -> float:
-    """Rows with timestamp > cutoff are eval: the smallest cutoff leaving >= (1-f) of rows in train."""
+def split_sizes(total: int, eval_fraction: float, validation_fraction: float) -> tuple[int, int]:
+    """(rows before the validation part, rows before the eval part) of `total` rows in time order."""
+    before_eval = total - math.floor(eval_fraction * total)
+    return before_eval - math.floor(validation_fraction * before_eval), before_eval
+
+
+def split_cutoffs_from_histogram(hist: dict[int, int], eval_fraction: float,
+                                 validation_fraction: float = 0.0) -> tuple[float, float]:
+    """(validation cutoff, eval cutoff) from a histogram of time keys: rows with key > eval cutoff are
+    eval, rows with validation cutoff < key <= eval cutoff are validation. Each cutoff is the smallest
+    key leaving at least its share of rows before it (ties stay together, on the earlier side)."""
     if not hist:
-        return math.inf
-    total = sum(hist.values())
-    need_train = total - math.floor(eval_fraction * total)
-    seen = 0
-    for ts in sorted(hist):
-        seen += hist[ts]
-        if seen >= need_train:
-            return ts
-    return max(hist)
+        return math.inf, math.inf
+    need_fit, need_train = split_sizes(sum(hist.values()), eval_fraction, validation_fraction)
+    keys = sorted(hist)
+    cumulative = np.cumsum([hist[k] for k in keys])
+
+    def first_reaching(n: int) -> float:
+        i = int(np.searchsorted(cumulative, n, side="left"))
+        return float(keys[min(i, len(keys) - 1)])
+    return first_reaching(need_fit), first_reaching(need_train)
+
+
+def split_cutoffs_by_row(total: int, eval_fraction: float, validation_fraction: float = 0.0) -> tuple[float, float]:
+    """The same cutoffs over global row numbers (a log without a timestamp is in time order)."""
+    need_fit, need_train = split_sizes(total, eval_fraction, validation_fraction)
+    return float(need_fit - 1), float(need_train - 1)
 
 
 COUNT_SCHEMA = pa.schema([("value", pa.string()), ("count", pa.int64())])

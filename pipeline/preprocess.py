@@ -2,7 +2,7 @@
 folder (transform artifact, train/eval shards, dead letter, eval sample).
 
 Runs on any Beam runner given by `beam_args` (default: pipeline.options.DEFAULT_BEAM_ARGS). The run
-fails unless rows in = rows train + rows eval + rows dead-lettered, exactly.
+fails unless rows in = rows train + rows validation + rows eval + rows dead-lettered, exactly.
 """
 from __future__ import annotations
 
@@ -22,12 +22,12 @@ from features import fsio
 from features.artifact import TransformArtifact
 from features.config import Config, config_to_dict
 from features.errors import RecpipeError
-from features.preprocessed import PreprocessedData
+from features.preprocessed import SPLITS, PreprocessedData
 from pipeline.options import beam_args_with_defaults, check_beam_args
 from pipeline.sources import inspect_inputs, list_input_files
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
-                                 ComputeDenseStats, ComputeVocabularies, CountRows, EvalCutoff, PackArtifact,
-                                 ReadClickLogs, SplitRows, ValidateRows, WriteEvalSample)
+                                 ComputeDenseStats, ComputeVocabularies, CountRows, PackArtifact, ReadClickLogs,
+                                 SplitCutoffs, SplitRows, ValidateRows, WriteEvalSample)
 
 __all__ = ["PreprocessError", "PreprocessResult", "build_pipeline", "run_preprocess", "load_previous_transform"]
 
@@ -43,15 +43,24 @@ class PreprocessResult:
     rows_train: int
     rows_eval: int
     dead_letter: dict[str, int] = field(default_factory=dict)
+    rows_validation: int = 0
 
     @property
     def rows_dead(self) -> int:
         return sum(self.dead_letter.values())
 
+    @property
+    def rows_out(self) -> int:
+        return self.rows_train + self.rows_validation + self.rows_eval
+
+    def rows(self, split: str) -> int:
+        return {"train": self.rows_train, "validation": self.rows_validation, "eval": self.rows_eval}[split]
+
     def summary(self) -> str:
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(self.dead_letter.items())) or "none"
-        return (f"rows in = {self.rows_in} = rows out {self.rows_train + self.rows_eval} "
-                f"(train {self.rows_train}, eval {self.rows_eval}) + rows dead-lettered {self.rows_dead} "
+        validation = f", validation {self.rows_validation}" if self.rows_validation else ""
+        return (f"rows in = {self.rows_in} = rows out {self.rows_out} "
+                f"(train {self.rows_train}{validation}, eval {self.rows_eval}) + rows dead-lettered {self.rows_dead} "
                 f"[{reasons}]")
 
 
@@ -86,10 +95,11 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     split_info = ({"kind": "timestamp", "column": cfg.input.timestamp} if cfg.input.timestamp
                   else {"kind": "row_order"})
     split_info["eval_fraction"] = cfg.split.eval_fraction
+    split_info["validation_fraction"] = cfg.split.validation_fraction
 
     files_arg = [(f.path, f.first_row) for f in files]
     columns = cfg.raw_columns()
-    # Pass 1: the eval cutoff (reads only what validation and the timestamp need).
+    # Pass 1: the split cutoffs (reads only what validation and the timestamp need).
     if cfg.input.timestamp:
         split_cols = [c for c in columns if c in {cfg.label.column, cfg.input.timestamp,
                                                   *(d.column for d in cfg.features.dense)}]
@@ -97,7 +107,7 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
                           | "ValidateForSplit" >> ValidateRows(cfg, dead_letter=False))
     else:
         good_for_split = None
-    cutoff = (good_for_split if good_for_split is not None else p) | "EvalCutoff" >> EvalCutoff(cfg, total)
+    cutoff = (good_for_split if good_for_split is not None else p) | "SplitCutoffs" >> SplitCutoffs(cfg, total)
     # Pass 2: analysis on the train rows.
     train_rows = (p | "ReadForAnalysis" >> ReadClickLogs(files_arg, columns)
                   | "ValidateForAnalysis" >> ValidateRows(cfg, dead_letter=False)
@@ -114,7 +124,7 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     transform_dir = out.transform_dir
     _ = artifact | "WriteArtifact" >> beam.Map(lambda a: a.write(transform_dir))
     packed = artifact | "PackArtifact" >> PackArtifact()
-    for split in ("train", "eval"):
+    for split in SPLITS:
         _ = (splits[split]
              | f"ApplyTransform[{split}]" >> ApplyTransform(packed)
              | f"WriteShards[{split}]" >> beam.io.WriteToTFRecord(out.shard_prefix(split),
@@ -124,7 +134,7 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     _ = (validated.dead_letter
          | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
              out.dead_letter_prefix, schema=DEAD_LETTER_SCHEMA, file_name_suffix=".parquet"))
-    _ = (batches, splits.train, splits.eval, validated.dead_letter) | "CountRows" >> CountRows(out.row_counts_path)
+    _ = (batches, {s: splits[s] for s in SPLITS}, validated.dead_letter) | "CountRows" >> CountRows(out.row_counts_path)
 
 
 def _counter(result, name: str) -> int | None:
@@ -142,7 +152,8 @@ def _row_counts(staged: PreprocessedData) -> PreprocessResult:
     counts = fsio.read_json(staged.row_counts_path)
     fsio.remove(staged.row_counts_path)
     dead = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith("dead_letter.")}
-    return PreprocessResult(staged.root, counts.get("in", 0), counts.get("train", 0), counts.get("eval", 0), dead)
+    return PreprocessResult(staged.root, counts.get("in", 0), counts.get("train", 0), counts.get("eval", 0), dead,
+                            counts.get("validation", 0))
 
 
 def _staging_path(output: str) -> str:
@@ -172,10 +183,10 @@ def _check_written(data: PreprocessedData, res: PreprocessResult) -> None:
     import pyarrow.parquet as pq
 
     from features.records import count_rows
-    found = {split: count_rows(data.shard_files(split)) for split in ("train", "eval")}
+    found = {split: count_rows(data.shard_files(split)) for split in SPLITS}
     found["dead_letter"] = sum(pq.read_metadata(path, filesystem=fs).num_rows
                                for fs, path in map(fsio.resolve, data.dead_letter_files()))
-    expected = {"train": res.rows_train, "eval": res.rows_eval, "dead_letter": res.rows_dead}
+    expected = {**{s: res.rows(s) for s in SPLITS}, "dead_letter": res.rows_dead}
     wrong = [f"{k}: {found[k]} rows written, {expected[k]} counted" for k in expected if found[k] != expected[k]]
     if wrong:
         raise PreprocessError(f"{data.root}: the written files do not hold the counted rows ({'; '.join(wrong)}); "
@@ -192,12 +203,14 @@ def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResul
     if res.rows_train == 0:
         why = "every row was dead-lettered" if res.rows_dead == res.rows_in else "the eval split took every row"
         raise PreprocessError(f"the train split is empty: {why} ({res.summary()})")
-    if res.rows_eval == 0:
-        message = (f"the eval split is empty: no good row is later than the cutoff (constant "
-                   f"{cfg.input.timestamp or 'row order'}?) ({res.summary()})")
-        if cfg.split.on_empty == "fail":
-            raise PreprocessError(message + "; set split.on_empty: warn to publish it anyway")
-        say(f"preprocess: WARNING: {message}; published because split.on_empty is warn")
+    wanted = ["eval", "validation"] if cfg.split.validation_fraction > 0 else ["eval"]
+    for split in wanted:
+        if res.rows(split) == 0:
+            message = (f"the {split} split is empty: no good row is later than its cutoff (constant "
+                       f"{cfg.input.timestamp or 'row order'}?) ({res.summary()})")
+            if cfg.split.on_empty == "fail":
+                raise PreprocessError(message + "; set split.on_empty: warn to publish it anyway")
+            say(f"preprocess: WARNING: {message}; published because split.on_empty is warn")
 
 
 def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[str] | None = None,
@@ -231,7 +244,7 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
         result.wait_until_finish()
         staged = PreprocessedData(staging)
         res = dataclasses.replace(_row_counts(staged), output=output)
-        if res.rows_in != total or res.rows_in != res.rows_train + res.rows_eval + res.rows_dead:
+        if res.rows_in != total or res.rows_in != res.rows_out + res.rows_dead:
             raise PreprocessError(f"row accounting does not balance: footers say {total} rows; {res.summary()}")
         counted = _counter(result, "rows_in")
         if counted is not None and counted != res.rows_in:
@@ -240,7 +253,8 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
         _check_written(staged, res)
         artifact = staged.transform()  # the published artifact must load
         _check_usable(cfg, artifact, res, say)
-        artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "eval": res.rows_eval,
+        artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "validation": res.rows_validation,
+                               "eval": res.rows_eval,
                                "dead_letter": res.rows_dead, "dead_letter_by_reason": res.dead_letter,
                                "files": len(inputs)}
         artifact.write_meta(staged.transform_dir)  # last: the row counts mark the folder complete

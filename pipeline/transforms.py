@@ -1,6 +1,6 @@
 """The preprocessing stages as small composite Beam PTransforms over Arrow record batches.
 
-pass 1  ReadClickLogs -> ValidateRows -> EvalCutoff
+pass 1  ReadClickLogs -> ValidateRows -> SplitCutoffs
 pass 2  ReadClickLogs -> ValidateRows -> SplitRows.train -> ComputeVocabularies, ComputeDenseStats
         -> AssembleArtifact
 pass 3  ReadClickLogs -> ValidateRows (+ dead letter) -> SplitRows -> ApplyTransform -> shards
@@ -9,7 +9,6 @@ The per-batch arithmetic lives in pipeline.analysis (pure, shared with the bench
 from __future__ import annotations
 
 import json
-import math
 import operator
 import pickle
 from dataclasses import dataclass
@@ -25,11 +24,13 @@ from features import fsio
 from features.artifact import TransformArtifact
 from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, numeric, validate_batch
 from features.config import Config
+from features.preprocessed import SPLITS
 from pipeline.analysis import (COUNT_SCHEMA, add_moments, batch_moments, boundaries_from_quantiles,
-                               eval_cutoff_from_histogram, merge_count_tables, merge_dense_stats, merge_vocabulary,
-                               moment_stats, select_vocabulary_table, token_count_tables, ts_histogram)
+                               merge_count_tables, merge_dense_stats, merge_vocabulary, moment_stats,
+                               select_vocabulary_table, split_cutoffs_by_row, split_cutoffs_from_histogram,
+                               token_count_tables, ts_histogram)
 
-__all__ = ["NAMESPACE", "DEAD_LETTER_SCHEMA", "RawBatch", "ReadClickLogs", "ValidateRows", "EvalCutoff",
+__all__ = ["NAMESPACE", "DEAD_LETTER_SCHEMA", "RawBatch", "ReadClickLogs", "ValidateRows", "SplitCutoffs",
            "SplitRows", "ComputeVocabularies", "ComputeDenseStats", "AssembleArtifact", "PackArtifact",
            "pack_artifact", "ApplyTransform", "WriteEvalSample", "CountRows", "EVAL_SAMPLE_ROWS"]
 
@@ -202,15 +203,17 @@ class _MergeDicts(beam.CombineFn):
 class _Split(beam.DoFn):
     def __init__(self, cfg: Config, count: bool):
         self._cfg = cfg
-        self._rows = {s: Metrics.counter(NAMESPACE, f"rows_{s}") for s in ("train", "eval")} if count else None
+        self._rows = {s: Metrics.counter(NAMESPACE, f"rows_{s}") for s in SPLITS} if count else None
 
-    def process(self, b: RawBatch, cutoff):
+    def process(self, b: RawBatch, cutoffs):
         if self._cfg.input.timestamp:
             key = numeric(b.table.column(self._cfg.input.timestamp))[0]
         else:
             key = b.positions.astype(np.float64)
-        is_eval = key > cutoff
-        for split, mask in (("train", ~is_eval), ("eval", is_eval)):
+        validation_cutoff, eval_cutoff = cutoffs
+        is_eval = key > eval_cutoff
+        is_validation = (key > validation_cutoff) & ~is_eval
+        for split, mask in (("train", ~(is_eval | is_validation)), ("validation", is_validation), ("eval", is_eval)):
             n = int(mask.sum())
             if n:
                 if self._rows is not None:
@@ -221,11 +224,12 @@ class _Split(beam.DoFn):
                     yield beam.pvalue.TaggedOutput("eval_raw", table.slice(0, EVAL_SAMPLE_ROWS))
 
 
-class EvalCutoff(beam.PTransform):
-    """Good batches (timestamp configs) -> the one cutoff: rows with key > cutoff are eval.
+class SplitCutoffs(beam.PTransform):
+    """Good batches (timestamp configs) -> the (validation, eval) cutoffs: rows with key > eval cutoff
+    are eval, rows with validation cutoff < key <= eval cutoff are validation (analysis.split_cutoffs_*).
 
     The key is the timestamp, or the global row number when the config has no timestamp (then the
-    cutoff comes from the Parquet footers' row counts and the input PCollection is not read).
+    cutoffs come from the Parquet footers' row counts and the input PCollection is not read).
     """
 
     def __init__(self, cfg: Config, total_rows: int):
@@ -238,13 +242,15 @@ class EvalCutoff(beam.PTransform):
             return (good
                     | "TsHistogram" >> beam.Map(lambda b, col: ts_histogram(b.table, col), cfg.input.timestamp)
                     | "MergeHistogram" >> beam.CombineGlobally(_MergeDicts(operator.add))
-                    | "Cutoff" >> beam.Map(eval_cutoff_from_histogram, cfg.split.eval_fraction))
-        n_train = self._total - math.floor(cfg.split.eval_fraction * self._total)
-        return good.pipeline | "Cutoff" >> beam.Create([float(n_train - 1)])
+                    | "Cutoff" >> beam.Map(split_cutoffs_from_histogram, cfg.split.eval_fraction,
+                                            cfg.split.validation_fraction))
+        cutoffs = split_cutoffs_by_row(self._total, cfg.split.eval_fraction, cfg.split.validation_fraction)
+        return good.pipeline | "Cutoff" >> beam.Create([cutoffs])
 
 
 class SplitRows(beam.PTransform):
-    """Good batches -> canonical column dicts on outputs `train` and `eval`, by the cutoff side input."""
+    """Good batches -> canonical column dicts on outputs `train`, `validation` and `eval` (and raw eval
+    rows on `eval_raw`), by the cutoffs side input."""
 
     def __init__(self, cfg: Config, cutoff, count: bool = True):
         super().__init__()
@@ -252,8 +258,8 @@ class SplitRows(beam.PTransform):
 
     def expand(self, good):
         return good | "Split" >> beam.ParDo(_Split(self._cfg, self._count),
-                                             cutoff=beam.pvalue.AsSingleton(self._cutoff)).with_outputs(
-            "train", "eval", "eval_raw")
+                                             cutoffs=beam.pvalue.AsSingleton(self._cutoff)).with_outputs(
+            *SPLITS, "eval_raw")
 
 
 class _FirstRows(beam.CombineFn):
@@ -492,8 +498,8 @@ def _count_dead(table: pa.Table) -> list[tuple[str, int]]:
 
 
 class CountRows(beam.PTransform):
-    """(read batches, train columns, eval columns, dead-letter tables) -> one JSON file of row counts
-    ({"in", "train", "eval", "dead_letter.<reason>"}), computed from the elements themselves: a task a
+    """(read batches, {split: its columns}, dead-letter tables) -> one JSON file of row counts
+    ({"in", "train", "validation", "eval", "dead_letter.<reason>"}), computed from the elements themselves: a task a
     runner retries contributes once, as its output does (counters may count it twice)."""
 
     def __init__(self, path: str):
@@ -501,11 +507,10 @@ class CountRows(beam.PTransform):
         self._path = path
 
     def expand(self, pcolls):
-        batches, train, eval_, dead = pcolls
+        batches, splits, dead = pcolls
         path = self._path
         parts = (batches | "In" >> beam.FlatMap(_count_in),
-                 train | "Train" >> beam.FlatMap(_count_split, "train"),
-                 eval_ | "Eval" >> beam.FlatMap(_count_split, "eval"),
+                 *(splits[s] | f"Split[{s}]" >> beam.FlatMap(_count_split, s) for s in SPLITS),
                  dead | "DeadLetter" >> beam.FlatMap(_count_dead))
         return (parts | "All" >> beam.Flatten() | "Sum" >> beam.CombinePerKey(sum)
                 | "ToDict" >> beam.combiners.ToDict()

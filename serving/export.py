@@ -35,7 +35,7 @@ from features.records import read_single_batch
 from features.transform import (FeatureTransform, canonicalize_request, example_spec, examples_from_arrow,
                                 request_from_arrow, request_from_examples, request_spec)
 from serving.version import EXAMPLES_SIGNATURE, TEMP_PREFIX, ExportBase, ExportedVersion, ExportMeta
-from trainers.evaluate import candidate_universe
+from trainers.scoring import candidate_universe
 from trainers.model_dir import ModelDir
 
 __all__ = ["export_model", "example_request", "skew_check", "examples_check", "differing_features", "SkewError",

@@ -92,3 +92,15 @@ def exported(tmp_path_factory, trained):
     from serving.export import export_model
     base = tmp_path_factory.mktemp("export")
     return str(base), export_model(trained, str(base), version=1)
+
+
+@pytest.fixture(scope="session")
+def preprocessed_with_validation(tmp_path_factory, small_log):
+    """The small log with a validation split (the last quarter of the train rows by time), and its config dict."""
+    from features.config import parse_config
+    from pipeline.preprocess import run_preprocess
+    data = small_config_dict()
+    data["split"]["validation_fraction"] = 0.25
+    out = tmp_path_factory.mktemp("pre_val") / "out"
+    result = run_preprocess(parse_config(data), small_log, str(out), IN_MEMORY, say=lambda _: None)
+    return str(out), result, data

@@ -17,11 +17,13 @@ from conftest import CONFIGS, IN_MEMORY, SHARED_DATA, small_config_dict
 from features.artifact import TransformArtifact
 from features.canonical import LABEL_KEY
 from features.config import parse_config
+from features.preprocessed import SPLITS
 from features.records import parse_record
 from pipeline.preprocess import PreprocessError, run_preprocess
 from pipeline.sources import InputError, inspect_inputs, list_input_files
-from pipeline.analysis import (eval_cutoff_from_histogram, merge_count_tables, merge_dense_stats, merge_vocabulary,
-                               select_vocabulary, select_vocabulary_table, token_count_tables)
+from pipeline.analysis import (merge_count_tables, merge_dense_stats, merge_vocabulary, select_vocabulary,
+                               select_vocabulary_table, split_cutoffs_by_row, split_cutoffs_from_histogram,
+                               token_count_tables)
 from pipeline.transforms import ComputeVocabularies, RawBatch, ValidateRows, _MergeCountTables
 from features.canonical import SchemaError, canonicalize
 
@@ -74,11 +76,15 @@ def test_count_tables_select_the_same_vocabulary_as_per_token_counting():
     assert merge_count_tables([]).num_rows == 0
 
 
-def test_eval_cutoff():
+def test_split_cutoffs():
     hist = {10: 50, 20: 30, 30: 20}
-    assert eval_cutoff_from_histogram(hist, 0.2) == 20  # rows with ts > 20 (20 rows) are eval
-    assert eval_cutoff_from_histogram(hist, 0.5) == 10  # 50 train rows needed: ts <= 10 has exactly 50
-    assert eval_cutoff_from_histogram({}, 0.1) == float("inf")
+    assert split_cutoffs_from_histogram(hist, 0.2)[1] == 20  # rows with ts > 20 (20 rows) are eval
+    assert split_cutoffs_from_histogram(hist, 0.5)[1] == 10  # 50 train rows needed: ts <= 10 has exactly 50
+    assert split_cutoffs_from_histogram({}, 0.1) == (float("inf"), float("inf"))
+    # 80 rows before eval; the last 3/8 of them (30) are validation: ts 20
+    assert split_cutoffs_from_histogram(hist, 0.2, 0.375) == (10, 20)
+    assert split_cutoffs_from_histogram(hist, 0.2, 0.0) == (20, 20)  # no validation split
+    assert split_cutoffs_by_row(100, 0.1, 0.2) == (71, 89)  # rows 0..71 train, 72..89 validation, 90..99 eval
 
 
 # ----------------------------------------------------------------------------- stages on TestPipeline
@@ -359,3 +365,41 @@ def test_a_new_log_schema_needs_only_a_config(tmp_path):
     assert len(art.vocabularies["terms"]) == 10 and len(art.dense_stats["rating"]["boundaries"]) == 3
     batch = next(iter(tf.data.TFRecordDataset(glob.glob(str(tmp_path / "out" / "train" / "*.tfrecord"))).map(parse_record(cfg))))
     assert isinstance(batch["terms"], tf.RaggedTensor) and int(tf.reduce_max(batch["terms"].flat_values)) < 12
+
+
+def test_validation_split_is_carved_from_train_by_time_and_unseen_by_the_analysis(tmp_path):
+    """split.validation_fraction: the last share of the pre-eval rows become the validation split; the
+    vocabularies come from the train rows alone, so validation and eval values are new to them alike."""
+    n = 2000
+    table = pa.table({"clicked": pa.array(np.arange(n) % 3 == 0), "ts": pa.array(np.arange(n) + 1_700_000_000),
+                      "shop": pa.array(np.arange(n) // 100)})
+    _write(str(tmp_path / "log" / "day1.parquet"), table)
+    cfg = parse_config({
+        "name": "v", "input": {"timestamp": "ts"}, "split": {"eval_fraction": 0.25, "validation_fraction": 0.2},
+        "label": {"column": "clicked"},
+        "features": {"sparse": [{"name": "shop", "column": "shop", "vocab": {"min_count": 1, "oov_buckets": 1}}]}})
+    res = run_preprocess(cfg, str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, say=lambda _: None)
+    assert (res.rows_in, res.rows_train, res.rows_validation, res.rows_eval) == (2000, 1200, 300, 500)
+    art = TransformArtifact.read(str(tmp_path / "out" / "transform"))
+    assert art.row_counts["validation"] == 300 and art.split["validation_fraction"] == 0.2
+    assert sorted(art.vocabularies["shop"]) == [str(s) for s in sorted(range(12), key=str)]  # rows 0..1199 only
+    ids = {split: np.concatenate([b["shop"].numpy() for b in tf.data.TFRecordDataset(
+        glob.glob(str(tmp_path / "out" / split / "*.tfrecord"))).map(parse_record(cfg))]) for split in SPLITS}
+    assert {k: len(v) for k, v in ids.items()} == {"train": 1200, "validation": 300, "eval": 500}
+    assert ids["train"].max() < 12 and (ids["validation"] == 12).all() and (ids["eval"] == 12).all()  # OOV
+
+
+def test_an_empty_validation_split_fails_unless_told_to_warn(tmp_path):
+    table = pa.table({"clicked": pa.array(np.arange(100) % 2 == 0), "ts": pa.array([5] * 80 + [9] * 20),
+                      "shop": pa.array(np.arange(100) % 7)})
+    _write(str(tmp_path / "log" / "d.parquet"), table)
+    data = {"name": "v", "input": {"timestamp": "ts"}, "split": {"eval_fraction": 0.2, "validation_fraction": 0.1},
+            "label": {"column": "clicked"},
+            "features": {"sparse": [{"name": "shop", "column": "shop", "vocab": {"min_count": 1}}]}}
+    with pytest.raises(PreprocessError, match="the validation split is empty"):
+        run_preprocess(parse_config(data), str(tmp_path / "log"), str(tmp_path / "o1"), IN_MEMORY, say=lambda _: None)
+    data["split"]["on_empty"] = "warn"
+    said = []
+    res = run_preprocess(parse_config(data), str(tmp_path / "log"), str(tmp_path / "o2"), IN_MEMORY, say=said.append)
+    assert (res.rows_train, res.rows_validation, res.rows_eval) == (80, 0, 20)
+    assert any("WARNING: the validation split is empty" in line for line in said)

@@ -41,6 +41,7 @@ from trainers.models import build_model, dummy_batch
 from trainers.optim import optimizer_for, precision_policy
 from trainers.options import TrainOptions, host_list, run_flags
 from trainers.progress import EVENTS_ENV, Reporter, follow_events
+from trainers.validation import validator_for
 from trainers.warm_start import apply_warm_start
 
 __all__ = ["inside_horovod_job", "train_horovod", "launch", "run_rank"]
@@ -259,6 +260,10 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     model_dir = ModelDir(opts.model_dir)
+
+    def rank0_says_stop(flag: bool) -> bool:  # every rank must leave the loop at the same step
+        return bool(hvd.broadcast(tf.constant(int(flag)), root_rank=0, name="early_stop").numpy())
+
     with precision_policy(opts.run.precision):
         tf.keras.utils.set_random_seed(cfg.train.seed)
         model = build_model(cfg, artifact)
@@ -273,12 +278,15 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
         events = os.environ.get(EVENTS_ENV) if rank == 0 else None
         reporter = Reporter(say if rank == 0 else (lambda _: None), total, start, cfg.train.batch_size * size,
                             ranks=size, events_path=events)
+        validator = validator_for(cfg, artifact, opts.data_dir, model_dir, reporter.note) if rank == 0 else None
         if start:
             reporter.note(f"train: resuming from {manager.latest_checkpoint} at step {start}")
         elif opts.warm_start:
             apply_warm_start(model, cfg, artifact, opts.warm_start, reporter.note)
-        if start >= total:
-            reporter.note(f"train: already trained {start} >= {total} steps; nothing to do")
+        stopped = rank0_says_stop(validator is not None and validator.stopped)
+        if start >= total or stopped:
+            why = f"stopped early at step {start}" if start < total else f"trained {start} >= {total} steps"
+            reporter.note(f"train: already {why}; nothing to do")
             reporter.close()
             return TrainState.unchanged(start, "horovod", opts.run.precision, cfg.train.batch_size, opts.data_dir)
         step = _step_function(cfg, model, optimizer)
@@ -307,13 +315,20 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
                         if auc_v is not None:
                             tf.summary.scalar("auc", auc_v, step=done)
                     reporter.interval(done, loss, auc_v)
-                elif reporter.first is None:
-                    reporter.first = reporter.last
+                    stop = validator is not None and validator(done, manager.latest_checkpoint)
+                else:
+                    stop = False
+                    if reporter.first is None:
+                        reporter.first = reporter.last
+                if rank0_says_stop(stop):
+                    total = done
+                    break
         reporter.close()
         overall, steady = reporter.rates(total)
         state = TrainState(total, total - start, start, overall, steady, loss, "horovod", opts.run.precision,
                            cfg.train.batch_size, ranks=size, sparse_gradients=cfg.train.sparse_gradients,
-                           data_dir=PreprocessedData(opts.data_dir).root)
+                           data_dir=PreprocessedData(opts.data_dir).root,
+                           best_step=validator.history.best_step if validator is not None else None)
         if rank == 0:
             model_dir.write_state(state)
         return state

@@ -33,8 +33,14 @@ def ids_by_table(features: list[dict], batch: dict) -> dict[str, list[tuple[str,
     return grouped
 
 
-def mlp(widths: list[int], name: str) -> list[tf.keras.layers.Layer]:
-    return [tf.keras.layers.Dense(w, activation="relu", name=f"{name}_{i}") for i, w in enumerate(widths)]
+def mlp(widths: list[int], name: str, dropout: float = 0.0) -> list[tf.keras.layers.Layer]:
+    """ReLU layers of the given widths, each followed by dropout (training only) when dropout > 0."""
+    layers: list[tf.keras.layers.Layer] = []
+    for i, w in enumerate(widths):
+        layers.append(tf.keras.layers.Dense(w, activation="relu", name=f"{name}_{i}"))
+        if dropout:
+            layers.append(tf.keras.layers.Dropout(dropout, name=f"{name}_{i}_dropout"))
+    return layers
 
 
 @register

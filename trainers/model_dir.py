@@ -5,6 +5,9 @@
     ROOT/checkpoints/       tf.train.CheckpointManager checkpoints (model + optimizer + step)
     ROOT/logs/              TensorBoard event files
     ROOT/train_state.json   TrainState of the last run, written by every training loop alike
+    ROOT/validation.json    each checkpoint's validation scores (trainers.validation.ValidationHistory)
+    ROOT/best/weights.*     the model weights of the best checkpoint on validation: what evaluate, export
+                            and warm start read when present (else the latest checkpoint)
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ class TrainState:
     ranks: int = 1                      # Horovod ranks (1 otherwise)
     sparse_gradients: Optional[str] = None  # Horovod: allgather | dense
     data_dir: str = ""
+    best_step: Optional[int] = None     # the checkpoint kept by validation (None: no validation split)
 
     @classmethod
     def unchanged(cls, steps_done: int, strategy: str, precision: str, batch_size: int, data_dir: str) -> "TrainState":
@@ -80,6 +84,8 @@ class ModelDir:
     checkpoints_dir = fsio.SubPath("checkpoints")
     logs_dir = fsio.SubPath("logs")
     state_path = fsio.SubPath("train_state.json")
+    validation_path = fsio.SubPath("validation.json")
+    best_prefix = fsio.SubPath("best", "weights")
 
     # ------------------------------------------------------------ contents
     def has_config(self) -> bool:
@@ -95,6 +101,10 @@ class ModelDir:
 
     def latest_checkpoint(self) -> Optional[str]:
         return tf.train.latest_checkpoint(self.checkpoints_dir)
+
+    def best_weights(self) -> Optional[str]:
+        """The weights kept by validation (a tf.train.Checkpoint prefix), if training kept any."""
+        return self.best_prefix if os.path.exists(self.best_prefix + ".index") else None
 
     def latest_step(self) -> int:
         latest = self.latest_checkpoint()
@@ -166,7 +176,7 @@ class ModelDir:
     # ------------------------------------------------------------ reading side
     def load_trained(self) -> tuple[Config, TransformArtifact, tf.keras.Model]:
         """Rebuild the model (fp32, no optimizer: evaluation and export need only the weights) and
-        restore the latest checkpoint."""
+        restore the best weights on validation, else the latest checkpoint."""
         cfg = self.config()
         artifact = self.transform()
         model = build_model(cfg, artifact)
@@ -174,7 +184,8 @@ class ModelDir:
         if latest is None:
             raise TrainError(f"{self.root}: no checkpoint found (run `recpipe train`)")
         model(dummy_batch(cfg))
-        tf.train.Checkpoint(model=model).restore(latest).expect_partial().assert_existing_objects_matched()
+        chosen = self.best_weights() or latest
+        tf.train.Checkpoint(model=model).restore(chosen).expect_partial().assert_existing_objects_matched()
         return cfg, artifact, model
 
 

@@ -39,22 +39,30 @@ class _Model(tfrs.Model):
 
 @register
 class RankingModel(_Model):
-    """Click-through ranking: logit = top MLP(interaction(embeddings, dense)).
+    """Click-through ranking: logit = top MLP(interaction(embeddings, dense)) [+ wide logit].
 
     interaction: a CrossStack (DCN-v2), a DotInteractionBlock (DLRM), or None: logistic
     regression, logit = sum of the features' one-wide embeddings (a weight per ID) + a linear term
     on the dense features.
+    wide: one-wide embeddings whose sum (+ a linear term on the dense features) is added to the deep
+    logit, as in Wide & Deep. dropout: after each deep layer. embedding_l2: L2 on the looked-up rows
+    (mean over the batch of each feature's squared norm), added to the loss.
     """
 
     def __init__(self, embeddings: SparseEmbeddings, interaction: Optional[tf.keras.layers.Layer],
                  deep_layers: list, dense_features: list, jit_dense: bool = False, grad_accum_steps: int = 1,
+                 wide: Optional[SparseEmbeddings] = None, dropout: float = 0.0, embedding_l2: float = 0.0,
                  **kwargs):
         super().__init__(grad_accum_steps=grad_accum_steps, **kwargs)
         self.embeddings = embeddings
         self.interaction = interaction
         self.deep_layers, self.dense_features, self.jit_dense = list(deep_layers), list(dense_features), jit_dense
-        self.deep = mlp(self.deep_layers, "deep")
+        self.dropout, self.embedding_l2 = dropout, embedding_l2
+        self.deep = mlp(self.deep_layers, "deep", dropout)
         self.logit = tf.keras.layers.Dense(1, dtype="float32", name="logit")
+        self.wide = wide
+        if wide is not None and self.dense_features:
+            self.wide_dense = tf.keras.layers.Dense(1, dtype="float32", name="wide_dense")
         # XLA for the dense part while training only (serving sees every batch size: no recompiles);
         # set outside Keras' attribute tracking so checkpoints and SavedModels are unchanged.
         object.__setattr__(self, "_top_xla", tf.function(self._top, jit_compile=True) if jit_dense else None)
@@ -70,36 +78,58 @@ class RankingModel(_Model):
 
     def call(self, features: dict, training: bool = False) -> tf.Tensor:
         """Logits [B, 1] (float32)."""
+        return self._forward(features, training)[0]
+
+    def _forward(self, features: dict, training: bool) -> tuple[tf.Tensor, list]:
+        """(logits [B, 1] float32, every looked-up embedding: the deep ones, then the wide ones)."""
         by_name = self.embeddings(features)
         embedded = [by_name[f["name"]] for f in self.embeddings.feature_specs]
         top = self._top_xla if training and self._top_xla is not None else self._top
-        return top(embedded, self._dense(features))
+        dense = self._dense(features)
+        logits = top(embedded, dense, training)
+        if self.wide is None:
+            return logits, embedded
+        by_name = self.wide(features)
+        wide = [by_name[f["name"]] for f in self.wide.feature_specs]
+        logits = logits + tf.add_n([tf.cast(e, tf.float32) for e in wide])
+        if dense is not None:
+            logits = logits + self.wide_dense(dense)
+        return logits, embedded + wide
 
-    def _top(self, embedded: list, dense: tf.Tensor | None) -> tf.Tensor:
+    def _top(self, embedded: list, dense: tf.Tensor | None, training: bool = False) -> tf.Tensor:
         """Everything after the embedding lookups (the dense part)."""
         if self.interaction is None:
             x = tf.add_n([tf.cast(e, tf.float32) for e in embedded]) if embedded else 0.0
             return x + self.logit(dense) if dense is not None else x
         x = self.interaction(embedded, dense)
         for layer in self.deep:
-            x = layer(x)
+            x = layer(x, training=training)
         return self.logit(x)
 
     def compute_loss(self, features: dict, training: bool = False) -> tf.Tensor:
         labels = tf.expand_dims(features[LABEL_KEY], 1)
-        total = self.task(labels=labels, predictions=self(features, training=training), training=training)
-        return total / tf.cast(tf.shape(labels)[0], total.dtype)
+        logits, embedded = self._forward(features, training)
+        total = self.task(labels=labels, predictions=logits, training=training)
+        loss = total / tf.cast(tf.shape(labels)[0], total.dtype)
+        if self.embedding_l2 and training and embedded:
+            squared = tf.add_n([tf.reduce_sum(tf.square(tf.cast(e, tf.float32)), axis=1) for e in embedded])
+            loss = loss + self.embedding_l2 * tf.reduce_mean(squared)
+        return loss
 
     def get_config(self):
         return {"embeddings": tf.keras.layers.serialize(self.embeddings),
                 "interaction": tf.keras.layers.serialize(self.interaction) if self.interaction is not None else None,
                 "deep_layers": self.deep_layers, "dense_features": self.dense_features, "jit_dense": self.jit_dense,
-                "grad_accum_steps": self.grad_accum_steps, "name": self.name}
+                "grad_accum_steps": self.grad_accum_steps, "name": self.name,
+                "wide": tf.keras.layers.serialize(self.wide) if self.wide is not None else None,
+                "dropout": self.dropout, "embedding_l2": self.embedding_l2}
 
     @classmethod
     def from_config(cls, config):
         config = dict(config)
         config["embeddings"] = tf.keras.layers.deserialize(config["embeddings"])
+        if config.get("wide") is not None:
+            config["wide"] = tf.keras.layers.deserialize(config["wide"])
         if config.get("interaction") is not None:
             config["interaction"] = tf.keras.layers.deserialize(config["interaction"])
         return cls(**config)
@@ -157,16 +187,18 @@ class RetrievalModel(_Model):
         return cls(**{**config, "embeddings": tf.keras.layers.deserialize(config["embeddings"])})
 
 
-def embedding_layer(cfg: Config, artifact: TransformArtifact, names: Optional[set[str]] = None) -> SparseEmbeddings:
+def embedding_layer(cfg: Config, artifact: TransformArtifact, names: Optional[set[str]] = None,
+                    one_wide: Optional[bool] = None, name: str = "embeddings") -> SparseEmbeddings:
     """The SparseEmbeddings of the config's sparse features (those in `names`, if given): one table per
-    owning feature, rows from the artifact, width from the config (1 for logistic regression)."""
-    one_wide = cfg.model.type == "logistic"
+    owning feature, rows from the artifact, width from the config (1 for logistic regression and for
+    a wide logit's tables)."""
+    one_wide = cfg.model.type == "logistic" if one_wide is None else one_wide
     features = [{"name": f.name, "table": cfg.table_owner(f).name, "multivalent": f.multivalent,
                  "combiner": f.combiner} for f in cfg.features.sparse if names is None or f.name in names]
     used = {f["table"] for f in features}
     tables = {name: {"rows": rows, "dim": 1 if one_wide else embedding_dim(cfg, cfg.sparse_by_name[name])}
               for name, rows in artifact.table_sizes().items() if name in used}
-    return SparseEmbeddings(tables, features, dedup=cfg.train.tuning.dedup_ids, name="embeddings")
+    return SparseEmbeddings(tables, features, dedup=cfg.train.tuning.dedup_ids, name=name)
 
 
 def _interaction(cfg: Config) -> Optional[tf.keras.layers.Layer]:
@@ -189,7 +221,9 @@ def build_model(cfg: Config, artifact: TransformArtifact) -> tf.keras.Model:
     return RankingModel(embedding_layer(cfg, artifact), _interaction(cfg),
                         deep_layers=[] if m.type == "logistic" else m.deep_layers,
                         dense_features=[d.name for d in cfg.features.dense], jit_dense=t.jit_dense,
-                        grad_accum_steps=t.grad_accum_steps, name=f"{m.type}_ranking")
+                        grad_accum_steps=t.grad_accum_steps,
+                        wide=embedding_layer(cfg, artifact, one_wide=True, name="wide") if m.wide else None,
+                        dropout=m.dropout, embedding_l2=cfg.train.embedding_l2, name=f"{m.type}_ranking")
 
 
 def dummy_batch(cfg: Config, n: int = 2) -> dict:

@@ -26,6 +26,7 @@ from trainers.optim import optimizer_for, precision_policy
 from trainers.options import TrainOptions
 from trainers.progress import Reporter
 from trainers.ps import LocalPSCluster, make_strategy, serve_task, tf_config
+from trainers.validation import Validator, validator_for
 from trainers.warm_start import apply_warm_start
 
 __all__ = ["TrainError", "TrainOptions", "TrainState", "train", "set_threads"]
@@ -78,9 +79,9 @@ class _Checkpoints(tf.keras.callbacks.Callback):
     would sync every step), so there the bar moves once per epoch."""
 
     def __init__(self, manager: tf.train.CheckpointManager, reporter: Reporter, per_batch: bool,
-                 check: Callable[[float, int], None]):
+                 check: Callable[[float, int], None], validator: Validator | None = None):
         super().__init__()
-        self.manager, self.reporter, self.check = manager, reporter, check
+        self.manager, self.reporter, self.check, self.validator = manager, reporter, check, validator
         self.step = reporter.start
         self.last_logs: dict = {}
         self._supports_tf_logs = True  # the bar never reads the logs, so Keras need not fetch them
@@ -98,6 +99,8 @@ class _Checkpoints(tf.keras.callbacks.Callback):
         self.check(self.last_logs.get("loss", math.nan), step)  # a non-finite loss is never saved
         self.manager.save(checkpoint_number=step)
         self.reporter.interval(step, self.last_logs.get("loss", math.nan), self.last_logs.get("auc"))
+        if self.validator is not None and self.validator(step, self.manager.latest_checkpoint):
+            self.model.stop_training = True
 
 
 def _scalar(v) -> float:
@@ -114,6 +117,7 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
          strategy: tf.distribute.Strategy, say: Callable[[str], None]) -> TrainState:
     ps = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
     model_dir = ModelDir(opts.model_dir)
+    validator = None if opts.synthetic_input else validator_for(cfg, artifact, opts.data_dir, model_dir, say)
     with precision_policy(opts.run.precision):
         tf.keras.utils.set_random_seed(cfg.train.seed)
         with strategy.scope():
@@ -128,8 +132,9 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
             say(f"train: resuming from {manager.latest_checkpoint} at step {start}")
         elif opts.warm_start:
             apply_warm_start(model, cfg, artifact, opts.warm_start, say)
-        if start >= total:
-            say(f"train: already trained {start} >= {total} steps; nothing to do")
+        if start >= total or (validator is not None and validator.stopped):
+            why = f"stopped early at step {start}" if start < total else f"trained {start} >= {total} steps"
+            say(f"train: already {why}; nothing to do")
             return TrainState.unchanged(start, opts.run.strategy, opts.run.precision, cfg.train.batch_size,
                                         opts.data_dir)
 
@@ -147,13 +152,14 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
         data = tf.keras.utils.experimental.DatasetCreator(dataset_fn) if ps else dataset_fn()
         reporter = Reporter(say, total, start, cfg.train.batch_size)
         checkpoints = _Checkpoints(manager, reporter, per_batch=not ps,
-                                   check=lambda loss, step: check_loss(loss, step, cfg, opts.data_dir))
+                                   check=lambda loss, step: check_loss(loss, step, cfg, opts.data_dir),
+                                   validator=validator)
         tensorboard = tf.keras.callbacks.TensorBoard(model_dir.logs_dir, update_freq="epoch", write_graph=False,
                                                      profile_batch=0)
         # Epochs of `every` steps (a checkpoint at each end), then one short epoch for the rest.
         model.fit(data, steps_per_epoch=every, epochs=remaining // every, verbose=0,
                   callbacks=[checkpoints, tensorboard])
-        if remaining % every:
+        if remaining % every and not (validator is not None and validator.stopped):
             model.fit(data, steps_per_epoch=remaining % every, epochs=1, verbose=0,
                       callbacks=[checkpoints, tensorboard])
         reporter.close()
@@ -163,6 +169,7 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
         overall, steady = reporter.rates(done)
         state = TrainState(done, done - start, start, overall, steady, checkpoints.last_logs.get("loss", math.nan),
                            opts.run.strategy, opts.run.precision, cfg.train.batch_size,
-                           data_dir=PreprocessedData(opts.data_dir).root)
+                           data_dir=PreprocessedData(opts.data_dir).root,
+                           best_step=validator.history.best_step if validator is not None else None)
         model_dir.write_state(state)
         return state

@@ -8,7 +8,7 @@ copied when its shape is unchanged; the optimizer starts fresh.
 """
 from __future__ import annotations
 
-
+import re
 from typing import Callable
 
 import numpy as np
@@ -24,6 +24,9 @@ __all__ = ["WarmStartError", "warm_start", "apply_warm_start"]
 
 class WarmStartError(RecpipeError, ValueError):
     pass
+
+
+_TABLE_WEIGHT = re.compile(r"/emb_([A-Za-z][A-Za-z0-9_]*)/")  # SparseEmbeddings names its tables emb_<owner>
 
 
 def _known_rows(cfg: Config, prev: TransformArtifact, table: str, prev_rows: int) -> int:
@@ -53,12 +56,13 @@ def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, 
         raise WarmStartError(f"{previous_dir}: {len(prev_model.weights)} weights there, {len(model.weights)} here")
     report = {"copied": 0, "rows_copied": {}, "skipped": []}
     for w, src in zip(model.weights, prev_model.weights):
-        is_table = "/embeddings/emb_" in w.name
+        table_match = _TABLE_WEIGHT.search(w.name)  # a deep or a wide (one-wide) embedding table
+        is_table = table_match is not None
         if src.shape == w.shape and not is_table:
             w.assign(src)
             report["copied"] += 1
         elif is_table and src.shape[1:] == w.shape[1:]:
-            table = w.name.split("/embeddings/emb_", 1)[1].split("/", 1)[0]
+            table = table_match.group(1)
             n = min(_known_rows(cfg, prev_art, table, int(src.shape[0])), int(w.shape[0]))
             fresh = np.array(w.numpy())
             fresh[:n] = src.numpy()[:n]

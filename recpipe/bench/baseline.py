@@ -17,9 +17,9 @@ from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, numeric, 
 from features.preprocessed import SPLITS, PreprocessedData
 from features.records import encode_batch
 from features.transform import BatchTransform
-from pipeline.analysis import (add_moments, batch_moments, boundaries_from_quantiles, eval_cutoff_from_histogram,
-                               merge_count_tables, moment_stats, select_vocabulary_table, token_count_tables,
-                               ts_histogram)
+from pipeline.analysis import (add_moments, batch_moments, boundaries_from_quantiles, merge_count_tables,
+                               moment_stats, select_vocabulary_table, split_cutoffs_by_row,
+                               split_cutoffs_from_histogram, token_count_tables, ts_histogram)
 from pipeline.sources import inspect_inputs, list_input_files, open_parquet
 from pipeline.transforms import RawBatch
 
@@ -53,9 +53,9 @@ def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65
                                                        *(d.column for d in cfg.features.dense)}]
         for b in batches(cols):
             hist.update(ts_histogram(good(b)[0].table, cfg.input.timestamp))
-        cutoff = eval_cutoff_from_histogram(hist, cfg.split.eval_fraction)
+        cutoff, _ = split_cutoffs_from_histogram(hist, cfg.split.eval_fraction, cfg.split.validation_fraction)
     else:
-        cutoff = float(total - int(np.floor(cfg.split.eval_fraction * total)) - 1)
+        cutoff, _ = split_cutoffs_by_row(total, cfg.split.eval_fraction, cfg.split.validation_fraction)
 
     counts: dict = collections.defaultdict(list)
     moments: dict = {}

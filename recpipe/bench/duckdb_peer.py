@@ -17,6 +17,7 @@ import os
 import time
 
 from features.config import Config
+from pipeline.analysis import split_sizes
 from pipeline.sources import list_input_files
 
 __all__ = ["duckdb_preprocess", "check_supported"]
@@ -62,7 +63,7 @@ def duckdb_preprocess(cfg: Config, log_dir: str, out_dir: str, threads: int = 2)
     con.execute(f"CREATE TEMP TABLE raw AS SELECT {cols}, row_number() OVER () - 1 AS _pos "
                 f"FROM read_parquet({file_list}, hive_partitioning = false)")
     total = con.execute("SELECT count(*) FROM raw").fetchone()[0]
-    n_train = total - int(cfg.split.eval_fraction * total)
+    n_train, _ = split_sizes(total, cfg.split.eval_fraction, cfg.split.validation_fraction)
     key = _q(cfg.input.timestamp) if cfg.input.timestamp else "_pos"
     # the smallest cutoff that leaves at least n_train rows in train (ties go to train), as the job's
     cutoff = con.execute(f"SELECT {key} FROM raw ORDER BY {key} LIMIT 1 OFFSET {max(n_train - 1, 0)}").fetchone()[0]

@@ -1,0 +1,89 @@
+"""Model selection on the validation split: each checkpoint scored, the best weights kept and used,
+early stopping, on every strategy; the wide logit, dropout and L2 on looked-up rows."""
+import copy
+import json
+
+import pytest
+import yaml
+
+from trainers.evaluate import evaluate
+from trainers.model_dir import ModelDir, load_trained
+from trainers.options import RunOptions, TrainOptions
+from trainers.scoring import score
+from trainers.train import train
+from trainers.validation import ValidationHistory
+
+
+def _config(tmp_path, data: dict, **train_keys) -> str:
+    data = copy.deepcopy(data)
+    data["model"].update(wide=True, dropout=0.2)
+    data["train"].update(embedding_l2=1e-4, **train_keys)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_early_stopping_keeps_the_best_checkpoint_and_evaluate_uses_it(tmp_path, preprocessed_with_validation):
+    data_dir, pre, data = preprocessed_with_validation
+    assert pre.rows_validation > 500
+    cfg_path = _config(tmp_path, data, learning_rate=0.5, steps=3000, checkpoint_every=20,
+                       early_stopping={"patience": 3})
+    said = []
+    state = train(TrainOptions(data_dir, str(tmp_path / "m"), cfg_path), say=said.append)
+    md = ModelDir(str(tmp_path / "m"))
+    h = ValidationHistory.read(md.validation_path)
+    assert h.metric == "auc" and state.steps_done < 3000, "no early stop: validation AUC kept improving"
+    assert h.stopped_early_at == state.steps_done and h.since_best() == 3
+    assert [e["step"] for e in h.history] == list(range(20, state.steps_done + 1, 20))
+    assert h.best == max(e["auc"] for e in h.history) and state.best_step == h.best_step < state.steps_done
+    assert any(f"early stop at step {state.steps_done}" in s for s in said)
+    # the kept weights are the best checkpoint's, not the last one's: evaluate and export read them
+    cfg, _, model = load_trained(md.root)
+    assert score(cfg, model, data_dir, "validation")["auc"] == pytest.approx(h.best, abs=1e-9)
+    assert evaluate(md.root, data_dir)["auc"] > 0.6
+    # a rerun knows it is done
+    again = train(TrainOptions(data_dir, md.root, cfg_path), say=said.append)
+    assert again.steps_this_run == 0 and any("stopped early" in s for s in said)
+
+
+@pytest.mark.parametrize("strategy", ["ps", "horovod"])
+def test_distributed_strategies_select_on_validation_too(tmp_path, preprocessed_with_validation, strategy):
+    data_dir, _, data = preprocessed_with_validation
+    cfg_path = _config(tmp_path, data, steps=100, checkpoint_every=25)
+    run = RunOptions(strategy=strategy, steps=100, np=2)
+    state = train(TrainOptions(data_dir, str(tmp_path / strategy), cfg_path, run=run), say=lambda _: None)
+    md = ModelDir(str(tmp_path / strategy))
+    h = ValidationHistory.read(md.validation_path)
+    assert [e["step"] for e in h.history] == [25, 50, 75, 100]  # the chief / rank 0 scored each checkpoint once
+    assert md.best_weights() is not None and h.best == max(e["auc"] for e in h.history)
+    assert json.load(open(md.state_path))["best_step"] == h.best_step == state.best_step
+    cfg, _, model = load_trained(md.root)
+    assert score(cfg, model, data_dir, "validation")["auc"] == pytest.approx(h.best, abs=1e-9)
+
+
+def test_without_a_validation_split_patience_is_reported_and_the_latest_checkpoint_kept(tmp_path, preprocessed):
+    from conftest import small_config_dict
+    cfg_path = _config(tmp_path, small_config_dict(), steps=40, checkpoint_every=20, early_stopping={"patience": 1})
+    said = []
+    state = train(TrainOptions(preprocessed[0], str(tmp_path / "m"), cfg_path), say=said.append)
+    assert state.steps_done == 40 and state.best_step is None
+    assert any("no validation split" in s for s in said)
+    assert ModelDir(str(tmp_path / "m")).best_weights() is None
+
+
+def test_wide_logit_config_checks():
+    from conftest import small_config_dict
+
+    from features.config import ConfigError, parse_config
+    d = small_config_dict()
+    d["model"].update(type="logistic", wide=True)
+    with pytest.raises(ConfigError, match="model.wide: only dcn_v2 and dlrm"):
+        parse_config(d)
+    d = small_config_dict()
+    d["model"]["dropout"] = 1.0
+    with pytest.raises(ConfigError, match=r"model.dropout: must be in \[0, 1\)"):
+        parse_config(d)
+    d = small_config_dict()
+    d["train"]["early_stopping"] = {"metric": "recall_at_10"}
+    with pytest.raises(ConfigError, match="train.early_stopping.metric: 'recall_at_10' is not a ranking metric"):
+        parse_config(d)
