@@ -20,10 +20,12 @@ from features.config import Config, SparseFeature
 from features.errors import RecpipeError
 
 __all__ = ["LABEL_KEY", "SchemaError", "raw_kind", "check_schema", "validate_batch", "canonicalize",
-           "dense_prenorm", "numeric", "DEFAULT_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
+           "dense_prenorm", "numeric", "DEFAULT_SEPARATOR", "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
 
 LABEL_KEY = "target.label"  # not a valid feature name, so it cannot collide
 DEFAULT_SEPARATOR = "|"
+CROSS_SEPARATOR = "\x1f"  # joins a cross's values (ASCII unit separator: no value of C1 "a\x1fb" x C2 "c" meets
+                           # C1 "a" x C2 "b\x1fc" unless a log puts unit separators in its IDs)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Why a row is dead-lettered (the first failing check names the reason and the field):
 DEAD_LETTER_REASONS = ("invalid_utf8", "label_unparsable", "null_label", "label_not_0_1", "timestamp_unparsable",
@@ -71,7 +73,7 @@ def check_schema(schema: pa.Schema, cfg: Config, source: str) -> dict[str, str]:
     need(cfg.label.column, ("int", "float", "string"), "the label")
     if cfg.input.timestamp:
         need(cfg.input.timestamp, ("int", "float", "string"), "the timestamp")
-    for f in cfg.features.sparse:
+    for f in cfg.column_sparse:
         if f.multivalent:
             need(f.column, ("list<string>", "list<int>", "string"), f"multivalent feature {f.name!r}")
         else:
@@ -191,7 +193,7 @@ def validate_batch(batch: pa.RecordBatch | pa.Table, cfg: Config) -> tuple[np.nd
         if d.out_of_range == "dead_letter":  # a finite float64 beyond float32 would become inf, then NaN stats
             with np.errstate(invalid="ignore"):
                 flag(np.abs(v) > FLOAT32_MAX, "dense_out_of_range", d.column)
-    for f in cfg.features.sparse:
+    for f in cfg.column_sparse:
         if f.column not in present:
             continue
         raw = _combined(batch.column(f.column))
@@ -239,9 +241,11 @@ def canonicalize(batch: pa.RecordBatch | pa.Table, cfg: Config) -> dict[str, pa.
         return c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c
 
     out: dict[str, pa.Array] = {}
-    for f in cfg.features.sparse:
+    for f in cfg.column_sparse:
         raw = col(f.column)
         out[f.name] = _tokens(raw, f) if f.multivalent else _as_string(raw).fill_null("")
+    for f in cfg.crosses:  # after their sources; the graph joins the same strings (transform.canonicalize_request)
+        out[f.name] = pc.binary_join_element_wise(*(out[s] for s in f.cross), CROSS_SEPARATOR)
     for d in cfg.features.dense:
         values = numeric(col(d.column))[0]
         if d.out_of_range == "clip":

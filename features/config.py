@@ -39,7 +39,10 @@ class VocabSpec:
 @dataclass(frozen=True)
 class SparseFeature:
     name: str
-    column: str
+    column: Optional[str] = None
+    # instead of a column: a hashed cross of these single-valued sparse features' values (as TF's
+    # crossed_column), computed in the one transform; needs hash_buckets
+    cross: Optional[list[str]] = None
     vocab: Optional[VocabSpec] = None
     hash_buckets: Optional[int] = None
     embedding_dim: Optional[int] = None
@@ -159,6 +162,15 @@ class Config:
     def sparse_by_name(self) -> dict[str, SparseFeature]:
         return {f.name: f for f in self.features.sparse}
 
+    @property
+    def column_sparse(self) -> list[SparseFeature]:
+        """The sparse features read from a log column (every one but the crosses)."""
+        return [f for f in self.features.sparse if f.column is not None]
+
+    @property
+    def crosses(self) -> list[SparseFeature]:
+        return [f for f in self.features.sparse if f.cross is not None]
+
     def table_owner(self, feature: SparseFeature) -> SparseFeature:
         """The feature whose ID space and embedding table `feature` uses."""
         if feature.share_embedding_with:
@@ -170,7 +182,7 @@ class Config:
         cols = [self.label.column]
         if self.input.timestamp:
             cols.append(self.input.timestamp)
-        for f in [*self.features.sparse, *self.features.dense]:
+        for f in [*self.column_sparse, *self.features.dense]:
             if f.column not in cols:
                 cols.append(f.column)
         return cols
@@ -279,7 +291,9 @@ def _validate(cfg: Config) -> Config:
                 raise ConfigError(f"{path}.name: {f.name!r} is already used by {names[f.name]}")
             if not _NAME.fullmatch(f.name):
                 raise ConfigError(f"{path}.name: {f.name!r} must be letters, digits and '_', starting with a letter")
-            if not _COLUMN.fullmatch(f.column):
+            if kind == "sparse" and (f.column is None) == (f.cross is None):
+                raise ConfigError(f"{path}: give exactly one of column, cross")
+            if f.column is not None and not _COLUMN.fullmatch(f.column):
                 raise ConfigError(f"{path}.column: {f.column!r} cannot be a serving input name (the exported "
                                   f"signature takes raw columns by name): use letters, digits, '_', '.', '-', '/' "
                                   f"only (rename the column in the log)")
@@ -313,6 +327,8 @@ def _validate(cfg: Config) -> Config:
             if f.embedding_dim is not None and f.embedding_dim != embedding_dim(cfg, owner):
                 raise ConfigError(f"{path}.embedding_dim: a shared table has the owner's dimension "
                                   f"({embedding_dim(cfg, owner)})")
+        if f.cross is not None:
+            _check_cross(cfg, f, path)
         dims.add(embedding_dim(cfg, f))
     for i, f in enumerate(cfg.features.dense):
         _positive(f.num_buckets, f"features.dense[{i}].num_buckets")
@@ -378,6 +394,20 @@ def _validate(cfg: Config) -> Config:
     elif m.query_features or m.candidate_features:
         raise ConfigError("model.query_features: only retrieval models have towers")
     return cfg
+
+
+def _check_cross(cfg: Config, f: SparseFeature, path: str) -> None:
+    if f.hash_buckets is None:
+        raise ConfigError(f"{path}.cross: a cross is hashed: give hash_buckets (not vocab or share_embedding_with)")
+    if f.multivalent:
+        raise ConfigError(f"{path}.multivalent: a cross is single-valued")
+    if len(f.cross) < 2 or len(set(f.cross)) != len(f.cross):
+        raise ConfigError(f"{path}.cross: name two or more different sparse features, got {f.cross}")
+    for j, source in enumerate(f.cross):
+        s = cfg.sparse_by_name.get(source)
+        if s is None or s.column is None or s.multivalent:
+            raise ConfigError(f"{path}.cross[{j}]: {source!r} must be a single-valued sparse feature read from a "
+                              f"column (not a dense, multivalent or crossed feature)")
 
 
 def embedding_dim(cfg: Config, feature: SparseFeature) -> int:

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import tensorflow as tf
 
 from features.artifact import TransformArtifact
-from features.canonical import DEFAULT_SEPARATOR
+from features.canonical import CROSS_SEPARATOR, DEFAULT_SEPARATOR
 
 __all__ = ["FeatureTransform", "BatchTransform", "canonical_to_tensors", "canonicalize_request", "request_spec",
            "request_from_arrow", "example_spec", "request_from_examples", "examples_from_arrow"]
@@ -114,8 +114,10 @@ def request_spec(artifact: TransformArtifact, features: list[str] | None = None)
     """
     cfg = artifact.config
     wanted = set(features) if features is not None else None
+    if wanted is not None:  # a cross needs its sources' columns
+        wanted |= {s for f in cfg.crosses if f.name in wanted for s in f.cross}
     cols: dict[str, tf.TensorSpec] = {}
-    for f in cfg.features.sparse:
+    for f in cfg.column_sparse:
         if wanted is None or f.name in wanted:
             kind = artifact.raw_schema[f.column]
             cols[f.column] = tf.TensorSpec([None], _REQUEST_DTYPES[kind], name=f.column)
@@ -130,7 +132,7 @@ def canonicalize_request(inputs: dict[str, tf.Tensor], artifact: TransformArtifa
     feature whose column the request carries."""
     cfg = artifact.config
     out: dict[str, tf.Tensor] = {}
-    for f in cfg.features.sparse:
+    for f in cfg.column_sparse:
         if f.column not in inputs:
             continue
         x = inputs[f.column]
@@ -141,6 +143,9 @@ def canonicalize_request(inputs: dict[str, tf.Tensor], artifact: TransformArtifa
             out[f.name] = tf.ragged.boolean_mask(tokens, tf.not_equal(tokens, ""))
         else:
             out[f.name] = x
+    for f in cfg.crosses:  # the strings features.canonical joins for the Beam job
+        if all(s in out for s in f.cross):
+            out[f.name] = tf.strings.join([out[s] for s in f.cross], separator=CROSS_SEPARATOR)
     for d in cfg.features.dense:
         if d.column in inputs:
             out[d.name] = tf.cast(inputs[d.column], tf.float32)
@@ -169,7 +174,7 @@ def example_spec(artifact: TransformArtifact) -> dict[str, tf.io.RaggedFeature]:
     missing value, as a null in the log."""
     cfg = artifact.config
     spec: dict[str, tf.io.RaggedFeature] = {}
-    for f in cfg.features.sparse:
+    for f in cfg.column_sparse:
         kind = artifact.raw_schema[f.column]
         spec[f.column] = tf.io.RaggedFeature(tf.int64 if kind in ("int", "list<int>") else tf.string)
     for d in cfg.features.dense:
@@ -190,7 +195,7 @@ def request_from_examples(parsed: dict[str, tf.RaggedTensor], artifact: Transfor
     separator, dense values as float32 (NaN when absent)."""
     cfg = artifact.config
     out: dict[str, tf.Tensor] = {}
-    for f in cfg.features.sparse:
+    for f in cfg.column_sparse:
         values = parsed[f.column]
         if values.dtype != tf.string:
             values = tf.strings.as_string(values)

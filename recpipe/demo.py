@@ -104,7 +104,7 @@ def run_demo(opts: DemoOptions, say: Callable[[str], None] = print) -> dict:
     proc = start_server(str(work / "export"), cfg.name, port, grpc_port)
     try:
         wait_healthy(port, proc)
-        columns = sorted({f.column for f in [*cfg.features.sparse, *cfg.features.dense]})
+        columns = sorted({f.column for f in [*cfg.column_sparse, *cfg.features.dense]})
         rows, labels = rest_rows(log_files[-1], columns, opts.sample_rows)
         say(f"demo: 7/7 POST /v1/models/{cfg.name}:predict with {len(rows)} raw rows from the end of the log")
         resp = post_json(f"http://127.0.0.1:{port}/v1/models/{cfg.name}:predict", {"instances": rows})

@@ -24,6 +24,7 @@ def _cfg():
                 {"name": "n", "column": "n", "hash_buckets": 50},
                 {"name": "tags", "column": "tags", "multivalent": True, "separator": ",", "share_embedding_with": "a"},
                 {"name": "lst", "column": "lst", "multivalent": True, "hash_buckets": 10},
+                {"name": "a_x_n", "cross": ["a", "n"], "hash_buckets": 1000},
             ],
             "dense": [
                 {"name": "x", "column": "x", "transform": "log_zscore", "fill": 0},
@@ -152,13 +153,18 @@ def test_request_path_equals_arrow_path():
         else:
             np.testing.assert_allclose(left.numpy(), right.numpy(), rtol=0, atol=0, err_msg=k)
     assert via_arrow["n"].numpy()[0] == via_request["n"].numpy()[0]
+    # the cross hashes the same joined strings on both paths (row 1's null n is "" in the log, 0 in the request)
+    assert "a_x_n" not in spec
+    assert via_arrow["a_x_n"].numpy()[[0, 2]].tolist() == via_request["a_x_n"].numpy()[[0, 2]].tolist()
+    want = tf.strings.to_hash_bucket_fast(["p\x1f7", "zz\x1f0"], 1000).numpy().tolist()
+    assert via_request["a_x_n"].numpy()[[0, 2]].tolist() == want
 
 
 def test_record_round_trip():
     cfg = _cfg()
     cols = {
         "a": tf.constant([1, 2, 3], tf.int64), "n": tf.constant([4, 5, 6], tf.int64),
-        "tags": tf.ragged.constant([[1], [], [2, 3]], tf.int64), "lst": tf.ragged.constant([[], [], [9]], tf.int64),
+        "a_x_n": tf.constant([7, 8, 9], tf.int64), "tags": tf.ragged.constant([[1], [], [2, 3]], tf.int64), "lst": tf.ragged.constant([[], [], [9]], tf.int64),
         "x": tf.constant([0.5, 1.5, 2.5]), "z": tf.constant([0.0, 0.0, 1.0]), "b": tf.constant([1.0, 0.0, 0.5]),
         LABEL_KEY: np.array([1, 0, 1], np.float32),
     }
@@ -176,7 +182,7 @@ def test_artifact_round_trip(tmp_path):
     back = TransformArtifact.read(str(tmp_path / "t"))
     assert back.vocabularies == {"a": ["p", "q"]}
     assert back.id_space_size(cfg.sparse_by_name["tags"]) == 4  # 2 values + 2 OOV, shared with a
-    assert back.table_sizes() == {"a": 4, "n": 50, "lst": 10}
+    assert back.table_sizes() == {"a": 4, "n": 50, "lst": 10, "a_x_n": 1000}
 
 
 def test_batch_transform_equals_the_graph_transform():
@@ -189,7 +195,8 @@ def test_batch_transform_equals_the_graph_transform():
                    {"name": "e", "column": "e", "vocab": {"min_count": 1, "oov_buckets": 3}},
                    {"name": "n", "column": "n", "hash_buckets": 97},
                    {"name": "tags", "column": "tags", "multivalent": True, "share_embedding_with": "a"},
-                   {"name": "lst", "column": "lst", "multivalent": True, "hash_buckets": 10}],
+                   {"name": "lst", "column": "lst", "multivalent": True, "hash_buckets": 10},
+                   {"name": "a_x_e_x_n", "cross": ["a", "e", "n"], "hash_buckets": 5000}],
         "dense": [{"name": "x", "column": "x", "transform": "log_zscore", "fill": 0},
                   {"name": "z", "column": "x", "transform": "zscore", "fill": 2},
                   {"name": "b", "column": "x", "transform": "bucketize", "num_buckets": 3}]}})
@@ -221,3 +228,25 @@ def test_batch_transform_equals_the_graph_transform():
             assert got.dtype == want.numpy().dtype, k
             np.testing.assert_array_equal(got, want.numpy(), err_msg=k)
     assert (batch["a"] >= 51).any() and (batch["a"] < 51).any() and (batch["e"] >= 0).all()
+
+
+def test_cross_config_checks():
+    from features.config import ConfigError
+    base = {"name": "t", "features": {"sparse": [{"name": "a", "column": "a", "hash_buckets": 9},
+                                                 {"name": "m", "column": "m", "hash_buckets": 9, "multivalent": True}]}}
+
+    def with_cross(**cross):
+        d = {**base, "features": {"sparse": [*base["features"]["sparse"], {"name": "c", **cross}]}}
+        return parse_config(d)
+    with pytest.raises(ConfigError, match=r"features.sparse\[2\]: give exactly one of column, cross"):
+        with_cross(hash_buckets=9)
+    with pytest.raises(ConfigError, match=r"features.sparse\[2\].cross: a cross is hashed"):
+        with_cross(cross=["a", "a2"], vocab={"min_count": 1})
+    with pytest.raises(ConfigError, match=r"features.sparse\[2\].cross: name two or more different"):
+        with_cross(cross=["a", "a"], hash_buckets=9)
+    with pytest.raises(ConfigError, match=r"features.sparse\[2\].cross\[1\]: 'm' must be a single-valued"):
+        with_cross(cross=["a", "m"], hash_buckets=9)
+    cfg = parse_config({**base, "features": {"sparse": [*base["features"]["sparse"],
+                                                        {"name": "b", "column": "b", "hash_buckets": 9},
+                                                        {"name": "c", "cross": ["a", "b"], "hash_buckets": 9}]}})
+    assert cfg.raw_columns() == ["label", "a", "m", "b"] and [f.name for f in cfg.crosses] == ["c"]

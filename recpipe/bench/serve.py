@@ -163,7 +163,7 @@ def run_serve_bench(work: str, cfg_path: str, rows: int, steps: int, reps: int, 
         log, pre = data
     train(TrainOptions(pre, os.path.join(work, "model"), cfg_path, run=RunOptions(steps=steps)), say=say)
     export_model(os.path.join(work, "model"), os.path.join(work, "export"), version=1)
-    columns = sorted({f.column for f in [*cfg.features.sparse, *cfg.features.dense]})
+    columns = sorted({f.column for f in [*cfg.column_sparse, *cfg.features.dense]})
     request_rows, _ = rest_rows(sorted(glob.glob(os.path.join(log, "*", "*.parquet")))[-1], columns, 64)
     return bench_serve(os.path.join(work, "export"), cfg.name, request_rows, say, concurrencies=concurrencies,
                        seconds=seconds, reps=reps)
