@@ -112,3 +112,28 @@ def test_a_cross_declared_in_yaml_runs_through_beam_training_and_the_served_grap
     export_model(str(tmp_path / "m"), str(tmp_path / "export"), version=1)
     skew = ExportBase(str(tmp_path / "export")).versions()[-1].skew_report()
     assert skew["rows"] > 100 and skew["max_abs_diff"] <= skew["tolerance"]
+
+
+def test_the_sklearn_baseline_one_hot_encodes_the_same_ids(preprocessed_with_validation):
+    """recpipe bench quality's scikit-learn peer: one column per ID of every table (shared tables once)
+    plus one per dense feature; a single-valued feature puts a 1 in its ID's column, a multivalent one
+    spreads 1 over its items (mean)."""
+    import numpy as np
+
+    from features.config import parse_config
+    from features.preprocessed import PreprocessedData
+    from recpipe.bench.sklearn_peer import design_matrix, sklearn_logistic
+    data_dir, pre, data = preprocessed_with_validation
+    cfg = parse_config(data)
+    art = PreprocessedData(data_dir).transform()
+    x, y = design_matrix(cfg, data_dir, "validation")
+    width = sum(art.table_sizes().values())
+    assert x.shape == (pre.rows_validation, width + len(cfg.features.dense)) and len(y) == pre.rows_validation
+    single = [f for f in cfg.features.sparse if not f.multivalent]
+    from trainers.data import make_dataset
+    hist_rows = np.concatenate([b["hist"].row_lengths().numpy() > 0
+                                for b in make_dataset(cfg, data_dir, "validation", 4096, training=False)])
+    sparse_part = np.asarray(x[:, :width].sum(axis=1)).ravel()
+    assert np.allclose(sparse_part, len(single) + hist_rows)
+    fit = sklearn_logistic(cfg, data_dir, grid=(0.1, 1.0))
+    assert fit["C"] in (0.1, 1.0) and fit["auc"] > 0.6 and len(fit["trials"]) == 2

@@ -1,4 +1,4 @@
-"""`recpipe bench [preprocess|train|serve|all] [--quick]`: runs the suites, each ratio against its
+"""`recpipe bench [preprocess|train|serve|cluster|quality|all] [--quick]`: runs the suites, each ratio against its
 baseline measured in the same run, -> bench/results/<suite>.json + .md, then REPORT.md with PNG
 plots (recpipe.bench.report).
 
@@ -17,6 +17,8 @@ from recpipe.bench.cluster import ClusterBenchOptions, bench_cluster
 from recpipe.bench.cluster import markdown as cluster_markdown
 from recpipe.bench.common import machine_info, save_result
 from recpipe.bench.preprocess import bench_peers, bench_preprocess, bench_shard_formats, report_markdown
+from recpipe.bench.quality_suite import bench_quality
+from recpipe.bench.quality_suite import markdown as quality_markdown
 from recpipe.bench.report import write_report
 from recpipe.bench.serve import markdown as serve_markdown
 from recpipe.bench.serve import run_serve_bench
@@ -88,6 +90,13 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
             result = bench_cluster(o, sw, cfg_path, say)
             result["machine"] = info
             save_result(opts.out_dir, suite, result, cluster_markdown(result))
+        elif suite == "quality":
+            if find_criteo_sample() is None:
+                say("bench: quality skipped: the real Criteo sample (../shared/data/criteo_sample) is missing")
+                continue
+            result = bench_quality(sw, say, quick=quick, seeds=max(reps, 3) if not quick else 1)
+            result["machine"] = info
+            save_result(opts.out_dir, suite, result, quality_markdown(result))
         else:
             result = run_serve_bench(sw, cfg_path, rows=opts.rows or (5_000 if quick else 100_000),
                                      steps=opts.steps or (20 if quick else 200), reps=reps,

@@ -3,7 +3,7 @@ the CLI reads them before anything heavy is imported)."""
 
 __all__ = ["SUITES", "TARGETS"]
 
-SUITES = ("preprocess", "train", "serve", "cluster")
+SUITES = ("preprocess", "train", "serve", "cluster", "quality")
 
 # The ratio keys every full run carries, with their targets: (">=" | "<=", value).
 TARGETS = {
@@ -21,4 +21,7 @@ TARGETS = {
     "cluster_ps_prediction_error_100mbit": ("<=", 0.25),
     "cluster_horovod_prediction_error_1gbit": ("<=", 0.25),
     "cluster_horovod_prediction_error_100mbit": ("<=", 0.25),
+    # the shipped ranking default's eval AUC margin over a baseline, in units of the run-to-run spread
+    "quality_criteo_margin_over_spread_vs_logistic": (">=", 1.0),
+    "quality_criteo_margin_over_spread_vs_sklearn_lr": (">=", 1.0),
 }
