@@ -40,7 +40,11 @@ def test_early_stopping_keeps_the_best_checkpoint_and_evaluate_uses_it(tmp_path,
     # the kept weights are the best checkpoint's, not the last one's: evaluate and export read them
     cfg, _, model = load_trained(md.root)
     assert score(cfg, model, data_dir, "validation")["auc"] == pytest.approx(h.best, abs=1e-9)
-    assert evaluate(md.root, data_dir)["auc"] > 0.6
+    metrics = evaluate(md.root, data_dir)
+    assert metrics["auc"] > 0.6 and 0.5 < metrics["calibration"] < 2
+    assert sum(b["rows"] for b in metrics["reliability"]) == metrics["examples"]
+    assert metrics["baselines"]["constant_rate"]["logloss"] > metrics["logloss"]
+    assert open(md.reliability_png, "rb").read(4) == b"\x89PNG"
     # a rerun knows it is done
     again = train(TrainOptions(data_dir, md.root, cfg_path), say=said.append)
     assert again.steps_this_run == 0 and any("stopped early" in s for s in said)

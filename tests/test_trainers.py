@@ -159,6 +159,10 @@ def test_two_tower_retrieval_trains_and_beats_random(tmp_path, preprocessed):
     random_recall = 10 / metrics["candidates"]
     assert metrics["recall_at_10"] > 2 * random_recall, (metrics, random_recall)
     assert 0 < metrics["ndcg_at_10"] <= metrics["recall_at_10"]
+    assert metrics["recall_at_10"] <= metrics["recall_at_50"] <= metrics["recall_at_100"] <= 1
+    assert 0 < metrics["mrr_at_10"] <= metrics["mrr_at_100"] <= metrics["recall_at_100"]
+    pop = metrics["baselines"]["most_popular"]  # the reference beside every number
+    assert set(pop) >= {"recall_at_10", "ndcg_at_100", "mrr_at_50"} and 0 < pop["recall_at_100"] <= 1
 
 
 def test_synthetic_input_switch(tmp_path, preprocessed, small_cfg, small_cfg_path):

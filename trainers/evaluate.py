@@ -6,21 +6,27 @@ import os
 from features import fsio
 from features.preprocessed import PreprocessedData
 from trainers.errors import TrainError
-from trainers.model_dir import check_data_matches, load_trained
-from trainers.scoring import score
+from trainers.model_dir import ModelDir, check_data_matches, load_trained
+from trainers.plots import reliability_png
+from trainers.scoring import baselines, score
 
 __all__ = ["evaluate"]
 
 
 def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_size: int = 4096) -> dict:
-    """Eval-split metrics as flat keys: auc, logloss, examples (ranking) or recall_at_10, ndcg_at_10,
-    examples (retrieval, against every candidate in the data). The model's best checkpoint on the
-    validation split is the one evaluated, when training kept one (trainers.validation)."""
+    """Eval-split metrics: auc, logloss, examples, positive_rate, calibration (mean prediction ÷
+    observed rate) and a reliability table (ranking), or recall/ndcg/mrr at 10, 50 and 100, examples
+    and candidates (retrieval, against every candidate in the data); `baselines` holds the trivial
+    models' scores on the same split (constant click rate; most popular candidates). The model's best
+    checkpoint on the validation split is the one evaluated, when training kept one."""
     cfg, _, model = load_trained(model_dir)
     artifact = check_data_matches(cfg, PreprocessedData(data_dir), f"the model in {model_dir}")
     if artifact.row_counts.get("eval") == 0:
         raise TrainError(f"{data_dir}: the eval split is empty (nothing to evaluate on)")
     metrics = score(cfg, model, data_dir, "eval", batch_size)
+    metrics["baselines"] = baselines(cfg, data_dir, "eval")  # every number with its reference beside it
+    if "reliability" in metrics:
+        reliability_png(metrics["reliability"], metrics["positive_rate"], ModelDir(model_dir).reliability_png)
     if out_path:
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         fsio.write_json(out_path, metrics, sort_keys=False, only_if_changed=True)  # reruns leave it untouched

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["roc_auc", "log_loss", "rank_of_true", "recall_at_k", "ndcg_at_k"]
+__all__ = ["roc_auc", "log_loss", "rank_of_true", "recall_at_k", "ndcg_at_k", "mrr_at_k", "reliability_table"]
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -47,3 +47,25 @@ def ndcg_at_k(ranks: np.ndarray, k: int) -> float:
     if not len(ranks):
         return float("nan")
     return float(np.mean(np.where(ranks < k, 1.0 / np.log2(ranks + 2.0), 0.0)))
+
+
+def mrr_at_k(ranks: np.ndarray, k: int) -> float:
+    """Mean reciprocal rank, 0 for a true item outside the top k."""
+    if not len(ranks):
+        return float("nan")
+    return float(np.mean(np.where(ranks < k, 1.0 / (ranks + 1.0), 0.0)))
+
+
+def reliability_table(labels: np.ndarray, probs: np.ndarray, bins: int = 10) -> list[dict]:
+    """Calibration by equal-width prediction bins: rows, mean prediction and observed rate per
+    non-empty bin (a calibrated model has the two equal)."""
+    labels = np.asarray(labels, dtype=np.float64).ravel()
+    probs = np.asarray(probs, dtype=np.float64).ravel()
+    which = np.minimum((probs * bins).astype(int), bins - 1)
+    out = []
+    for b in range(bins):
+        mask = which == b
+        if mask.any():
+            out.append({"bin": [b / bins, (b + 1) / bins], "rows": int(mask.sum()),
+                        "mean_prediction": float(probs[mask].mean()), "observed_rate": float(labels[mask].mean())})
+    return out

@@ -8,6 +8,7 @@
     ROOT/validation.json    each checkpoint's validation scores (trainers.validation.ValidationHistory)
     ROOT/best/weights.*     the model weights of the best checkpoint on validation: what evaluate, export
                             and warm start read when present (else the latest checkpoint)
+    ROOT/reliability.png    the eval split's reliability curve, written by `recpipe evaluate` (ranking)
 """
 from __future__ import annotations
 
@@ -86,6 +87,7 @@ class ModelDir:
     state_path = fsio.SubPath("train_state.json")
     validation_path = fsio.SubPath("validation.json")
     best_prefix = fsio.SubPath("best", "weights")
+    reliability_png = fsio.SubPath("reliability.png")  # written by `recpipe evaluate` (ranking)
 
     # ------------------------------------------------------------ contents
     def has_config(self) -> bool:

@@ -92,7 +92,7 @@ class Validator:
         scores = score(self.cfg, model, self.data_dir, "validation")
         h = self.history
         value = scores[h.metric]
-        h.history.append({"step": step, **{k: v for k, v in scores.items() if k != "examples"}})
+        h.history.append({"step": step, **{k: v for k, v in scores.items() if isinstance(v, float)}})
         improved = h.better(value)
         if improved:
             best = tf.train.Checkpoint(model=model)

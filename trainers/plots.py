@@ -1,0 +1,28 @@
+"""The evaluation plots `recpipe evaluate` leaves in the model dir (PNG, matplotlib's Agg backend)."""
+from __future__ import annotations
+
+__all__ = ["reliability_png"]
+
+
+def reliability_png(reliability: list[dict], positive_rate: float, path: str) -> str:
+    """The reliability curve: observed click rate against mean prediction per bin (the diagonal is
+    perfect calibration), each point sized by its rows."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(4.5, 4.5))
+    top = max([0.05, positive_rate, *(r["mean_prediction"] for r in reliability),
+               *(r["observed_rate"] for r in reliability)]) * 1.05
+    ax.plot([0, top], [0, top], color="grey", linewidth=1, label="calibrated")
+    rows = max((r["rows"] for r in reliability), default=1)
+    ax.scatter([r["mean_prediction"] for r in reliability], [r["observed_rate"] for r in reliability],
+               s=[20 + 200 * r["rows"] / rows for r in reliability], label="eval bins (size: rows)")
+    ax.plot([r["mean_prediction"] for r in reliability], [r["observed_rate"] for r in reliability])
+    ax.axhline(positive_rate, color="tab:red", linestyle=":", linewidth=1, label=f"click rate {positive_rate:.3f}")
+    ax.set(xlim=(0, top), ylim=(0, top), xlabel="mean prediction", ylabel="observed click rate",
+           title="Reliability (eval split)")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
