@@ -20,7 +20,7 @@ from features.errors import RecpipeError
 
 __all__ = [
     "ConfigError", "VocabSpec", "SparseFeature", "DenseFeature", "FeaturesSpec", "InputSpec",
-    "SplitSpec", "LabelSpec", "ModelSpec", "EarlyStoppingSpec", "TrainSpec", "Config", "load_config", "parse_config",
+    "SplitSpec", "LabelSpec", "ModelSpec", "EarlyStoppingSpec", "TrainSpec", "TuneParam", "TuneSpec", "Config", "load_config", "parse_config",
     "config_to_dict", "dump_config", "build_typed", "check_typed", "literal_choices", "read_yaml",
 ]
 
@@ -149,6 +149,25 @@ class TrainSpec:
 
 
 @dataclass(frozen=True)
+class TuneParam:
+    """One dimension of `recpipe tune`'s search: `key` is a dotted config path (e.g. model.dropout,
+    train.embedding_l2); a float or int range [low, high] (log: sampled on a log scale), or choices."""
+    key: str
+    low: Optional[float] = None
+    high: Optional[float] = None
+    log: bool = False
+    integer: bool = False
+    choices: Optional[list[Any]] = None
+
+
+@dataclass(frozen=True)
+class TuneSpec:
+    trials: int = 20
+    seed: int = 0
+    params: list[TuneParam] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Config:
     name: str
     features: FeaturesSpec
@@ -157,6 +176,7 @@ class Config:
     label: LabelSpec = field(default_factory=LabelSpec)
     model: ModelSpec = field(default_factory=ModelSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
+    tune: TuneSpec = field(default_factory=TuneSpec)  # read by `recpipe tune` only
 
     @property
     def sparse_by_name(self) -> dict[str, SparseFeature]:
@@ -212,6 +232,8 @@ def _describe(tp: Any) -> str:
 
 
 def _coerce(tp: Any, value: Any, path: str) -> Any:
+    if tp is Any:  # free-form (tune choices): checked where it is used
+        return value
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
@@ -352,6 +374,17 @@ def _validate(cfg: Config) -> Config:
                           f"({t.batch_size})")
     for key in ("data_ram_budget_mb", "prefetch_batches", "intra_op_threads", "inter_op_threads"):
         _positive(getattr(k, key), f"train.tuning.{key}", allow_zero=True)
+
+    for j, p in enumerate(cfg.tune.params):
+        path = f"tune.params[{j}]"
+        if (p.choices is None) == (p.low is None or p.high is None):
+            raise ConfigError(f"{path}: give either low and high, or choices")
+        if p.choices is not None and not p.choices:
+            raise ConfigError(f"{path}.choices: give at least one value")
+        if p.low is not None and p.high is not None and (p.low > p.high or (p.log and p.low <= 0)):
+            raise ConfigError(f"{path}: need low <= high{' and low > 0 (log scale)' if p.log else ''}, "
+                              f"got [{p.low}, {p.high}]")
+    _positive(cfg.tune.trials, "tune.trials")
 
     m = cfg.model
     allowed = {"ranking": ("dcn_v2", "dlrm", "logistic"), "retrieval": ("two_tower",)}[m.task]

@@ -135,6 +135,12 @@ def cmd_train(a) -> None:
          f"-> {a.model_dir}")
 
 
+def cmd_tune(a) -> None:
+    from recpipe.tune import tune
+    from trainers.options import run_flags
+    tune(a.config, a.data, a.out, a.trials, tuple(run_flags(_run_options(a))), say=_say)
+
+
 def cmd_advise(a) -> None:
     from features.config import load_config
     from features.preprocessed import PreprocessedData
@@ -268,6 +274,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="initialise a new model from a previous day's model dir (IDs kept stable by "
                         "preprocess --previous-transform); ignored when --model-dir already has a checkpoint")
     t.set_defaults(fn=cmd_train)
+
+    tu = sub.add_parser("tune", help="search the config's tune.params space on the validation split (Optuna TPE); "
+                                     "writes OUT/trials.csv, trials.md and best.yaml")
+    tu.add_argument("--config", required=True, help="the config, with a tune: {trials, seed, params} section")
+    tu.add_argument("--data", required=True, help="a `recpipe preprocess` output folder with a validation split")
+    tu.add_argument("--out", required=True, help="trials (each a model dir), the table and best.yaml go here")
+    tu.add_argument("--trials", type=int, help="number of trials (default: tune.trials)")
+    _add_run_options(tu)
+    tu.set_defaults(fn=cmd_tune)
 
     ad = sub.add_parser("advise", help="PS or ring-allreduce for this model? parameter sizes + a measured probe")
     ad.add_argument("--config", help="training config (default: the one the data was preprocessed with)")

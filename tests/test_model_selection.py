@@ -141,3 +141,38 @@ def test_the_sklearn_baseline_one_hot_encodes_the_same_ids(preprocessed_with_val
     assert np.allclose(sparse_part, len(single) + hist_rows)
     fit = sklearn_logistic(cfg, data_dir, grid=(0.1, 1.0))
     assert fit["C"] in (0.1, 1.0) and fit["auc"] > 0.6 and len(fit["trials"]) == 2
+
+
+def test_tune_searches_the_declared_space_on_validation_and_writes_the_best_config(tmp_path,
+                                                                                   preprocessed_with_validation):
+    import csv
+
+    from features.config import load_config
+    from recpipe.tune import tune
+    data_dir, _, data = preprocessed_with_validation
+    d = copy.deepcopy(data)
+    d["train"].update(steps=40, checkpoint_every=20)
+    d["tune"] = {"trials": 3, "seed": 1, "params": [
+        {"key": "model.dropout", "low": 0.0, "high": 0.5},
+        {"key": "train.learning_rate", "low": 0.01, "high": 0.3, "log": True},
+        {"key": "model.deep_layers", "choices": [[32, 16], [16]]}]}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(d))
+    said = []
+    result = tune(str(path), data_dir, str(tmp_path / "tune"), say=said.append)
+    rows = list(csv.DictReader(open(tmp_path / "tune" / "trials.csv")))
+    assert len(rows) == 3 and all(r["status"] == "ok" for r in rows)
+    scores = [float(r["auc"]) for r in rows]
+    assert result["best"]["auc"] == max(scores)
+    best = load_config(tmp_path / "tune" / "best.yaml")
+    assert best.model.dropout == pytest.approx(result["best"]["model.dropout"])
+    assert best.model.deep_layers == result["best"]["model.deep_layers"] in ([32, 16], [16])
+    for r in rows:  # each trial is a full model dir scored on validation only
+        h = ValidationHistory.read(str(tmp_path / "tune" / "trials" / f"{int(r['trial']):03d}" / "model" /
+                                       "validation.json"))
+        assert h.best == pytest.approx(float(r["auc"]))
+    assert any("best trial" in s for s in said)
+    with pytest.raises(Exception, match="declare the search space under tune.params"):
+        d.pop("tune")
+        path.write_text(yaml.safe_dump(d))
+        tune(str(path), data_dir, str(tmp_path / "t2"))
