@@ -104,6 +104,11 @@ class ModelSpec:
     # features, as in Wide & Deep): the memorisation small logs reward
     wide: bool = False
     dropout: float = 0.0                                          # after each deep layer, while training
+    # retrieval: the in-batch softmax's temperature (logits / T), and logQ correction: subtract log of each
+    # in-batch candidate's sampling probability (its train frequency, from the vocabulary counts the Beam
+    # job keeps), so popular items are not over-penalised as negatives (Yi et al., RecSys 2019)
+    temperature: Optional[float] = None
+    logq_correction: bool = False
 
 
 @dataclass(frozen=True)
@@ -424,8 +429,15 @@ def _validate(cfg: Config) -> Config:
             raise ConfigError(f"model.candidate_features: {overlap} also listed in model.query_features")
         if not m.tower_layers:
             raise ConfigError("model.tower_layers: give at least the output width")
+        _positive(m.temperature, "model.temperature")
+        first = sparse.get(m.candidate_features[0])
+        if m.logq_correction and (first is None or cfg.table_owner(first).vocab is None):
+            raise ConfigError(f"model.logq_correction: needs candidate frequencies: the first candidate feature "
+                              f"({m.candidate_features[0]!r}) must have a vocab (the counts come from it)")
     elif m.query_features or m.candidate_features:
         raise ConfigError("model.query_features: only retrieval models have towers")
+    elif m.temperature is not None or m.logq_correction:
+        raise ConfigError("model.temperature: temperature and logq_correction are for retrieval models")
     return cfg
 
 

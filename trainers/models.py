@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
@@ -142,8 +143,14 @@ class RetrievalModel(_Model):
     every other candidate in the batch a negative (rows are weighted by their label)."""
 
     def __init__(self, embeddings: SparseEmbeddings, query_features: list, candidate_features: list,
-                 tower_layers: list, grad_accum_steps: int = 1, **kwargs):
+                 tower_layers: list, grad_accum_steps: int = 1, temperature: Optional[float] = None,
+                 candidate_log_q: Optional[np.ndarray] = None, **kwargs):
         super().__init__(grad_accum_steps=grad_accum_steps, **kwargs)
+        self.temperature = temperature
+        # log sampling probability per ID of the first candidate feature (logQ correction); a constant
+        # of the training run, built from the artifact, kept out of checkpoints and the Keras config
+        object.__setattr__(self, "_log_q", None if candidate_log_q is None else
+                           tf.constant(candidate_log_q, tf.float32))
         self.embeddings = embeddings
         self.query_features, self.candidate_features = list(query_features), list(candidate_features)
         self.tower_layers = list(tower_layers)
@@ -151,7 +158,7 @@ class RetrievalModel(_Model):
         self.query_tower = [*mlp(widths[:-1], "query"), tf.keras.layers.Dense(widths[-1], name="query_out")]
         self.candidate_tower = [*mlp(widths[:-1], "candidate"),
                                 tf.keras.layers.Dense(widths[-1], name="candidate_out")]
-        self.task = tfrs.tasks.Retrieval()  # SUM of softmax cross-entropy; divided by the positives below
+        self.task = tfrs.tasks.Retrieval(temperature=temperature)  # SUM of softmax CE; divided by the positives
 
     def _encode(self, features: dict, embedded: dict, names: list[str], tower: list) -> tf.Tensor:
         parts = [embedded[n] if n in embedded else tf.cast(features[n], self.compute_dtype)[:, None] for n in names]
@@ -174,13 +181,18 @@ class RetrievalModel(_Model):
     def compute_loss(self, features: dict, training: bool = False) -> tf.Tensor:
         query, candidate = self(features, training=training)
         weight = tf.cast(features[LABEL_KEY], tf.float32)
-        total = self.task(query, candidate, sample_weight=weight, compute_metrics=False)
+        probability = None
+        if self._log_q is not None:
+            ids = tf.minimum(features[self.candidate_features[0]], tf.shape(self._log_q, out_type=tf.int64)[0] - 1)
+            probability = tf.exp(tf.gather(self._log_q, ids))
+        total = self.task(query, candidate, sample_weight=weight, candidate_sampling_probability=probability,
+                          compute_metrics=False)
         return total / tf.maximum(tf.reduce_sum(weight), 1.0)
 
     def get_config(self):
         return {"embeddings": tf.keras.layers.serialize(self.embeddings), "query_features": self.query_features,
                 "candidate_features": self.candidate_features, "tower_layers": self.tower_layers,
-                "grad_accum_steps": self.grad_accum_steps, "name": self.name}
+                "grad_accum_steps": self.grad_accum_steps, "temperature": self.temperature, "name": self.name}
 
     @classmethod
     def from_config(cls, config):
@@ -217,13 +229,27 @@ def build_model(cfg: Config, artifact: TransformArtifact) -> tf.keras.Model:
     if m.task == "retrieval":
         return RetrievalModel(embedding_layer(cfg, artifact, {*m.query_features, *m.candidate_features}),
                               m.query_features, m.candidate_features, m.tower_layers,
-                              grad_accum_steps=t.grad_accum_steps, name="two_tower_retrieval")
+                              grad_accum_steps=t.grad_accum_steps, temperature=m.temperature,
+                              candidate_log_q=candidate_log_q(cfg, artifact) if m.logq_correction else None,
+                              name="two_tower_retrieval")
     return RankingModel(embedding_layer(cfg, artifact), _interaction(cfg),
                         deep_layers=[] if m.type == "logistic" else m.deep_layers,
                         dense_features=[d.name for d in cfg.features.dense], jit_dense=t.jit_dense,
                         grad_accum_steps=t.grad_accum_steps,
                         wide=embedding_layer(cfg, artifact, one_wide=True, name="wide") if m.wide else None,
                         dropout=m.dropout, embedding_l2=cfg.train.embedding_l2, name=f"{m.type}_ranking")
+
+
+def candidate_log_q(cfg: Config, artifact: TransformArtifact) -> np.ndarray:
+    """log P(candidate ID) in the train split for every ID of the first candidate feature's table:
+    vocabulary counts / their total; the OOV buckets share the rarest count (their true counts are
+    not kept)."""
+    owner = cfg.table_owner(cfg.sparse_by_name[cfg.model.candidate_features[0]])
+    counts = np.asarray(artifact.vocab_counts.get(owner.name, []), dtype=np.float64)
+    rows = artifact.table_sizes()[owner.name]
+    floor = counts.min() if len(counts) else 1.0
+    full = np.concatenate([counts, np.full(rows - len(counts), floor)])
+    return np.log(full / full.sum())
 
 
 def dummy_batch(cfg: Config, n: int = 2) -> dict:
