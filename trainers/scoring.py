@@ -83,10 +83,15 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
     if not ranks:
         raise TrainError(f"{data_dir}/{split}: no clicked rows to score retrieval on")
     r = np.concatenate(ranks)
+    return {**_rank_metrics(r, ks), "examples": int(len(r)), "candidates": int(len(universe))}
+
+
+def _rank_metrics(ranks: np.ndarray, ks: tuple[int, ...]) -> dict:
     out: dict = {}
     for k in ks:
-        out.update({f"recall_at_{k}": recall_at_k(r, k), f"ndcg_at_{k}": ndcg_at_k(r, k), f"mrr_at_{k}": mrr_at_k(r, k)})
-    return {**out, "examples": int(len(r)), "candidates": int(len(universe))}
+        out.update({f"recall_at_{k}": recall_at_k(ranks, k), f"ndcg_at_{k}": ndcg_at_k(ranks, k),
+                    f"mrr_at_{k}": mrr_at_k(ranks, k)})
+    return out
 
 
 def _popularity_ranks(popularity: np.ndarray, truth: np.ndarray) -> np.ndarray:
@@ -120,8 +125,4 @@ def baselines(cfg: Config, data_dir: str, split: str = "eval", batch_size: int =
         np.add.at(popularity, [index[tuple(r)] for r in _candidate_ids(b, names)[clicked].tolist()], 1.0)
     truth = [index[tuple(r)] for b in make_dataset(cfg, data_dir, split, batch_size, training=False)
              for r in _candidate_ids(b, names)[b[LABEL_KEY].numpy() > 0.5].tolist()]
-    r = _popularity_ranks(popularity, np.asarray(truth, dtype=np.int64))
-    out = {}
-    for k in ks:
-        out.update({f"recall_at_{k}": recall_at_k(r, k), f"ndcg_at_{k}": ndcg_at_k(r, k), f"mrr_at_{k}": mrr_at_k(r, k)})
-    return {"most_popular": out}
+    return {"most_popular": _rank_metrics(_popularity_ranks(popularity, np.asarray(truth, dtype=np.int64)), ks)}

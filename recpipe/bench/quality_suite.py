@@ -89,9 +89,8 @@ def bench_quality(work: str, say: Callable[[str], None], quick: bool = False, se
     d = models["default"]
     ratios = {"quality_criteo_margin_over_spread_vs_logistic": _margin_over_spread(d, models["logistic"]),
               "quality_criteo_margin_over_spread_vs_sklearn_lr": _margin_over_spread(d, models["sklearn_logistic"])}
-    return {"suite": "quality", "quick": quick, "dataset": {"criteo": str(criteo), "config": cfg_path,
-                                                            "seeds": seed_list, "steps": steps or base["train"]["steps"]},
-            "criteo": models, "ratios": ratios}
+    dataset = {"criteo": str(criteo), "config": cfg_path, "seeds": seed_list, "steps": steps or base["train"]["steps"]}
+    return {"suite": "quality", "quick": quick, "dataset": dataset, "criteo": models, "ratios": ratios}
 
 
 def markdown(r: dict) -> str:
@@ -100,7 +99,8 @@ def markdown(r: dict) -> str:
              f"Real Criteo sample, time split of `configs/criteo.yaml` (train / validation / eval by row order), "
              f"seeds {r['dataset']['seeds']}, each model at its best checkpoint on validation.", "",
              "| model | eval AUC (mean ± sd) | logloss |", "|---|---|---|",
-             *[f"| {name} | {m['auc_mean']:.4f} ± {m['auc_sd']:.4f} | {m['logloss_mean']:.4f} |" for name, m in c.items()],
+             *[f"| {name} | {m['auc_mean']:.4f} ± {m['auc_sd']:.4f} | {m['logloss_mean']:.4f} |"
+               for name, m in c.items()],
              "", "| ratio (AUC margin ÷ spread) | value |", "|---|---|",
              *[f"| {k} | {v:.2f} |" for k, v in sorted(r["ratios"].items())], "",
              "Reproduce: `.venv/bin/recpipe bench quality`.", ""]
