@@ -1,5 +1,5 @@
 """The `recpipe preprocess` Beam job: Parquet click logs -> a features.preprocessed.PreprocessedData
-folder (transform artifact, train/eval shards, dead letter, eval sample).
+folder (transform artifact, train/validation/eval shards, dead letter, eval sample).
 
 Runs on any Beam runner given by `beam_args` (default: pipeline.options.DEFAULT_BEAM_ARGS). The run
 fails unless rows in = rows train + rows validation + rows eval + rows dead-lettered, exactly.
