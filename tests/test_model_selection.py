@@ -2,6 +2,7 @@
 early stopping, on every strategy; the wide logit, dropout and L2 on looked-up rows."""
 import copy
 import json
+import os
 
 import pytest
 import yaml
@@ -45,6 +46,9 @@ def test_early_stopping_keeps_the_best_checkpoint_and_evaluate_uses_it(tmp_path,
     assert sum(b["rows"] for b in metrics["reliability"]) == metrics["examples"]
     assert metrics["baselines"]["constant_rate"]["logloss"] > metrics["logloss"]
     assert open(md.reliability_png, "rb").read(4) == b"\x89PNG"
+    before = os.stat(md.reliability_png).st_mtime_ns
+    evaluate(md.root, data_dir)
+    assert os.stat(md.reliability_png).st_mtime_ns == before  # a rerun leaves the plot untouched (the daily DAG)
     # a rerun knows it is done
     again = train(TrainOptions(data_dir, md.root, cfg_path), say=said.append)
     assert again.steps_this_run == 0 and any("stopped early" in s for s in said)

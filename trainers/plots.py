@@ -6,7 +6,11 @@ __all__ = ["reliability_png"]
 
 def reliability_png(reliability: list[dict], positive_rate: float, path: str) -> str:
     """The reliability curve: observed click rate against mean prediction per bin (the diagonal is
-    perfect calibration), each point sized by its rows."""
+    perfect calibration), each point sized by its rows. Written only when its bytes change, so a
+    rerun of an evaluation leaves the file untouched (as metrics.json)."""
+    import io
+    import os
+
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -23,6 +27,16 @@ def reliability_png(reliability: list[dict], positive_rate: float, path: str) ->
            title="Reliability (eval split)")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
+    data = png.getvalue()
+    if os.path.exists(path):
+        with open(path, "rb") as fh:
+            if fh.read() == data:
+                return path
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, path)
     return path
