@@ -318,7 +318,10 @@ def _validate(cfg: Config) -> Config:
                 raise ConfigError(f"{path}.name: {f.name!r} is already used by {names[f.name]}")
             if not _NAME.fullmatch(f.name):
                 raise ConfigError(f"{path}.name: {f.name!r} must be letters, digits and '_', starting with a letter")
-            if kind == "sparse" and (f.column is None) == (f.cross is None):
+            if kind == "sparse" and f.column is None and f.cross is None:
+                raise ConfigError(f"{path}.column: required key is missing (or give cross: [...] for a crossed "
+                                  f"feature)")
+            if kind == "sparse" and f.column is not None and f.cross is not None:
                 raise ConfigError(f"{path}: give exactly one of column, cross")
             if f.column is not None and not _COLUMN.fullmatch(f.column):
                 raise ConfigError(f"{path}.column: {f.column!r} cannot be a serving input name (the exported "

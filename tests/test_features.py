@@ -238,8 +238,10 @@ def test_cross_config_checks():
     def with_cross(**cross):
         d = {**base, "features": {"sparse": [*base["features"]["sparse"], {"name": "c", **cross}]}}
         return parse_config(d)
-    with pytest.raises(ConfigError, match=r"features.sparse\[2\]: give exactly one of column, cross"):
+    with pytest.raises(ConfigError, match=r"features.sparse\[2\].column: required key is missing \(or give cross"):
         with_cross(hash_buckets=9)
+    with pytest.raises(ConfigError, match=r"features.sparse\[2\]: give exactly one of column, cross"):
+        with_cross(column="a", cross=["a", "m"], hash_buckets=9)
     with pytest.raises(ConfigError, match=r"features.sparse\[2\].cross: a cross is hashed"):
         with_cross(cross=["a", "a2"], vocab={"min_count": 1})
     with pytest.raises(ConfigError, match=r"features.sparse\[2\].cross: name two or more different"):
