@@ -53,9 +53,10 @@ def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65
                                                        *(d.column for d in cfg.features.dense)}]
         for b in batches(cols):
             hist.update(ts_histogram(good(b)[0].table, cfg.input.timestamp))
-        cutoff, _ = split_cutoffs_from_histogram(hist, cfg.split.eval_fraction, cfg.split.validation_fraction)
+        cutoff, eval_cutoff = split_cutoffs_from_histogram(hist, cfg.split.eval_fraction,
+                                                           cfg.split.validation_fraction)
     else:
-        cutoff, _ = split_cutoffs_by_row(total, cfg.split.eval_fraction, cfg.split.validation_fraction)
+        cutoff, eval_cutoff = split_cutoffs_by_row(total, cfg.split.eval_fraction, cfg.split.validation_fraction)
 
     counts: dict = collections.defaultdict(list)
     moments: dict = {}
@@ -84,7 +85,7 @@ def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65
     artifact.write(data.transform_dir)
 
     transform = BatchTransform(artifact)
-    n = {"in": 0, "train": 0, "eval": 0, "dead": 0}
+    n = {"in": 0, "train": 0, "validation": 0, "eval": 0, "dead": 0}
     for s in SPLITS:
         os.makedirs(data.split_dir(s), exist_ok=True)
     writers = {s: tf.io.TFRecordWriter(f"{data.shard_prefix(s)}-0.tfrecord") for s in SPLITS}
@@ -92,8 +93,10 @@ def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65
         n["in"] += b.table.num_rows
         g, bad = good(b)
         n["dead"] += len(bad.indices)
-        is_eval = split_key(g) > cutoff
-        for s, mask in (("train", ~is_eval), ("eval", is_eval)):
+        key = split_key(g)
+        is_eval = key > eval_cutoff
+        is_validation = (key > cutoff) & ~is_eval
+        for s, mask in (("train", ~(is_eval | is_validation)), ("validation", is_validation), ("eval", is_eval)):
             if mask.any():
                 cols = canonicalize(g.table.filter(pa.array(mask)), cfg)
                 out = transform({k: v for k, v in cols.items() if k != LABEL_KEY})
@@ -102,6 +105,7 @@ def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65
                 n[s] += int(mask.sum())
     for w in writers.values():
         w.close()
-    artifact.row_counts = {"in": n["in"], "train": n["train"], "eval": n["eval"], "dead_letter": n["dead"]}
+    artifact.row_counts = {"in": n["in"], "train": n["train"], "validation": n["validation"], "eval": n["eval"],
+                           "dead_letter": n["dead"]}
     artifact.write_meta(data.transform_dir)
     return n

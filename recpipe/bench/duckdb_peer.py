@@ -63,10 +63,12 @@ def duckdb_preprocess(cfg: Config, log_dir: str, out_dir: str, threads: int = 2)
     con.execute(f"CREATE TEMP TABLE raw AS SELECT {cols}, row_number() OVER () - 1 AS _pos "
                 f"FROM read_parquet({file_list}, hive_partitioning = false)")
     total = con.execute("SELECT count(*) FROM raw").fetchone()[0]
-    n_train, _ = split_sizes(total, cfg.split.eval_fraction, cfg.split.validation_fraction)
+    n_train, n_before_eval = split_sizes(total, cfg.split.eval_fraction, cfg.split.validation_fraction)
     key = _q(cfg.input.timestamp) if cfg.input.timestamp else "_pos"
-    # the smallest cutoff that leaves at least n_train rows in train (ties go to train), as the job's
-    cutoff = con.execute(f"SELECT {key} FROM raw ORDER BY {key} LIMIT 1 OFFSET {max(n_train - 1, 0)}").fetchone()[0]
+
+    def cutoff_leaving(n: int):  # the smallest key leaving at least n rows before it (ties before), as the job's
+        return con.execute(f"SELECT {key} FROM raw ORDER BY {key} LIMIT 1 OFFSET {max(n - 1, 0)}").fetchone()[0]
+    cutoff, eval_cutoff = cutoff_leaving(n_train), cutoff_leaving(n_before_eval)
     con.execute(f"CREATE TEMP VIEW train AS SELECT * FROM raw WHERE {key} <= {cutoff}")
     t_split = time.perf_counter()
 
@@ -96,7 +98,9 @@ def duckdb_preprocess(cfg: Config, log_dir: str, out_dir: str, threads: int = 2)
     selects.append(f"CAST(r.{_q(cfg.label.column)} AS FLOAT) AS label")
     body = f"SELECT {', '.join(selects)} FROM raw r {' '.join(joins)}"
     counts = {}
-    for split, cond in (("train", f"r.{key} <= {cutoff}"), ("eval", f"r.{key} > {cutoff}")):
+    for split, cond in (("train", f"r.{key} <= {cutoff}"),
+                        ("validation", f"r.{key} > {cutoff} AND r.{key} <= {eval_cutoff}"),
+                        ("eval", f"r.{key} > {eval_cutoff}")):
         path = os.path.join(out_dir, f"{split}.parquet")
         con.execute(f"COPY ({body} WHERE {cond}) TO {_lit(path)} (FORMAT parquet)")
         counts[split] = con.execute(f"SELECT count(*) FROM read_parquet({_lit(path)})").fetchone()[0]
