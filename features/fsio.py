@@ -10,7 +10,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 __all__ = ["resolve", "join", "makedirs", "exists", "write_text", "read_text", "write_bytes", "read_bytes",
-           "read_json", "write_json", "list_files", "remove", "SubPath"]
+           "read_json", "write_json", "replace_bytes", "list_files", "remove", "SubPath"]
 
 
 def resolve(path: str) -> tuple[pafs.FileSystem, str]:
@@ -64,14 +64,21 @@ def write_json(path: str, data: Any, *, indent: int = 1, sort_keys: bool = True,
     file that already holds the same text is left untouched (a rerun changes nothing). Returns
     whether the file was written."""
     text = json.dumps(data, indent=indent, sort_keys=sort_keys)
-    if only_if_changed and exists(path) and read_text(path) == text:
+    return replace_bytes(path, text.encode("utf-8"), only_if_changed=only_if_changed)
+
+
+def replace_bytes(path: str, data: bytes, *, only_if_changed: bool = False) -> bool:
+    """Write `data`; atomically (temp file + rename) on local paths. With only_if_changed, a file that
+    already holds the same bytes is left untouched (a rerun changes nothing). Returns whether the file
+    was written."""
+    if only_if_changed and exists(path) and read_bytes(path) == data:
         return False
     if "://" in path:
-        write_text(path, text)
+        write_bytes(path, data)
         return True
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "w") as fh:
-        fh.write(text)
+    with open(tmp, "wb") as fh:
+        fh.write(data)
     os.replace(tmp, path)
     return True
 

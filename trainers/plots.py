@@ -1,6 +1,8 @@
 """The evaluation plots `recpipe evaluate` leaves in the model dir (PNG, matplotlib's Agg backend)."""
 from __future__ import annotations
 
+from features import fsio
+
 __all__ = ["reliability_png"]
 
 
@@ -9,7 +11,6 @@ def reliability_png(reliability: list[dict], positive_rate: float, path: str) ->
     perfect calibration), each point sized by its rows. Written only when its bytes change, so a
     rerun of an evaluation leaves the file untouched (as metrics.json)."""
     import io
-    import os
 
     import matplotlib
     matplotlib.use("Agg")
@@ -30,13 +31,5 @@ def reliability_png(reliability: list[dict], positive_rate: float, path: str) ->
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
-    data = png.getvalue()
-    if os.path.exists(path):
-        with open(path, "rb") as fh:
-            if fh.read() == data:
-                return path
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
+    fsio.replace_bytes(path, png.getvalue(), only_if_changed=True)
     return path
