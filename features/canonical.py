@@ -29,7 +29,7 @@ CROSS_SEPARATOR = "\x1f"  # joins a cross's values (ASCII unit separator: no val
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 # Why a row is dead-lettered (the first failing check names the reason and the field):
 DEAD_LETTER_REASONS = ("invalid_utf8", "label_unparsable", "null_label", "label_not_0_1", "timestamp_unparsable",
-                       "null_timestamp", "dense_unparsable", "dense_infinite", "dense_out_of_range",
+                       "null_timestamp", "null_user", "order_unparsable", "null_order", "dense_unparsable", "dense_infinite", "dense_out_of_range",
                        "list_item_has_separator")
 
 
@@ -73,6 +73,9 @@ def check_schema(schema: pa.Schema, cfg: Config, source: str) -> dict[str, str]:
     need(cfg.label.column, ("int", "float", "string"), "the label")
     if cfg.input.timestamp:
         need(cfg.input.timestamp, ("int", "float", "string"), "the timestamp")
+    if cfg.split.by == "user":
+        need(cfg.split.user, ("string", "int"), "split.user")
+        need(cfg.split_order, ("int", "float", "string"), "split.order")
     for f in cfg.column_sparse:
         if f.multivalent:
             need(f.column, ("list<string>", "list<int>", "string"), f"multivalent feature {f.name!r}")
@@ -186,6 +189,12 @@ def validate_batch(batch: pa.RecordBatch | pa.Table, cfg: Config) -> tuple[np.nd
         tv, tbad = numeric(batch.column(cfg.input.timestamp))
         flag(tbad, "timestamp_unparsable", cfg.input.timestamp)
         flag(~np.isfinite(tv), "null_timestamp", cfg.input.timestamp)
+    if cfg.split.by == "user":
+        flag(np.asarray(_combined(batch.column(cfg.split.user)).is_null().to_numpy(zero_copy_only=False), dtype=bool),
+             "null_user", cfg.split.user)
+        ov, obad = numeric(batch.column(cfg.split_order))
+        flag(obad, "order_unparsable", cfg.split_order)
+        flag(~np.isfinite(ov), "null_order", cfg.split_order)
     for d in cfg.features.dense:
         v, dbad = numeric(batch.column(d.column))
         flag(dbad, "dense_unparsable", d.column)

@@ -20,7 +20,8 @@ from features.errors import RecpipeError
 
 __all__ = [
     "ConfigError", "VocabSpec", "SparseFeature", "DenseFeature", "FeaturesSpec", "InputSpec",
-    "SplitSpec", "LabelSpec", "ModelSpec", "EarlyStoppingSpec", "TrainSpec", "TuneParam", "TuneSpec", "Config", "load_config", "parse_config",
+    "SplitSpec", "LabelSpec", "ModelSpec", "EarlyStoppingSpec", "TrainSpec", "TuneParam", "TuneSpec",
+    "SliceSpec", "EvaluateSpec", "Config", "load_config", "parse_config", "check_config",
     "config_to_dict", "dump_config", "build_typed", "check_typed", "literal_choices", "read_yaml",
 ]
 
@@ -76,11 +77,18 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class SplitSpec:
-    """Rows by time (timestamp, else row order): the last eval_fraction are eval, touched once at the
-    end; of the rows before them, the last validation_fraction are validation (early stopping, model
-    selection, `recpipe tune`); the rest are train. Vocabularies and statistics come from train only."""
+    """by: time (the default): rows by time (timestamp, else row order): the last eval_fraction are
+    eval, touched once at the end; of the rows before them, the last validation_fraction are validation
+    (early stopping, model selection, `recpipe tune`); the rest are train.
+    by: user (leave-last-out, how retrieval is usually judged): each user's rows with the last value of
+    `order` (a column, else input.timestamp), e.g. their last basket, are eval, if the user has an earlier
+    one; with validation_fraction > 0, the value before it is validation (users with 3+ values); the rest
+    is train (eval_fraction is not used). Vocabularies and statistics come from train only."""
     eval_fraction: float = 0.1
     validation_fraction: float = 0.0
+    by: Literal["time", "user"] = "time"
+    user: Optional[str] = None    # by: user: the column naming the user
+    order: Optional[str] = None   # by: user: the column ordering a user's rows (default: input.timestamp)
     on_empty: Literal["fail", "warn"] = "fail"  # an empty train, validation or eval split fails the preprocess run
 
 
@@ -98,7 +106,9 @@ class ModelSpec:
     deep_layers: list[int] = field(default_factory=lambda: [256, 128])
     bottom_layers: list[int] = field(default_factory=lambda: [64])
     query_features: list[str] = field(default_factory=list)       # retrieval: the query tower's inputs
-    candidate_features: list[str] = field(default_factory=list)   # retrieval: sparse single-valued IDs
+    # retrieval: sparse features; the first is the candidate's ID (single-valued), the others its attributes
+    # (multivalent ones too, e.g. genres), taken from the candidate's first row when candidates are enumerated
+    candidate_features: list[str] = field(default_factory=list)
     tower_layers: list[int] = field(default_factory=lambda: [64, 32])
     # ranking: add a wide (linear) logit to DCN-v2/DLRM's (one weight per ID + a linear term on the dense
     # features, as in Wide & Deep): the memorisation small logs reward
@@ -109,6 +119,9 @@ class ModelSpec:
     # job keeps), so popular items are not over-penalised as negatives (Yi et al., RecSys 2019)
     temperature: Optional[float] = None
     logq_correction: bool = False
+    # retrieval: mixed negatives: this many candidate IDs drawn uniformly each step, beside the in-batch ones
+    # (needs a single candidate feature: drawn IDs have no attribute rows)
+    uniform_negatives: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,6 +186,21 @@ class TuneSpec:
 
 
 @dataclass(frozen=True)
+class SliceSpec:
+    """A slice of `recpipe evaluate`'s metrics: by each value of a single-valued sparse feature (its `top`
+    most frequent in the split, the rest "other"), or by the value's train activity (how often it occurs in
+    train, in power-of-two buckets; needs a vocab), e.g. per user-activity bucket."""
+    feature: str
+    by: Literal["value", "activity"] = "value"
+    top: int = 10
+
+
+@dataclass(frozen=True)
+class EvaluateSpec:
+    slices: list[SliceSpec] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class Config:
     name: str
     features: FeaturesSpec
@@ -182,6 +210,7 @@ class Config:
     model: ModelSpec = field(default_factory=ModelSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
     tune: TuneSpec = field(default_factory=TuneSpec)  # read by `recpipe tune` only
+    evaluate: EvaluateSpec = field(default_factory=EvaluateSpec)  # read by `recpipe evaluate` only
 
     @property
     def sparse_by_name(self) -> dict[str, SparseFeature]:
@@ -202,11 +231,17 @@ class Config:
             return self.sparse_by_name[feature.share_embedding_with]
         return feature
 
+    @property
+    def split_order(self) -> Optional[str]:
+        """The column a user split orders each user's rows by (None for a time split)."""
+        return (self.split.order or self.input.timestamp) if self.split.by == "user" else None
+
     def raw_columns(self) -> list[str]:
-        """Every log column the config reads, label and timestamp included, in a stable order."""
+        """Every log column the config reads, label, timestamp and split columns included, in a stable order."""
         cols = [self.label.column]
-        if self.input.timestamp:
-            cols.append(self.input.timestamp)
+        for c in (self.input.timestamp, self.split.user, self.split_order):
+            if c and c not in cols:
+                cols.append(c)
         for f in [*self.column_sparse, *self.features.dense]:
             if f.column not in cols:
                 cols.append(f.column)
@@ -367,6 +402,17 @@ def _validate(cfg: Config) -> Config:
         raise ConfigError(f"split.eval_fraction: must be between 0 and 1 (exclusive), got {cfg.split.eval_fraction}")
     if not 0 <= cfg.split.validation_fraction < 1:
         raise ConfigError(f"split.validation_fraction: must be in [0, 1), got {cfg.split.validation_fraction}")
+    if cfg.split.by == "user":
+        if cfg.split.user is None:
+            raise ConfigError("split.user: a user split needs the column naming the user")
+        if cfg.split_order is None:
+            raise ConfigError("split.order: a user split needs the column ordering each user's rows (or set "
+                              "input.timestamp)")
+        for key in ("user", "order"):
+            if getattr(cfg.split, key) is not None and not _COLUMN.fullmatch(getattr(cfg.split, key)):
+                raise ConfigError(f"split.{key}: {getattr(cfg.split, key)!r} is not a usable column name")
+    elif cfg.split.user is not None or cfg.split.order is not None:
+        raise ConfigError("split.user: user and order are for a user split (split.by: user)")
     t = cfg.train
     _positive(t.batch_size, "train.batch_size")
     _positive(t.learning_rate, "train.learning_rate")
@@ -393,6 +439,14 @@ def _validate(cfg: Config) -> Config:
             raise ConfigError(f"{path}: need low <= high{' and low > 0 (log scale)' if p.log else ''}, "
                               f"got [{p.low}, {p.high}]")
     _positive(cfg.tune.trials, "tune.trials")
+    for j, sl in enumerate(cfg.evaluate.slices):
+        path = f"evaluate.slices[{j}]"
+        f = sparse.get(sl.feature)
+        if f is None or f.multivalent:
+            raise ConfigError(f"{path}.feature: {sl.feature!r} must be a single-valued sparse feature")
+        if sl.by == "activity" and cfg.table_owner(f).vocab is None:
+            raise ConfigError(f"{path}.by: activity needs train counts: {sl.feature!r} must have a vocab")
+        _positive(sl.top, f"{path}.top")
 
     m = cfg.model
     allowed = {"ranking": ("dcn_v2", "dlrm", "logistic"), "retrieval": ("two_tower",)}[m.task]
@@ -424,23 +478,31 @@ def _validate(cfg: Config) -> Config:
                     raise ConfigError(f"model.{key}[{j}]: no feature named {name!r}")
         for j, name in enumerate(m.candidate_features):
             f = sparse.get(name)
-            if f is None or f.multivalent:
-                raise ConfigError(f"model.candidate_features[{j}]: {name!r} must be a single-valued sparse feature "
-                                  f"(candidates are enumerated by their IDs)")
+            if f is None:
+                raise ConfigError(f"model.candidate_features[{j}]: {name!r} must be a sparse feature")
+            if j == 0 and f.multivalent:
+                raise ConfigError(f"model.candidate_features[0]: {name!r} must be single-valued: the first "
+                                  f"candidate feature is the candidate's ID (list item attributes such as genres "
+                                  f"after it)")
         overlap = sorted(set(m.query_features) & set(m.candidate_features))
         if overlap:
             raise ConfigError(f"model.candidate_features: {overlap} also listed in model.query_features")
         if not m.tower_layers:
             raise ConfigError("model.tower_layers: give at least the output width")
         _positive(m.temperature, "model.temperature")
+        _positive(m.uniform_negatives, "model.uniform_negatives", allow_zero=True)
+        if m.uniform_negatives and len(m.candidate_features) > 1:
+            raise ConfigError(f"model.uniform_negatives: drawn IDs have no attributes: use it with a single candidate "
+                              f"feature (got {m.candidate_features})")
         first = sparse.get(m.candidate_features[0])
         if m.logq_correction and (first is None or cfg.table_owner(first).vocab is None):
             raise ConfigError(f"model.logq_correction: needs candidate frequencies: the first candidate feature "
                               f"({m.candidate_features[0]!r}) must have a vocab (the counts come from it)")
     elif m.query_features or m.candidate_features:
         raise ConfigError("model.query_features: only retrieval models have towers")
-    elif m.temperature is not None or m.logq_correction:
-        raise ConfigError("model.temperature: temperature and logq_correction are for retrieval models")
+    elif m.temperature is not None or m.logq_correction or m.uniform_negatives:
+        raise ConfigError("model.temperature: temperature, logq_correction and uniform_negatives are for retrieval "
+                          "models")
     return cfg
 
 
@@ -488,6 +550,11 @@ def literal_choices(cls: type, name: str) -> tuple:
     if typing.get_origin(tp) in (typing.Union, types.UnionType):  # Optional[Literal[...]]
         tp = next(a for a in typing.get_args(tp) if a is not type(None))
     return typing.get_args(tp) if typing.get_origin(tp) is Literal else ()
+
+
+def check_config(cfg: Config) -> Config:
+    """Validate an already-built (e.g. dataclasses.replace'd) Config as parse_config would."""
+    return _validate(check_typed(cfg))
 
 
 def parse_config(data: Any) -> Config:

@@ -15,6 +15,7 @@ from features.canonical import dense_prenorm, numeric
 from features.config import Config
 
 __all__ = ["ts_histogram", "split_sizes", "split_cutoffs_from_histogram", "split_cutoffs_by_row",
+           "user_keys", "user_last_orders", "merge_last_orders", "user_split_masks",
            "COUNT_SCHEMA", "token_count_tables", "merge_count_tables",
            "select_vocabulary_table", "select_vocabulary", "merge_vocabulary",
            "batch_moments", "moment_stats", "add_moments", "boundaries_from_quantiles", "merge_dense_stats"]
@@ -52,6 +53,54 @@ def split_cutoffs_by_row(total: int, eval_fraction: float, validation_fraction: 
     """The same cutoffs over global row numbers (a log without a timestamp is in time order)."""
     need_fit, need_train = split_sizes(total, eval_fraction, validation_fraction)
     return float(need_fit - 1), float(need_train - 1)
+
+
+# ------------------------------------------------------------------ the per-user (leave-last-out) split
+LAST_ORDERS = 3  # distinct order values kept per user: eval's, validation's, and one to prove train is not empty
+
+
+def user_keys(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A user column as strings (ints and strings alike), the key of the per-user split."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    return arr if pa.types.is_string(arr.type) else pc.cast(arr, pa.string())
+
+
+def user_last_orders(table: pa.Table, user: str, order: str) -> dict[str, list[float]]:
+    """{user: their largest distinct order values in this batch, descending, at most LAST_ORDERS}."""
+    users = user_keys(table.column(user))
+    values = numeric(table.column(order))[0]
+    sort = np.lexsort((-values, np.asarray(users.to_numpy(zero_copy_only=False), dtype=object)))
+    out: dict[str, list[float]] = {}
+    for u, v in zip(np.asarray(users.to_numpy(zero_copy_only=False), dtype=object)[sort].tolist(),
+                    values[sort].tolist()):
+        kept = out.setdefault(u, [])
+        if len(kept) < LAST_ORDERS and (not kept or kept[-1] != v):
+            kept.append(v)
+    return out
+
+
+def merge_last_orders(a: list[float], b: list[float]) -> list[float]:
+    return sorted(set(a) | set(b), reverse=True)[:LAST_ORDERS]
+
+
+def user_split_masks(table: pa.Table, user: str, order: str, last_orders: dict[str, list[float]],
+                     validation: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(is_validation, is_eval) row masks: a row is eval when its order is its user's last and the user
+    has an earlier one; validation (if asked) when it is the one before, and the user has a third."""
+    users = user_keys(table.column(user))
+    values = numeric(table.column(order))[0]
+    distinct = pc.unique(users)
+    inf = np.inf
+    eval_at = np.array([(o[0] if len(o) >= 2 else inf) for o in (last_orders.get(u, []) for u in
+                                                                   distinct.to_pylist())], dtype=np.float64)
+    val_at = np.array([(o[1] if validation and len(o) >= 3 else inf) for o in (last_orders.get(u, []) for u in
+                                                                                 distinct.to_pylist())],
+                      dtype=np.float64)
+    idx = pc.index_in(users, distinct).to_numpy(zero_copy_only=False)
+    is_eval = values >= eval_at[idx]
+    is_validation = (values == val_at[idx]) & ~is_eval
+    return is_validation, is_eval
 
 
 COUNT_SCHEMA = pa.schema([("value", pa.string()), ("count", pa.int64())])

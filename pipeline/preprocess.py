@@ -92,17 +92,21 @@ def load_previous_transform(path: str, cfg: Config, raw_schema: dict[str, str]) 
 def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, str], out: PreprocessedData,
                    previous: TransformArtifact | None = None, previous_path: str | None = None) -> None:
     total = sum(f.num_rows for f in files)
-    split_info = ({"kind": "timestamp", "column": cfg.input.timestamp} if cfg.input.timestamp
-                  else {"kind": "row_order"})
+    if cfg.split.by == "user":
+        split_info = {"kind": "user_last", "user": cfg.split.user, "order": cfg.split_order}
+    elif cfg.input.timestamp:
+        split_info = {"kind": "timestamp", "column": cfg.input.timestamp}
+    else:
+        split_info = {"kind": "row_order"}
     split_info["eval_fraction"] = cfg.split.eval_fraction
     split_info["validation_fraction"] = cfg.split.validation_fraction
 
     files_arg = [(f.path, f.first_row) for f in files]
     columns = cfg.raw_columns()
     # Pass 1: the split cutoffs (reads only what validation and the timestamp need).
-    if cfg.input.timestamp:
-        split_cols = [c for c in columns if c in {cfg.label.column, cfg.input.timestamp,
-                                                  *(d.column for d in cfg.features.dense)}]
+    if cfg.input.timestamp or cfg.split.by == "user":
+        split_cols = [c for c in columns if c in {cfg.label.column, cfg.input.timestamp, cfg.split.user,
+                                                  cfg.split_order, *(d.column for d in cfg.features.dense)}]
         good_for_split = (p | "ReadForSplit" >> ReadClickLogs(files_arg, split_cols)
                           | "ValidateForSplit" >> ValidateRows(cfg, dead_letter=False))
     else:
@@ -206,8 +210,12 @@ def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResul
     wanted = ["eval", "validation"] if cfg.split.validation_fraction > 0 else ["eval"]
     for split in wanted:
         if res.rows(split) == 0:
-            message = (f"the {split} split is empty: no good row is later than its cutoff (constant "
-                       f"{cfg.input.timestamp or 'row order'}?) ({res.summary()})")
+            if cfg.split.by == "user":
+                message = (f"the {split} split is empty: no user has {2 if split == 'eval' else 3} or more distinct "
+                           f"{cfg.split_order} values ({res.summary()})")
+            else:
+                message = (f"the {split} split is empty: no good row is later than its cutoff (constant "
+                           f"{cfg.input.timestamp or 'row order'}?) ({res.summary()})")
             if cfg.split.on_empty == "fail":
                 raise PreprocessError(message + "; set split.on_empty: warn to publish it anyway")
             say(f"preprocess: WARNING: {message}; published because split.on_empty is warn")

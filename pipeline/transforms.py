@@ -28,7 +28,8 @@ from features.preprocessed import SPLITS
 from pipeline.analysis import (COUNT_SCHEMA, add_moments, batch_moments, boundaries_from_quantiles,
                                merge_count_tables, merge_dense_stats, merge_vocabulary, moment_stats,
                                select_vocabulary_table, split_cutoffs_by_row, split_cutoffs_from_histogram,
-                               token_count_tables, ts_histogram)
+                               token_count_tables, ts_histogram, user_last_orders, user_split_masks,
+                               merge_last_orders)
 
 __all__ = ["NAMESPACE", "DEAD_LETTER_SCHEMA", "RawBatch", "ReadClickLogs", "ValidateRows", "SplitCutoffs",
            "SplitRows", "ComputeVocabularies", "ComputeDenseStats", "AssembleArtifact", "PackArtifact",
@@ -206,13 +207,16 @@ class _Split(beam.DoFn):
         self._rows = {s: Metrics.counter(NAMESPACE, f"rows_{s}") for s in SPLITS} if count else None
 
     def process(self, b: RawBatch, cutoffs):
-        if self._cfg.input.timestamp:
-            key = numeric(b.table.column(self._cfg.input.timestamp))[0]
+        cfg = self._cfg
+        if cfg.split.by == "user":  # cutoffs: {user: their last order values}
+            is_validation, is_eval = user_split_masks(b.table, cfg.split.user, cfg.split_order, cutoffs,
+                                                      cfg.split.validation_fraction > 0)
         else:
-            key = b.positions.astype(np.float64)
-        validation_cutoff, eval_cutoff = cutoffs
-        is_eval = key > eval_cutoff
-        is_validation = (key > validation_cutoff) & ~is_eval
+            key = numeric(b.table.column(cfg.input.timestamp))[0] if cfg.input.timestamp else \
+                b.positions.astype(np.float64)
+            validation_cutoff, eval_cutoff = cutoffs
+            is_eval = key > eval_cutoff
+            is_validation = (key > validation_cutoff) & ~is_eval
         for split, mask in (("train", ~(is_eval | is_validation)), ("validation", is_validation), ("eval", is_eval)):
             n = int(mask.sum())
             if n:
@@ -230,6 +234,8 @@ class SplitCutoffs(beam.PTransform):
 
     The key is the timestamp, or the global row number when the config has no timestamp (then the
     cutoffs come from the Parquet footers' row counts and the input PCollection is not read).
+    A user split's "cutoffs" are {user: their last distinct order values} (analysis.user_split_masks),
+    one side-input entry per user.
     """
 
     def __init__(self, cfg: Config, total_rows: int):
@@ -238,6 +244,11 @@ class SplitCutoffs(beam.PTransform):
 
     def expand(self, good):
         cfg = self._cfg
+        if cfg.split.by == "user":
+            return (good
+                    | "LastOrders" >> beam.Map(lambda b, user, order: user_last_orders(b.table, user, order),
+                                               cfg.split.user, cfg.split_order)
+                    | "MergeLastOrders" >> beam.CombineGlobally(_MergeDicts(merge_last_orders)))
         if cfg.input.timestamp:
             return (good
                     | "TsHistogram" >> beam.Map(lambda b, col: ts_histogram(b.table, col), cfg.input.timestamp)

@@ -29,6 +29,8 @@ __all__ = ["baseline_preprocess"]
 def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65_536) -> dict:
     """Analyse + transform + write like `recpipe preprocess`, in one process without Beam; returns
     the row counts (also recorded in the artifact, which makes the folder complete)."""
+    if cfg.split.by != "time":
+        raise ValueError("benchmark baseline: only a time split (split.by: time) is implemented")
     raw_schema, files = inspect_inputs(list_input_files(input_spec), cfg)
     total = sum(f.num_rows for f in files)
 

@@ -24,6 +24,8 @@ __all__ = ["duckdb_preprocess", "check_supported"]
 
 
 def check_supported(cfg: Config) -> None:
+    if cfg.split.by != "time":
+        raise ValueError("duckdb peer: only a time split (split.by: time) is implemented")
     for f in cfg.features.sparse:
         if f.vocab is None or f.multivalent or f.share_embedding_with:
             raise ValueError(f"duckdb peer: feature {f.name!r} is not a single-valued vocabulary feature")
