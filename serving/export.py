@@ -5,7 +5,7 @@ tf.Examples of the same raw columns (features.transform.example_spec; what TF Se
 regress clients send), checked equal on the eval sample at export. Retrieval: `query_embedding`
 returns the query tower's output and `serving_default` the top-K `candidates` (labels) and `scores`
 by brute force over a candidate index stored in the model (every vocabulary value of a single
-vocabulary candidate feature, else every candidate ID tuple seen in the data).
+vocabulary candidate feature, else every candidate seen in the data, one per ID of the first one).
 
 EXPORT_BASE/<version>/ is TF Serving's versioned layout (serving.version). The feature transform (vocabulary tables, hashing, dense normalisation) is the
 same features.transform.FeatureTransform the Beam job ran, embedded in the graph. A version is
@@ -35,7 +35,7 @@ from features.records import read_single_batch
 from features.transform import (FeatureTransform, canonicalize_request, example_spec, examples_from_arrow,
                                 request_from_arrow, request_from_examples, request_spec)
 from serving.version import EXAMPLES_SIGNATURE, TEMP_PREFIX, ExportBase, ExportedVersion, ExportMeta
-from trainers.scoring import candidate_universe
+from trainers.candidates import read_clicks
 from trainers.model_dir import ModelDir
 
 __all__ = ["export_model", "example_request", "skew_check", "examples_check", "differing_features", "SkewError",
@@ -65,25 +65,32 @@ def _ranking_module(artifact: TransformArtifact, model: tf.keras.Model) -> tuple
                     EXAMPLES_SIGNATURE: predict_examples.get_concrete_function()}
 
 
-def _candidate_index(cfg, artifact: TransformArtifact, data_dir: str) -> tuple[np.ndarray, list[str]]:
-    """Candidate ID tuples [U, n] and their labels: vocabulary values for a single vocabulary feature
-    (every known value), else the ID tuples seen in the data, joined with '|'."""
+def _candidate_index(cfg, artifact: TransformArtifact, model: tf.keras.Model, data_dir: str
+                     ) -> tuple[np.ndarray, list[str]]:
+    """Candidate embeddings [U, d] and their labels: every vocabulary value of a single vocabulary
+    candidate feature; else every candidate seen in the data, one per ID of the first candidate feature
+    (its other features, multivalent ones too, from its first row), labelled by that ID's value."""
     names = list(cfg.model.candidate_features)
     owner = cfg.table_owner(cfg.sparse_by_name[names[0]])
     if len(names) == 1 and owner.vocab is not None:
         values = artifact.vocabularies[owner.name]
-        return np.arange(len(values), dtype=np.int64)[:, None], list(values)
-    ids = candidate_universe(cfg, data_dir)
-    return ids, ["|".join(str(x) for x in row) for row in ids.tolist()]
+        ids = np.arange(len(values), dtype=np.int64)
+        emb = np.concatenate([model.candidate_embedding({names[0]: tf.constant(ids[i:i + 8192])}).numpy()
+                              for i in range(0, len(ids), 8192)])
+        return emb, list(values)
+    candidates, _ = read_clicks(cfg, data_dir, ("train", "validation", "eval"))
+    multivalent = {n for n in names if cfg.sparse_by_name[n].multivalent}
+    emb = np.concatenate([model.candidate_embedding(candidates.batch(i, i + 8192, multivalent)).numpy()
+                          for i in range(0, len(candidates.ids), 8192)])
+    vocab = artifact.vocabularies.get(owner.name) if owner.vocab is not None else None
+    labels = [vocab[i] if vocab is not None and i < len(vocab) else str(i) for i in candidates.ids.tolist()]
+    return emb, labels
 
 
 def _retrieval_module(cfg, artifact: TransformArtifact, model: tf.keras.Model, data_dir: str,
                       top_k: int) -> tuple[tf.Module, dict]:
     """cfg: the TRAINING config (its model section names the towers' features)."""
-    ids, labels = _candidate_index(cfg, artifact, data_dir)
-    names = list(cfg.model.candidate_features)
-    emb = np.concatenate([model.candidate_embedding({n: tf.constant(ids[i:i + 8192, j]) for j, n in enumerate(names)})
-                          .numpy() for i in range(0, len(ids), 8192)])
+    emb, labels = _candidate_index(cfg, artifact, model, data_dir)
     module = tf.Module()
     module.transform = FeatureTransform(artifact)
     module.model = model

@@ -4,29 +4,40 @@ from __future__ import annotations
 import os
 
 from features import fsio
+from features.config import SliceSpec
 from features.preprocessed import PreprocessedData
 from trainers.errors import TrainError
 from trainers.model_dir import ModelDir, check_data_matches, load_trained
-from trainers.plots import reliability_png
-from trainers.scoring import baselines, score
+from trainers.plots import reliability_png, slices_png
+from trainers.scoring import Slicing, baselines, score
+from trainers.slices import check_slices
 
 __all__ = ["evaluate"]
 
 
-def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_size: int = 4096) -> dict:
+def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_size: int = 4096,
+             slices: list[SliceSpec] | None = None) -> dict:
     """Eval-split metrics: auc, logloss, examples, positive_rate, calibration (mean prediction ÷
     observed rate) and a reliability table (ranking), or recall/ndcg/mrr at 10, 50 and 100, examples
     and candidates (retrieval, against every candidate in the data); `baselines` holds the trivial
     models' scores on the same split (constant click rate; most popular candidates). The model's best
-    checkpoint on the validation split is the one evaluated, when training kept one."""
+    checkpoint on the validation split is the one evaluated, when training kept one. With the config's
+    evaluate.slices, `slices` holds the AUC (ranking) or recall@10 (retrieval) per slice, and
+    MODEL_DIR/slices.png their bars; `slices` replaces the config's."""
     cfg, _, model = load_trained(model_dir)
     artifact = check_data_matches(cfg, PreprocessedData(data_dir), f"the model in {model_dir}")
     if artifact.row_counts.get("eval") == 0:
         raise TrainError(f"{data_dir}: the eval split is empty (nothing to evaluate on)")
-    metrics = score(cfg, model, data_dir, "eval", batch_size)
+    if slices is not None:  # instead of the config's evaluate.slices, checked as they would be there
+        cfg = check_slices(cfg, slices)
+    slicing = Slicing(tuple(cfg.evaluate.slices), artifact) if cfg.evaluate.slices else None
+    metrics = score(cfg, model, data_dir, "eval", batch_size, slices=slicing)
     metrics["baselines"] = baselines(cfg, data_dir, "eval")  # every number with its reference beside it
     if "reliability" in metrics:
         reliability_png(metrics["reliability"], metrics["positive_rate"], ModelDir(model_dir).reliability_png)
+    if "slices" in metrics:
+        slices_png(metrics["slices"], "auc" if cfg.model.task != "retrieval" else "recall_at_10",
+                   ModelDir(model_dir).slices_png)
     if out_path:
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         fsio.write_json(out_path, metrics, sort_keys=False, only_if_changed=True)  # reruns leave it untouched

@@ -9,6 +9,7 @@
     ROOT/best/weights.*     the model weights of the best checkpoint on validation: what evaluate, export
                             and warm start read when present (else the latest checkpoint)
     ROOT/reliability.png    the eval split's reliability curve, written by `recpipe evaluate` (ranking)
+    ROOT/slices.png         the eval metric per slice (config evaluate.slices), written by `recpipe evaluate`
 """
 from __future__ import annotations
 
@@ -88,6 +89,7 @@ class ModelDir:
     validation_path = fsio.SubPath("validation.json")
     best_prefix = fsio.SubPath("best", "weights")
     reliability_png = fsio.SubPath("reliability.png")  # written by `recpipe evaluate` (ranking)
+    slices_png = fsio.SubPath("slices.png")  # written by `recpipe evaluate` (config evaluate.slices)
 
     # ------------------------------------------------------------ contents
     def has_config(self) -> bool:

@@ -144,9 +144,13 @@ class RetrievalModel(_Model):
 
     def __init__(self, embeddings: SparseEmbeddings, query_features: list, candidate_features: list,
                  tower_layers: list, grad_accum_steps: int = 1, temperature: Optional[float] = None,
-                 candidate_log_q: Optional[np.ndarray] = None, **kwargs):
+                 candidate_log_q: Optional[np.ndarray] = None, uniform_negatives: int = 0,
+                 candidate_ids: int = 0, **kwargs):
         super().__init__(grad_accum_steps=grad_accum_steps, **kwargs)
         self.temperature = temperature
+        # mixed negatives (Yang et al., WWW 2020): besides the in-batch candidates, `uniform_negatives` IDs
+        # drawn uniformly from [0, candidate_ids) (the first candidate feature's known IDs) each step
+        self.uniform_negatives, self.candidate_ids = int(uniform_negatives), int(candidate_ids)
         # log sampling probability per ID of the first candidate feature (logQ correction); a constant
         # of the training run, built from the artifact, kept out of checkpoints and the Keras config
         object.__setattr__(self, "_log_q", None if candidate_log_q is None else
@@ -158,7 +162,9 @@ class RetrievalModel(_Model):
         self.query_tower = [*mlp(widths[:-1], "query"), tf.keras.layers.Dense(widths[-1], name="query_out")]
         self.candidate_tower = [*mlp(widths[:-1], "candidate"),
                                 tf.keras.layers.Dense(widths[-1], name="candidate_out")]
-        self.task = tfrs.tasks.Retrieval(temperature=temperature)  # SUM of softmax CE; divided by the positives
+        # SUM of softmax CE (divided by the positives); a row of the same candidate elsewhere in the batch
+        # (a popular item bought twice) is not scored as its negative
+        self.task = tfrs.tasks.Retrieval(temperature=temperature, remove_accidental_hits=True)
 
     def _encode(self, features: dict, embedded: dict, names: list[str], tower: list) -> tf.Tensor:
         parts = [embedded[n] if n in embedded else tf.cast(features[n], self.compute_dtype)[:, None] for n in names]
@@ -181,18 +187,28 @@ class RetrievalModel(_Model):
     def compute_loss(self, features: dict, training: bool = False) -> tf.Tensor:
         query, candidate = self(features, training=training)
         weight = tf.cast(features[LABEL_KEY], tf.float32)
+        ids = features[self.candidate_features[0]]
         probability = None
         if self._log_q is not None:
-            ids = tf.minimum(features[self.candidate_features[0]], tf.shape(self._log_q, out_type=tf.int64)[0] - 1)
-            probability = tf.exp(tf.gather(self._log_q, ids))
+            # expected times each candidate is drawn as a negative: B * P(id) in the batch (N / IDs uniformly)
+            clipped = tf.minimum(ids, tf.shape(self._log_q, out_type=tf.int64)[0] - 1)
+            probability = tf.cast(tf.shape(ids)[0], tf.float32) * tf.exp(tf.gather(self._log_q, clipped))
+        if self.uniform_negatives and training:
+            drawn = tf.random.uniform([self.uniform_negatives], 0, self.candidate_ids, dtype=tf.int64)
+            candidate = tf.concat([candidate, self.candidate_embedding({self.candidate_features[0]: drawn})], 0)
+            ids = tf.concat([ids, drawn], 0)
+            if probability is not None:
+                probability = tf.concat([probability, tf.fill([self.uniform_negatives],
+                                                              self.uniform_negatives / self.candidate_ids)], 0)
         total = self.task(query, candidate, sample_weight=weight, candidate_sampling_probability=probability,
-                          compute_metrics=False)
+                          candidate_ids=ids, compute_metrics=False)
         return total / tf.maximum(tf.reduce_sum(weight), 1.0)
 
     def get_config(self):
         return {"embeddings": tf.keras.layers.serialize(self.embeddings), "query_features": self.query_features,
                 "candidate_features": self.candidate_features, "tower_layers": self.tower_layers,
-                "grad_accum_steps": self.grad_accum_steps, "temperature": self.temperature, "name": self.name}
+                "grad_accum_steps": self.grad_accum_steps, "temperature": self.temperature,
+                "uniform_negatives": self.uniform_negatives, "candidate_ids": self.candidate_ids, "name": self.name}
 
     @classmethod
     def from_config(cls, config):
@@ -231,6 +247,7 @@ def build_model(cfg: Config, artifact: TransformArtifact) -> tf.keras.Model:
                               m.query_features, m.candidate_features, m.tower_layers,
                               grad_accum_steps=t.grad_accum_steps, temperature=m.temperature,
                               candidate_log_q=candidate_log_q(cfg, artifact) if m.logq_correction else None,
+                              uniform_negatives=m.uniform_negatives, candidate_ids=known_ids(cfg, artifact),
                               name="two_tower_retrieval")
     return RankingModel(embedding_layer(cfg, artifact), _interaction(cfg),
                         deep_layers=[] if m.type == "logistic" else m.deep_layers,
@@ -238,6 +255,15 @@ def build_model(cfg: Config, artifact: TransformArtifact) -> tf.keras.Model:
                         grad_accum_steps=t.grad_accum_steps,
                         wide=embedding_layer(cfg, artifact, one_wide=True, name="wide") if m.wide else None,
                         dropout=m.dropout, embedding_l2=cfg.train.embedding_l2, name=f"{m.type}_ranking")
+
+
+def known_ids(cfg: Config, artifact: TransformArtifact) -> int:
+    """How many IDs of the first candidate feature stand for known values: its vocabulary (not the
+    OOV buckets), or every hash bucket."""
+    owner = cfg.table_owner(cfg.sparse_by_name[cfg.model.candidate_features[0]])
+    if owner.vocab is not None:
+        return max(len(artifact.vocabularies.get(owner.name, [])), 1)
+    return artifact.table_sizes()[owner.name]
 
 
 def candidate_log_q(cfg: Config, artifact: TransformArtifact) -> np.ndarray:

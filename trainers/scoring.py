@@ -5,85 +5,135 @@ checkpoint while training (trainers.validation). Both read through here, so they
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+import scipy.sparse as sp
 import tensorflow as tf
 
 from features.canonical import LABEL_KEY
-from features.config import Config
+from features.artifact import TransformArtifact
+from features.config import Config, SliceSpec
+from trainers.candidates import Clicks, query_key_feature, ranks, read_clicks
 from trainers.data import make_dataset
 from trainers.errors import TrainError
-from trainers.metrics import log_loss, mrr_at_k, ndcg_at_k, rank_of_true, recall_at_k, reliability_table, roc_auc
+from trainers.slices import ranking_slices, retrieval_slices, slice_labels, slice_name
+from trainers.metrics import log_loss, mrr_at_k, ndcg_at_k, recall_at_k, reliability_table, roc_auc
 
-__all__ = ["score", "ranking_scores", "retrieval_scores", "candidate_universe", "baselines", "HIGHER_IS_BETTER"]
+__all__ = ["score", "Slicing", "ranking_scores", "retrieval_scores", "baselines", "HIGHER_IS_BETTER"]
 
 # which way each selectable metric improves
 HIGHER_IS_BETTER = {"auc": True, "logloss": False, "recall_at_10": True, "ndcg_at_10": True}
 
 
-def score(cfg: Config, model: tf.keras.Model, data_dir: str, split: str, batch_size: int = 4096) -> dict:
+def score(cfg: Config, model: tf.keras.Model, data_dir: str, split: str, batch_size: int = 4096,
+          slices: Slicing | None = None) -> dict:
+    """The split's metrics; with `slices`, also per slice (trainers.slices) under "slices"."""
     if cfg.model.task == "retrieval":
         # candidates: those seen up to and including the scored split (eval also sees validation's)
         seen = ("train", "validation", "eval") if split == "eval" else ("train", split)
-        return retrieval_scores(cfg, model, data_dir, split, batch_size, candidate_splits=seen)
-    return ranking_scores(cfg, model, data_dir, split, batch_size)
+        return retrieval_scores(cfg, model, data_dir, split, batch_size, candidate_splits=seen, slices=slices)
+    return ranking_scores(cfg, model, data_dir, split, batch_size, slices=slices)
 
 
-def ranking_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: str, batch_size: int = 4096) -> dict:
+@dataclass(frozen=True)
+class Slicing:
+    specs: tuple[SliceSpec, ...]
+    artifact: TransformArtifact
+
+    def features(self) -> list[str]:
+        return list(dict.fromkeys(s.feature for s in self.specs))
+
+    def table(self, cfg: Config, kept: dict[str, list[np.ndarray]], per_slice) -> dict:
+        return {slice_name(s): per_slice(slice_labels(cfg, self.artifact, s, np.concatenate(kept[s.feature])))
+                for s in self.specs}
+
+
+def ranking_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: str, batch_size: int = 4096,
+                   slices: Slicing | None = None) -> dict:
     predict = tf.function(lambda b: tf.sigmoid(model(b))[:, 0], reduce_retracing=True)
     labels, probs = [], []
+    kept: dict[str, list] = {f: [] for f in (slices.features() if slices else [])}
     for batch in make_dataset(cfg, data_dir, split, batch_size, training=False):
         labels.append(batch[LABEL_KEY].numpy())
         probs.append(predict(batch).numpy())
+        for f in kept:
+            kept[f].append(batch[f].numpy())
     if not labels:
         raise TrainError(f"{data_dir}/{split}: the {split} split is empty (nothing to score)")
     y, p = np.concatenate(labels), np.concatenate(probs)
     if not np.isfinite(p).all():
         raise TrainError(f"{data_dir}/{split}: the model predicts NaN/inf for {int((~np.isfinite(p)).sum())} rows")
     positive_rate = float(y.mean())
-    return {"auc": roc_auc(y, p), "logloss": log_loss(y, p), "examples": int(len(y)), "positive_rate": positive_rate,
-            # mean prediction / observed rate: 1 when calibrated on average
-            "calibration": float(p.mean()) / positive_rate if positive_rate > 0 else float("nan"),
-            "reliability": reliability_table(y, p)}
+    out = {"auc": roc_auc(y, p), "logloss": log_loss(y, p), "examples": int(len(y)), "positive_rate": positive_rate,
+           # mean prediction / observed rate: 1 when calibrated on average
+           "calibration": float(p.mean()) / positive_rate if positive_rate > 0 else float("nan"),
+           "reliability": reliability_table(y, p)}
+    if slices:
+        out["slices"] = slices.table(cfg, kept, lambda labels: ranking_slices(labels, y, p))
+    return out
 
 
-def _candidate_ids(batch: dict, names: list[str]) -> np.ndarray:
-    return np.stack([batch[n].numpy() for n in names], axis=1)
+def _history(split: str) -> tuple[str, ...]:
+    """The splits before `split`: what a query has already clicked when `split` is scored."""
+    return ("train", "validation") if split == "eval" else ("train",)
 
 
-def candidate_universe(cfg: Config, data_dir: str, batch_size: int = 4096,
-                       splits: tuple[str, ...] = ("train", "validation", "eval")) -> np.ndarray:
-    """Every distinct candidate ID tuple in the given splits, [U, len(candidate_features)]."""
-    from features.preprocessed import PreprocessedData
-    names = list(cfg.model.candidate_features)
-    data = PreprocessedData(data_dir)
-    seen = [_candidate_ids(b, names) for split in splits if data.shard_files(split)
-            for b in make_dataset(cfg, data_dir, split, batch_size, training=False)]
-    return np.unique(np.concatenate(seen), axis=0)
+def _chunks(n: int, size: int):
+    for i in range(0, n, size):
+        yield slice(i, min(i + size, n))
 
 
 def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: str, batch_size: int = 4096,
                      ks: tuple[int, ...] = (10, 50, 100),
-                     candidate_splits: tuple[str, ...] = ("train", "validation", "eval")) -> dict:
-    """Brute force: score each clicked row's query against ALL candidates seen in `candidate_splits`."""
-    names = list(cfg.model.candidate_features)
-    universe = candidate_universe(cfg, data_dir, batch_size, candidate_splits)
-    index = {tuple(row): i for i, row in enumerate(universe.tolist())}
+                     candidate_splits: tuple[str, ...] = ("train", "validation", "eval"),
+                     slices: Slicing | None = None) -> dict:
+    """Brute force: score each clicked row's query against ALL candidates seen in `candidate_splits`;
+    with a query key (trainers.candidates), also `seen_excluded`: only candidates new to the query
+    (not clicked in the splits before this one) recommended, scored on the rows that clicked a new one."""
+    candidates, clicks = read_clicks(cfg, data_dir, tuple(dict.fromkeys((*candidate_splits, *_history(split)))))
+    multivalent = {n for n in cfg.model.candidate_features if cfg.sparse_by_name[n].multivalent}
     cand_fn = tf.function(model.candidate_embedding, reduce_retracing=True)
     query_fn = tf.function(model.query_embedding, reduce_retracing=True)
-    cand = np.concatenate([cand_fn({n: tf.constant(universe[i:i + batch_size, j]) for j, n in enumerate(names)}).numpy()
-                           for i in range(0, len(universe), batch_size)])
-    ranks = []
+    cand = np.concatenate([cand_fn(candidates.batch(c.start, c.stop, multivalent)).numpy()
+                           for c in _chunks(len(candidates.ids), batch_size)])
+    seen = _seen(clicks, split)
+    first, key = cfg.model.candidate_features[0], query_key_feature(cfg)
+    plain, excluded = [], []
+    kept: dict[str, list] = {f: [] for f in (slices.features() if slices else [])}
     for batch in make_dataset(cfg, data_dir, split, batch_size, training=False):
         clicked = batch[LABEL_KEY].numpy() > 0.5
         if not clicked.any():
             continue
-        queries = query_fn(batch).numpy()[clicked]
-        truth = np.array([index[tuple(r)] for r in _candidate_ids(batch, names)[clicked].tolist()])
-        ranks.append(rank_of_true(queries @ cand.T, truth))
-    if not ranks:
+        for f in kept:
+            kept[f].append(batch[f].numpy()[clicked])
+        scores = query_fn(batch).numpy()[clicked] @ cand.T
+        truth = candidates.index_of(batch[first].numpy()[clicked])
+        plain.append(ranks(scores, truth))
+        if seen is not None:
+            excluded.append(ranks(scores, truth, seen, batch[key].numpy()[clicked]))
+    if not plain:
         raise TrainError(f"{data_dir}/{split}: no clicked rows to score retrieval on")
-    r = np.concatenate(ranks)
-    return {**_rank_metrics(r, ks), "examples": int(len(r)), "candidates": int(len(universe))}
+    out = {**_rank_metrics(np.concatenate(plain), ks), "examples": int(sum(map(len, plain))),
+           "candidates": int(len(candidates.ids))}
+    if seen is not None:
+        r = np.concatenate(excluded)
+        out["seen_excluded"] = {**_rank_metrics(r, ks), "examples": int(len(r))}
+    if slices:
+        all_ranks = np.concatenate(plain)
+        out["slices"] = slices.table(cfg, kept, lambda labels: retrieval_slices(labels, all_ranks))
+    return out
+
+
+def _seen(clicks: dict[str, Clicks], split: str) -> sp.csr_matrix | None:
+    """query x candidate: what each query clicked in the splits before `split` (None: no query key)."""
+    history = [clicks[s] for s in _history(split) if s in clicks]
+    if not history or history[0].query is None:
+        return None
+    merged = Clicks(np.concatenate([c.candidate for c in history]), np.concatenate([c.query for c in history]))
+    n_queries = int(max([0, *(int(c.query.max()) + 1 for c in clicks.values() if len(c.query))]))
+    n_candidates = int(max([0, *(int(c.candidate.max()) + 1 for c in clicks.values() if len(c.candidate))]))
+    return merged.matrix(n_queries, n_candidates)
 
 
 def _rank_metrics(ranks: np.ndarray, ks: tuple[int, ...]) -> dict:
@@ -94,35 +144,51 @@ def _rank_metrics(ranks: np.ndarray, ks: tuple[int, ...]) -> dict:
     return out
 
 
-def _popularity_ranks(popularity: np.ndarray, truth: np.ndarray) -> np.ndarray:
-    """0-based rank of each true candidate when every candidate is scored by its popularity (ties
-    count against it, as rank_of_true)."""
-    ordered = np.sort(popularity)
-    v = popularity[truth]
-    above = len(ordered) - np.searchsorted(ordered, v, side="right")
-    ties = np.searchsorted(ordered, v, side="right") - np.searchsorted(ordered, v, side="left")
-    return above + ties - 1
+def _scored(score_rows, clicks: Clicks, seen: sp.csr_matrix | None, ks: tuple[int, ...], chunk: int = 1024) -> dict:
+    """Rank metrics of a scorer (rows of query keys -> [n, candidates] scores) on `clicks`, plain and,
+    with `seen`, with each query's already-clicked candidates removed."""
+    plain, excluded = [], []
+    for c in _chunks(len(clicks.candidate), chunk):
+        queries = clicks.query[c] if clicks.query is not None else None
+        scores = score_rows(queries, c.stop - c.start)
+        plain.append(ranks(scores, clicks.candidate[c]))
+        if seen is not None:
+            excluded.append(ranks(scores, clicks.candidate[c], seen, queries))
+    out = _rank_metrics(np.concatenate(plain), ks) if plain else {}
+    if seen is not None and excluded:
+        r = np.concatenate(excluded)
+        out["seen_excluded"] = {**_rank_metrics(r, ks), "examples": int(len(r))}
+    return out
 
 
 def baselines(cfg: Config, data_dir: str, split: str = "eval", batch_size: int = 65_536,
               ks: tuple[int, ...] = (10, 50, 100)) -> dict:
     """The trivial models' scores on `split`, learned from the train split, to print beside a model's:
     ranking: the constant prediction of train's click rate (AUC 0.5 by construction; its logloss is
-    the reference); retrieval: most-popular candidates (clicks in train)."""
-    train = list(make_dataset(cfg, data_dir, "train", batch_size, training=False))
+    the reference); retrieval: most-popular candidates (clicks in train) and, with a query key,
+    co-occurrence ("bought together": candidates scored by how many train queries clicked both them
+    and one of this query's train candidates; popularity breaks ties), each also with the query's
+    already-clicked candidates removed (`seen_excluded`)."""
     if cfg.model.task != "retrieval":
+        train = list(make_dataset(cfg, data_dir, "train", batch_size, training=False))
         rate = float(np.concatenate([b[LABEL_KEY].numpy() for b in train]).mean())
         y = np.concatenate([b[LABEL_KEY].numpy() for b in make_dataset(cfg, data_dir, split, batch_size,
                                                                          training=False)])
         return {"constant_rate": {"prediction": rate, "auc": 0.5, "logloss": log_loss(y, np.full(len(y), rate))}}
-    names = list(cfg.model.candidate_features)
-    seen = ("train", "validation", "eval") if split == "eval" else ("train", split)
-    universe = candidate_universe(cfg, data_dir, batch_size, seen)
-    index = {tuple(row): i for i, row in enumerate(universe.tolist())}
-    popularity = np.zeros(len(universe))
-    for b in train:
-        clicked = b[LABEL_KEY].numpy() > 0.5
-        np.add.at(popularity, [index[tuple(r)] for r in _candidate_ids(b, names)[clicked].tolist()], 1.0)
-    truth = [index[tuple(r)] for b in make_dataset(cfg, data_dir, split, batch_size, training=False)
-             for r in _candidate_ids(b, names)[b[LABEL_KEY].numpy() > 0.5].tolist()]
-    return {"most_popular": _rank_metrics(_popularity_ranks(popularity, np.asarray(truth, dtype=np.int64)), ks)}
+    splits = ("train", "validation", "eval") if split == "eval" else ("train", split)
+    candidates, clicks = read_clicks(cfg, data_dir, splits, batch_size)
+    n = len(candidates.ids)
+    popularity = np.bincount(clicks["train"].candidate, minlength=n).astype(np.float64)
+    seen = _seen(clicks, split)
+    out = {"most_popular": _scored(lambda q, rows: np.broadcast_to(popularity, (rows, n)), clicks[split], seen, ks)}
+    if clicks["train"].query is not None:
+        n_queries = seen.shape[0]
+        user_item = clicks["train"].matrix(n_queries, n)
+        together = (user_item.T @ user_item).tocsr()
+        together.setdiag(0)
+        tie = popularity / (popularity.max() + 1.0)  # < 1: orders only candidates of equal co-occurrence
+
+        def cooccurrence(q, rows):
+            return (user_item[q] @ together).toarray() + tie
+        out["cooccurrence"] = _scored(cooccurrence, clicks[split], seen, ks)
+    return out

