@@ -42,7 +42,7 @@ def _with(mutate):
     (lambda d: d["model"].update(type="two_tower"), "model.type: 'two_tower' is not a ranking model"),
     (lambda d: d["model"].update(task="retrieval", type="two_tower"), "model.query_features: retrieval needs"),
     (lambda d: d["model"].update(task="retrieval", type="two_tower", query_features=["user_id"],
-                                 candidate_features=["hist"]), "model.candidate_features[0]: 'hist' must be a single"),
+                                 candidate_features=["hist"]), "model.candidate_features[0]: 'hist' must be single-valued"),
     (lambda d: d["model"].update(task="retrieval", type="two_tower", query_features=["user_id", "item_id"],
                                  candidate_features=["item_id"]), "also listed in model.query_features"),
     (lambda d: d["model"].update(query_features=["user_id"]), "model.query_features: only retrieval models"),
