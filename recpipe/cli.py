@@ -26,7 +26,8 @@ from trainers.options import RunOptions
 
 __all__ = ["main", "build_parser", "quiet_startup"]
 
-NO_TENSORFLOW = ("generate", "criteo-to-parquet", "instacart-to-parquet", "cluster")  # (and `daily ready`, the sensor's probe)
+# commands that never import TensorFlow (and `daily ready`, the sensor's probe)
+NO_TENSORFLOW = ("generate", "criteo-to-parquet", "instacart-to-parquet", "movielens-to-parquet", "cluster")
 
 
 def _say(msg: str) -> None:
@@ -98,6 +99,11 @@ def cmd_criteo(a) -> None:
 def cmd_instacart(a) -> None:
     from pipeline.instacart import instacart_to_parquet
     instacart_to_parquet(a.out, a.cache, say=_say)
+
+
+def cmd_movielens(a) -> None:
+    from pipeline.movielens import movielens_to_parquet
+    movielens_to_parquet(a.out, a.cache, say=_say)
 
 
 def cmd_preprocess(a, extra: list[str]) -> None:
@@ -260,6 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
     ic.add_argument("--out", required=True)
     ic.add_argument("--cache", default=None, help="download cache (default: $RECPIPE_DATA_CACHE or ~/.cache/recpipe)")
     ic.set_defaults(fn=cmd_instacart)
+
+    ml = sub.add_parser("movielens-to-parquet", help="fetch the real MovieLens-100K ratings (shipped in the "
+                                                     "recbole==1.2.1 wheel, SHA-256 pinned) into a cache and write "
+                                                     "them with user and movie attributes as a Parquet log")
+    ml.add_argument("--out", required=True)
+    ml.add_argument("--cache", default=None, help="download cache (default: $RECPIPE_DATA_CACHE or ~/.cache/recpipe)")
+    ml.set_defaults(fn=cmd_movielens)
 
     pp = sub.add_parser("preprocess", help="Beam job: click logs -> transform artifact + training shards",
                         epilog="Other options go to Beam (an option Beam does not know is an error), e.g. "

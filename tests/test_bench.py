@@ -37,8 +37,13 @@ def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):
     # quality margins may be negative (100 quick steps); every other ratio is a positive measurement
     assert all(v > 0 for k, v in ratios.items() if not k.startswith("quality_")), ratios
     quality = json.loads((out / "quality.json").read_text())
-    assert set(quality["criteo"]) == {"default", "logistic", "sklearn_logistic"}
-    assert quality["criteo"]["sklearn_logistic"]["auc_mean"] > 0.65  # a real baseline, C chosen on validation
+    assert set(quality["ranking"]) == {"criteo", "movielens"}
+    assert set(quality["ranking"]["criteo"]) == {"default", "logistic", "sklearn_logistic"}
+    assert quality["ranking"]["criteo"]["sklearn_logistic"]["auc_mean"] > 0.65  # real, C chosen on validation
+    assert quality["ranking"]["movielens"]["sklearn_logistic"]["auc_mean"] > 0.65
+    insta = quality["retrieval"]["instacart"]  # the real Instacart sample, each user's last order
+    assert insta["examples"] == 6493 and 0.05 < insta["most_popular"]["recall_at_10"] < 0.1
+    assert quality["retrieval"]["movielens_retrieval"]["candidates"] > 1000
     if CLUSTER:
         _check_cluster(out, tmp_path)
     train = json.loads((out / "train.json").read_text())

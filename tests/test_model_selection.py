@@ -245,7 +245,8 @@ def test_retrieval_options_are_checked():
     from features.config import ConfigError, parse_config
     d = small_config_dict()
     d["model"]["temperature"] = 0.5
-    with pytest.raises(ConfigError, match="model.temperature: temperature, logq_correction and uniform_negatives are for retrieval"):
+    with pytest.raises(ConfigError, match="model.temperature: temperature, logq_correction, uniform_negatives and "
+                                          "remove_accidental_hits are for retrieval"):
         parse_config(d)
     d["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["item_id"],
                   "candidate_features": ["user_id"], "logq_correction": True}

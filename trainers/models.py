@@ -145,7 +145,7 @@ class RetrievalModel(_Model):
     def __init__(self, embeddings: SparseEmbeddings, query_features: list, candidate_features: list,
                  tower_layers: list, grad_accum_steps: int = 1, temperature: Optional[float] = None,
                  candidate_log_q: Optional[np.ndarray] = None, uniform_negatives: int = 0,
-                 candidate_ids: int = 0, **kwargs):
+                 candidate_ids: int = 0, remove_accidental_hits: bool = False, **kwargs):
         super().__init__(grad_accum_steps=grad_accum_steps, **kwargs)
         self.temperature = temperature
         # mixed negatives (Yang et al., WWW 2020): besides the in-batch candidates, `uniform_negatives` IDs
@@ -162,9 +162,10 @@ class RetrievalModel(_Model):
         self.query_tower = [*mlp(widths[:-1], "query"), tf.keras.layers.Dense(widths[-1], name="query_out")]
         self.candidate_tower = [*mlp(widths[:-1], "candidate"),
                                 tf.keras.layers.Dense(widths[-1], name="candidate_out")]
-        # SUM of softmax CE (divided by the positives); a row of the same candidate elsewhere in the batch
-        # (a popular item bought twice) is not scored as its negative
-        self.task = tfrs.tasks.Retrieval(temperature=temperature, remove_accidental_hits=True)
+        # SUM of softmax CE (divided by the positives); with remove_accidental_hits, a row of the same candidate
+        # elsewhere in the batch (a popular item bought twice) is not scored as its negative
+        self.remove_accidental_hits = bool(remove_accidental_hits)
+        self.task = tfrs.tasks.Retrieval(temperature=temperature, remove_accidental_hits=self.remove_accidental_hits)
 
     def _encode(self, features: dict, embedded: dict, names: list[str], tower: list) -> tf.Tensor:
         parts = [embedded[n] if n in embedded else tf.cast(features[n], self.compute_dtype)[:, None] for n in names]
@@ -201,14 +202,15 @@ class RetrievalModel(_Model):
                 probability = tf.concat([probability, tf.fill([self.uniform_negatives],
                                                               self.uniform_negatives / self.candidate_ids)], 0)
         total = self.task(query, candidate, sample_weight=weight, candidate_sampling_probability=probability,
-                          candidate_ids=ids, compute_metrics=False)
+                          candidate_ids=ids if self.remove_accidental_hits else None, compute_metrics=False)
         return total / tf.maximum(tf.reduce_sum(weight), 1.0)
 
     def get_config(self):
         return {"embeddings": tf.keras.layers.serialize(self.embeddings), "query_features": self.query_features,
                 "candidate_features": self.candidate_features, "tower_layers": self.tower_layers,
                 "grad_accum_steps": self.grad_accum_steps, "temperature": self.temperature,
-                "uniform_negatives": self.uniform_negatives, "candidate_ids": self.candidate_ids, "name": self.name}
+                "uniform_negatives": self.uniform_negatives, "candidate_ids": self.candidate_ids,
+                "remove_accidental_hits": self.remove_accidental_hits, "name": self.name}
 
     @classmethod
     def from_config(cls, config):
@@ -248,6 +250,7 @@ def build_model(cfg: Config, artifact: TransformArtifact) -> tf.keras.Model:
                               grad_accum_steps=t.grad_accum_steps, temperature=m.temperature,
                               candidate_log_q=candidate_log_q(cfg, artifact) if m.logq_correction else None,
                               uniform_negatives=m.uniform_negatives, candidate_ids=known_ids(cfg, artifact),
+                              remove_accidental_hits=m.remove_accidental_hits,
                               name="two_tower_retrieval")
     return RankingModel(embedding_layer(cfg, artifact), _interaction(cfg),
                         deep_layers=[] if m.type == "logistic" else m.deep_layers,

@@ -1,11 +1,21 @@
-"""`recpipe bench quality`: does the shipped ranking default beat the baselines a modeller would try
-first, on the real Criteo sample, by more than the run-to-run spread?
+"""`recpipe bench quality`: do the shipped defaults beat the baselines a modeller would try first, on
+real logs, by more than the run-to-run spread?
 
+Ranking, the real Criteo sample:
 Same time split for every model (configs/criteo.yaml: the last 10 % eval, the 10 % before it
 validation): the default model and the project's own `logistic` model over several seeds (mean ±
 sd of eval AUC, each at its best checkpoint on validation), and scikit-learn's LogisticRegression on
 a one-hot of the same IDs with C chosen on validation (deterministic). Ratio keys: the default's
 AUC margin over each baseline divided by the spread (the combined sd of the two).
+
+The same for a second real ranking log of another schema: MovieLens-100K's six categorical columns
+(pipeline.movielens, configs/movielens.yaml with the Criteo model and train sections unchanged).
+
+Retrieval, on the real Instacart sample (pipeline.instacart; leave-last-out per user) and on
+MovieLens-100K (users with attributes, movies with genres; time split): the config's two towers over
+seeds against the most-popular and co-occurrence baselines on the same split, recall@10 against every
+candidate, and again on the rows whose candidate is new to the user, with the user's earlier ones
+removed. Ratio keys: the two towers' recall@10 over popularity's.
 """
 from __future__ import annotations
 
@@ -30,6 +40,7 @@ MIN_SPREAD = 1e-3  # a margin is never judged against less than this (one seed, 
 
 
 def _train_and_evaluate(work: str, name: str, cfg: dict, data: str, seed: int, steps: int | None) -> dict:
+    """Train and evaluate one seed: the eval metrics (and their baselines) and the validation history."""
     cfg = copy.deepcopy(cfg)
     cfg["train"]["seed"] = seed
     model_dir = os.path.join(work, "models", f"{name}-{seed}")
@@ -46,8 +57,15 @@ def _train_and_evaluate(work: str, name: str, cfg: dict, data: str, seed: int, s
     metrics = json.loads(out.strip().splitlines()[-1])
     with open(os.path.join(model_dir, "validation.json")) as fh:
         validation = json.load(fh)
-    return {"auc": metrics["auc"], "logloss": metrics["logloss"], "best_step": validation["best_step"],
-            "validation_auc": validation["best"], "stopped_early_at": validation["stopped_early_at"]}
+    return {**metrics, "best_step": validation["best_step"], "validation_best": validation["best"],
+            "stopped_early_at": validation["stopped_early_at"]}
+
+
+def _ranking_run(work: str, name: str, cfg: dict, data: str, seed: int, steps: int | None) -> dict:
+    m = _train_and_evaluate(work, name, cfg, data, seed, steps)
+    return {"auc": m["auc"], "logloss": m["logloss"], "best_step": m["best_step"],
+            "validation_auc": m["validation_best"],
+            "stopped_early_at": m["stopped_early_at"]}
 
 
 def _summary(runs: list[dict]) -> dict:
@@ -61,47 +79,126 @@ def _margin_over_spread(a: dict, b: dict) -> float:
     return (a["auc_mean"] - b["auc_mean"]) / spread
 
 
+def _ranking(work: str, say: Callable[[str], None], name: str, cfg_path: str, log: str, seed_list: list[int],
+             steps: int | None) -> dict:
+    """The config's model and our logistic model over seeds, scikit-learn's on the same split."""
+    with open(cfg_path) as fh:
+        base = yaml.safe_load(fh)
+    data = preprocess_once(cfg_path, log, os.path.join(work, f"{name}_pre"))
+    logistic = copy.deepcopy(base)
+    logistic["model"] = {"task": "ranking", "type": "logistic"}
+    models = {}
+    for label, cfg in (("default", base), ("logistic", logistic)):
+        runs = [_ranking_run(work, f"{name}-{label}", cfg, data, s, steps) for s in seed_list]
+        models[label] = _summary(runs)
+        say(f"bench quality: {name} {label} ({cfg['model']['type']}): eval AUC {models[label]['auc_mean']:.4f} ± "
+            f"{models[label]['auc_sd']:.4f} over {len(runs)} seed(s)")
+    sk = sklearn_logistic(load_config(cfg_path), data)
+    models["sklearn_logistic"] = {"auc_mean": sk["auc"], "auc_sd": 0.0, "logloss_mean": sk["logloss"], "fit": sk}
+    say(f"bench quality: {name} scikit-learn LogisticRegression (C={sk['C']} on validation): eval AUC {sk['auc']:.4f}")
+    return models
+
+
+def _retrieval(work: str, say: Callable[[str], None], name: str, cfg_path: str, log: str, seed_list: list[int],
+               steps: int | None) -> dict:
+    """The config's two towers over seeds against the most-popular and co-occurrence baselines, recall@10
+    over every candidate, and again on the rows whose candidate is new to the user (`new_*`)."""
+    with open(cfg_path) as fh:
+        cfg = yaml.safe_load(fh)
+    data = preprocess_once(cfg_path, log, os.path.join(work, f"{name}_pre"))
+    runs = [_train_and_evaluate(work, name, cfg, data, s, steps) for s in seed_list]
+
+    def stats(key: str, values: list[float]) -> dict:
+        return {f"{key}_mean": statistics.fmean(values),
+                f"{key}_sd": statistics.pstdev(values) if len(values) > 1 else 0.0}
+    two_tower = {**stats("recall_at_10", [r["recall_at_10"] for r in runs]),
+                 **stats("new_recall_at_10", [r["seen_excluded"]["recall_at_10"] for r in runs]),
+                 "runs": [{**{k: r[k] for k in ("recall_at_10", "recall_at_100", "ndcg_at_10", "best_step",
+                                                "stopped_early_at")},
+                           "new_recall_at_10": r["seen_excluded"]["recall_at_10"]} for r in runs]}
+    b = runs[0]["baselines"]  # deterministic: the same for every seed
+    out = {"two_tower": two_tower, "examples": runs[0]["examples"],
+           "new_examples": runs[0]["seen_excluded"]["examples"], "candidates": runs[0]["candidates"],
+           "config": cfg_path}
+    for baseline in ("most_popular", "cooccurrence"):
+        out[baseline] = {"recall_at_10": b[baseline]["recall_at_10"], "recall_at_100": b[baseline]["recall_at_100"],
+                         "new_recall_at_10": b[baseline]["seen_excluded"]["recall_at_10"]}
+    say(f"bench quality: {name} two towers recall@10 {two_tower['recall_at_10_mean']:.4f} ± "
+        f"{two_tower['recall_at_10_sd']:.4f} over {len(runs)} seed(s); most popular "
+        f"{out['most_popular']['recall_at_10']:.4f}, co-occurrence {out['cooccurrence']['recall_at_10']:.4f}")
+    return out
+
+
 def bench_quality(work: str, say: Callable[[str], None], quick: bool = False, seeds: int = 3) -> dict:
+    from pipeline.instacart import instacart_to_parquet
+    from pipeline.movielens import movielens_to_parquet
     criteo = find_criteo_sample()
     if criteo is None:
         raise FileNotFoundError("bench quality: the real Criteo sample (../shared/data/criteo_sample) is missing")
-    cfg_path = str(repo_configs() / "criteo.yaml")
-    with open(cfg_path) as fh:
-        base = yaml.safe_load(fh)
-    parquet = os.path.join(work, "criteo_parquet")
-    if not os.path.isdir(parquet):
-        subprocess.run([*CLI, "criteo-to-parquet", "--csv", str(criteo), "--out", parquet], check=True,
+    logs = {"criteo": os.path.join(work, "criteo_parquet"), "movielens": os.path.join(work, "movielens_parquet"),
+            "instacart": os.path.join(work, "instacart_parquet")}
+    if not os.path.isdir(logs["criteo"]):
+        subprocess.run([*CLI, "criteo-to-parquet", "--csv", str(criteo), "--out", logs["criteo"]], check=True,
                        capture_output=True)
-    data = preprocess_once(cfg_path, parquet, os.path.join(work, "criteo_pre"))
-    logistic = copy.deepcopy(base)
-    logistic["model"] = {"task": "ranking", "type": "logistic"}
+    if not os.path.isdir(logs["movielens"]):
+        movielens_to_parquet(logs["movielens"], say=say)
+    if not os.path.isdir(logs["instacart"]):
+        instacart_to_parquet(logs["instacart"], say=say)
+    configs = repo_configs()
     steps = 100 if quick else None
     seed_list = list(range(1, 2 if quick else seeds + 1))
-    models = {}
-    for name, cfg in (("default", base), ("logistic", logistic)):
-        runs = [_train_and_evaluate(work, name, cfg, data, s, steps) for s in seed_list]
-        models[name] = _summary(runs)
-        say(f"bench quality: criteo {name} ({base['model']['type'] if name == 'default' else 'logistic'}): eval AUC "
-            f"{models[name]['auc_mean']:.4f} ± {models[name]['auc_sd']:.4f} over {len(runs)} seed(s)")
-    sk = sklearn_logistic(load_config(cfg_path), data)
-    models["sklearn_logistic"] = {"auc_mean": sk["auc"], "auc_sd": 0.0, "logloss_mean": sk["logloss"], "fit": sk}
-    say(f"bench quality: criteo scikit-learn LogisticRegression (C={sk['C']} on validation): eval AUC {sk['auc']:.4f}")
-    d = models["default"]
-    ratios = {"quality_criteo_margin_over_spread_vs_logistic": _margin_over_spread(d, models["logistic"]),
-              "quality_criteo_margin_over_spread_vs_sklearn_lr": _margin_over_spread(d, models["sklearn_logistic"])}
-    dataset = {"criteo": str(criteo), "config": cfg_path, "seeds": seed_list, "steps": steps or base["train"]["steps"]}
-    return {"suite": "quality", "quick": quick, "dataset": dataset, "criteo": models, "ratios": ratios}
+    ranking = {name: _ranking(work, say, name, str(configs / f"{name}.yaml"), logs[name], seed_list, steps)
+               for name in ("criteo", "movielens")}
+    retrieval = {"instacart": _retrieval(work, say, "instacart", str(configs / "instacart.yaml"), logs["instacart"],
+                                         seed_list, steps),
+                 "movielens_retrieval": _retrieval(work, say, "movielens_retrieval",
+                                                   str(configs / "movielens_retrieval.yaml"), logs["movielens"],
+                                                   seed_list, steps)}
+    ratios = {}
+    for name, models in ranking.items():
+        for peer, key in (("logistic", "logistic"), ("sklearn_logistic", "sklearn_lr")):
+            ratios[f"quality_{name}_margin_over_spread_vs_{key}"] = _margin_over_spread(models["default"], models[peer])
+    for name, r in retrieval.items():
+        ratios[f"quality_{name}_recall10_vs_popularity"] = (r["two_tower"]["recall_at_10_mean"] /
+                                                            r["most_popular"]["recall_at_10"])
+    dataset = {"criteo": str(criteo), "seeds": seed_list, "steps": steps or "the configs' train.steps"}
+    return {"suite": "quality", "quick": quick, "dataset": dataset, "ranking": ranking, "retrieval": retrieval,
+            "ratios": ratios}
+
+
+_SOURCES = {"criteo": "real Criteo sample, `configs/criteo.yaml`: train / validation / eval by row order",
+            "movielens": "real MovieLens-100K, six categorical columns, rating ≥ 4 as the label, "
+                         "`configs/movielens.yaml` "
+                         "(the Criteo model and train sections, unchanged): split by time",
+            "instacart": "real Instacart sample, `configs/instacart.yaml`: each user's last order as eval",
+            "movielens_retrieval": "real MovieLens-100K, users with 3 attributes, movies with their genre list, "
+                                   "rating ≥ 4 as the click, `configs/movielens_retrieval.yaml`: the last 10 % by time "
+                                   "as eval"}
 
 
 def markdown(r: dict) -> str:
-    c = r["criteo"]
     lines = ["# bench quality", "",
-             f"Real Criteo sample, time split of `configs/criteo.yaml` (train / validation / eval by row order), "
-             f"seeds {r['dataset']['seeds']}, each model at its best checkpoint on validation.", "",
-             "| model | eval AUC (mean ± sd) | logloss |", "|---|---|---|",
-             *[f"| {name} | {m['auc_mean']:.4f} ± {m['auc_sd']:.4f} | {m['logloss_mean']:.4f} |"
-               for name, m in c.items()],
-             "", "| ratio (AUC margin ÷ spread) | value |", "|---|---|",
-             *[f"| {k} | {v:.2f} |" for k, v in sorted(r["ratios"].items())], "",
-             "Reproduce: `.venv/bin/recpipe bench quality`.", ""]
+             f"Seeds {r['dataset']['seeds']}; every model at its best checkpoint on its validation split (the eval "
+             f"split is read once).", ""]
+    for name, models in r["ranking"].items():
+        lines += [f"## {name} (ranking)", "", _SOURCES.get(name, name) + ".", "",
+                  "| model | eval AUC (mean ± sd) | logloss |", "|---|---|---|",
+                  *[f"| {label} | {m['auc_mean']:.4f} ± {m['auc_sd']:.4f} | {m['logloss_mean']:.4f} |"
+                    for label, m in models.items()], ""]
+    for name, i in r["retrieval"].items():
+        t = i["two_tower"]
+        lines += [f"## {name} (retrieval)", "",
+                  f"{_SOURCES.get(name, name)}: {i['examples']} clicked eval rows ranked against all "
+                  f"{i['candidates']} candidates; \"new only\": the {i['new_examples']} rows whose candidate the user "
+                  f"had not clicked before, with the user's earlier candidates removed.", "",
+                  "| model | recall@10 | recall@10, new only |", "|---|---|---|",
+                  f"| two towers (the config) | {t['recall_at_10_mean']:.4f} ± {t['recall_at_10_sd']:.4f} | "
+                  f"{t['new_recall_at_10_mean']:.4f} ± {t['new_recall_at_10_sd']:.4f} |",
+                  *[f"| {b.replace('_', ' ')} | {i[b]['recall_at_10']:.4f} | {i[b]['new_recall_at_10']:.4f} |"
+                    for b in ("most_popular", "cooccurrence")], ""]
+    lines += ["| ratio | value |", "|---|---|",
+              *[f"| {k} | {v:.2f} |" for k, v in sorted(r["ratios"].items())], "",
+              "Ratios: `*_margin_over_spread_*`: the config's eval AUC margin over the baseline ÷ the combined sd; "
+              "`*_recall10_vs_popularity`: recall@10 ÷ the most-popular baseline's.", "",
+              "Reproduce: `.venv/bin/recpipe bench quality`.", ""]
     return "\n".join(lines)

@@ -14,7 +14,7 @@ from trainers.metrics import log_loss, roc_auc
 
 __all__ = ["design_matrix", "sklearn_logistic"]
 
-C_GRID = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
+C_GRID = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 
 
 def design_matrix(cfg: Config, data_dir: str, split: str):

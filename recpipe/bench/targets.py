@@ -24,4 +24,9 @@ TARGETS = {
     # the shipped ranking default's eval AUC margin over a baseline, in units of the run-to-run spread
     "quality_criteo_margin_over_spread_vs_logistic": (">=", 1.0),
     "quality_criteo_margin_over_spread_vs_sklearn_lr": (">=", 1.0),
+    "quality_movielens_margin_over_spread_vs_logistic": (">=", 1.0),
+    "quality_movielens_margin_over_spread_vs_sklearn_lr": (">=", 1.0),
+    # retrieval: recall@10 of the shipped two towers over the most-popular baseline's, on real logs
+    "quality_instacart_recall10_vs_popularity": (">=", 2.0),
+    "quality_movielens_retrieval_recall10_vs_popularity": (">=", 2.0),
 }
