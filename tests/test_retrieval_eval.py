@@ -89,6 +89,7 @@ def test_ranks_without_and_with_already_seen_candidates():
     # row 0: 0 and 1 removed -> rank 0; row 1: 1 removed -> rank 2; row 2's truth (1) is not new: not scored
     assert ranks(scores, truth, seen, queries).tolist() == [0, 2]
     assert ranks(scores, truth, seen, np.array([0, 5, 5])).tolist() == [0, 3, 1]  # an unknown query saw nothing
+    assert ranks(scores, truth, seen, np.array([0, -1, -1])).tolist() == [0, 3, 1]  # an OOV key (-1) neither
 
 
 def _baskets_log(path, seed: int = 0) -> None:

@@ -52,13 +52,15 @@ class Candidates:
 
 @dataclass
 class Clicks:
-    """Clicked rows of some splits: candidate index per row, and the query key per row (or None)."""
+    """Clicked rows of some splits: candidate index per row, and the query key per row (or None; -1 for
+    an OOV key, which stands for many users and so has no history of its own)."""
     candidate: np.ndarray
     query: Optional[np.ndarray]
 
     def matrix(self, n_queries: int, n_candidates: int) -> sp.csr_matrix:
         """Binary query x candidate matrix of these clicks."""
-        m = sp.csr_matrix((np.ones(len(self.candidate), np.float32), (self.query, self.candidate)),
+        known = self.query >= 0
+        m = sp.csr_matrix((np.ones(int(known.sum()), np.float32), (self.query[known], self.candidate[known])),
                           shape=(n_queries, n_candidates))
         m.data[:] = 1.0
         return m
@@ -70,6 +72,9 @@ def read_clicks(cfg: Config, data_dir: str, splits: tuple[str, ...], batch_size:
     names = list(cfg.model.candidate_features)
     key = query_key_feature(cfg)
     data = PreprocessedData(data_dir)
+    known_keys = None  # query key IDs below this are known values; the OOV buckets above are not users
+    if key is not None and cfg.table_owner(cfg.sparse_by_name[key]).vocab is not None:
+        known_keys = len(data.transform().vocabularies[cfg.table_owner(cfg.sparse_by_name[key]).name])
     first_rows: dict[str, list] = {n: [] for n in names}
     first_ids: list[np.ndarray] = []
     raw: dict[str, tuple[list, list]] = {}
@@ -102,6 +107,8 @@ def read_clicks(cfg: Config, data_dir: str, splits: tuple[str, ...], batch_size:
     for split, (cand, query) in raw.items():
         c = np.concatenate(cand) if cand else np.zeros(0, np.int64)
         q = (np.concatenate(query) if query else np.zeros(0, np.int64)) if key is not None else None
+        if q is not None and known_keys is not None:
+            q = np.where(q < known_keys, q, -1)
         clicks[split] = Clicks(candidates.index_of(c), q)
     return candidates, clicks
 
@@ -109,12 +116,13 @@ def read_clicks(cfg: Config, data_dir: str, splits: tuple[str, ...], batch_size:
 def ranks(scores: np.ndarray, truth: np.ndarray, seen: Optional[sp.csr_matrix] = None,
           queries: Optional[np.ndarray] = None) -> np.ndarray:
     """0-based rank of each row's true candidate among all (ties against it). With `seen` (query x
-    candidate) and the rows' query keys: recommending only what a query has not clicked before, i.e.
+    candidate) and the rows' query keys (-1: unknown, no history): recommending only what a query has
+    not clicked before, i.e.
     its already-clicked candidates removed, scored on the rows whose true candidate is new to it."""
     if seen is None:
         return rank_of_true(scores, truth)
     mask = np.zeros(scores.shape, dtype=bool)
-    inside = np.flatnonzero(queries < seen.shape[0])
+    inside = np.flatnonzero((queries >= 0) & (queries < seen.shape[0]))
     if len(inside):
         known = seen[queries[inside]].toarray().astype(bool)
         mask[inside, :known.shape[1]] = known

@@ -131,7 +131,7 @@ def _seen(clicks: dict[str, Clicks], split: str) -> sp.csr_matrix | None:
     if not history or history[0].query is None:
         return None
     merged = Clicks(np.concatenate([c.candidate for c in history]), np.concatenate([c.query for c in history]))
-    n_queries = int(max([0, *(int(c.query.max()) + 1 for c in clicks.values() if len(c.query))]))
+    n_queries = int(max([1, *(int(c.query.max()) + 1 for c in clicks.values() if len(c.query))]))
     n_candidates = int(max([0, *(int(c.candidate.max()) + 1 for c in clicks.values() if len(c.candidate))]))
     return merged.matrix(n_queries, n_candidates)
 
@@ -167,7 +167,8 @@ def baselines(cfg: Config, data_dir: str, split: str = "eval", batch_size: int =
     ranking: the constant prediction of train's click rate (AUC 0.5 by construction; its logloss is
     the reference); retrieval: most-popular candidates (clicks in train) and, with a query key,
     co-occurrence ("bought together": candidates scored by how many train queries clicked both them
-    and one of this query's train candidates; popularity breaks ties), each also with the query's
+    and one of this query's train candidates; popularity breaks ties, and ranks alone for a query
+    without history), each also with the query's
     already-clicked candidates removed (`seen_excluded`)."""
     if cfg.model.task != "retrieval":
         train = list(make_dataset(cfg, data_dir, "train", batch_size, training=False))
@@ -189,6 +190,9 @@ def baselines(cfg: Config, data_dir: str, split: str = "eval", batch_size: int =
         tie = popularity / (popularity.max() + 1.0)  # < 1: orders only candidates of equal co-occurrence
 
         def cooccurrence(q, rows):
-            return (user_item[q] @ together).toarray() + tie
+            known = q >= 0  # an OOV key has no history: popularity alone
+            scores = np.broadcast_to(tie, (rows, n)).copy()
+            scores[known] += (user_item[q[known]] @ together).toarray()
+            return scores
         out["cooccurrence"] = _scored(cooccurrence, clicks[split], seen, ks)
     return out
