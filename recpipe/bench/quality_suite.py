@@ -9,7 +9,7 @@ a one-hot of the same IDs with C chosen on validation (deterministic). Ratio key
 AUC margin over each baseline divided by the spread (the combined sd of the two).
 
 The same for a second real ranking log of another schema: MovieLens-100K's six categorical columns
-(pipeline.movielens, configs/movielens.yaml with the Criteo model and train sections unchanged).
+(pipeline.movielens, configs/movielens.yaml: the Criteo model and train sections but the learning rate).
 
 Retrieval, on the real Instacart sample (pipeline.instacart; leave-last-out per user) and on
 MovieLens-100K (users with attributes, movies with genres; time split): the config's two towers over
@@ -169,7 +169,8 @@ def bench_quality(work: str, say: Callable[[str], None], quick: bool = False, se
 _SOURCES = {"criteo": "real Criteo sample, `configs/criteo.yaml`: train / validation / eval by row order",
             "movielens": "real MovieLens-100K, six categorical columns, rating ≥ 4 as the label, "
                          "`configs/movielens.yaml` "
-                         "(the Criteo model and train sections, unchanged): split by time",
+                         "(the Criteo model and train sections but the learning rate, chosen on validation): split by "
+                         "time",
             "instacart": "real Instacart sample, `configs/instacart.yaml`: each user's last order as eval",
             "movielens_retrieval": "real MovieLens-100K, users with 3 attributes, movies with their genre list, "
                                    "rating ≥ 4 as the click, `configs/movielens_retrieval.yaml`: the last 10 % by time "
