@@ -191,16 +191,17 @@ class RetrievalModel(_Model):
         ids = features[self.candidate_features[0]]
         probability = None
         if self._log_q is not None:
-            # expected times each candidate is drawn as a negative: B * P(id) in the batch (N / IDs uniformly)
+            # P(id) in the batch; TFRS subtracts log P, clipping P to <= 1, so both pools are scaled by 1/B:
+            # a drawn ID's expected count (N / IDs) / B against an in-batch candidate's B * P(id) / B
             clipped = tf.minimum(ids, tf.shape(self._log_q, out_type=tf.int64)[0] - 1)
-            probability = tf.cast(tf.shape(ids)[0], tf.float32) * tf.exp(tf.gather(self._log_q, clipped))
+            probability = tf.exp(tf.gather(self._log_q, clipped))
         if self.uniform_negatives and training:
             drawn = tf.random.uniform([self.uniform_negatives], 0, self.candidate_ids, dtype=tf.int64)
             candidate = tf.concat([candidate, self.candidate_embedding({self.candidate_features[0]: drawn})], 0)
-            ids = tf.concat([ids, drawn], 0)
             if probability is not None:
-                probability = tf.concat([probability, tf.fill([self.uniform_negatives],
-                                                              self.uniform_negatives / self.candidate_ids)], 0)
+                per_id = self.uniform_negatives / self.candidate_ids / tf.cast(tf.shape(ids)[0], tf.float32)
+                probability = tf.concat([probability, tf.fill([self.uniform_negatives], per_id)], 0)
+            ids = tf.concat([ids, drawn], 0)
         total = self.task(query, candidate, sample_weight=weight, candidate_sampling_probability=probability,
                           candidate_ids=ids if self.remove_accidental_hits else None, compute_metrics=False)
         return total / tf.maximum(tf.reduce_sum(weight), 1.0)
