@@ -131,6 +131,17 @@ def _why(key: str, found: dict) -> str:
                 f"reads and validations of the log (analysis, then transform: memory stays bounded as the log "
                 f"grows), TensorFlow's FarmHash for the OOV tokens, and encoding the record batches. DuckDB runs "
                 f"everything in C++ on both cores; the DirectRunner runs one Python thread.")
+    retrieval = found.get("quality", {}).get("retrieval", {})
+    name = key[len("quality_"):-len("_recall10_vs_popularity")] if key.endswith("_recall10_vs_popularity") else ""
+    if name in retrieval:
+        r = retrieval[name]
+        t = r["two_tower"]
+        return (f"two towers reach recall@10 {t['recall_at_10_mean']:.4f} ± {t['recall_at_10_sd']:.4f}, popularity "
+                f"{r['most_popular']['recall_at_10']:.4f} and co-occurrence {r['cooccurrence']['recall_at_10']:.4f} "
+                f"on the same {r['examples']:,} eval clicks; on the {r['new_examples']:,} clicks of candidates new to "
+                f"the user, {t['new_recall_at_10_mean']:.4f} against {r['most_popular']['new_recall_at_10']:.4f}. "
+                f"Where the eval clicks are new items of the moment (a time split) rather than repeats, what the "
+                f"query tower learns from a user's history does not beat what is popular now.")
     if key == "train_real_vs_synthetic_input" and "real_fp32" in runs:
         return ("parsing and re-batching the shards runs on the same 2 cores as the training step, so the real "
                 "input path takes CPU time the synthetic in-memory batch does not.")
