@@ -45,7 +45,7 @@ class Slicing:
         return list(dict.fromkeys(s.feature for s in self.specs))
 
     def table(self, cfg: Config, kept: dict[str, list[np.ndarray]], per_slice) -> dict:
-        return {slice_name(s): per_slice(slice_labels(cfg, self.artifact, s, np.concatenate(kept[s.feature])))
+        return {slice_name(s): per_slice(*slice_labels(cfg, self.artifact, s, np.concatenate(kept[s.feature])))
                 for s in self.specs}
 
 
@@ -70,7 +70,7 @@ def ranking_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: str
            "calibration": float(p.mean()) / positive_rate if positive_rate > 0 else float("nan"),
            "reliability": reliability_table(y, p)}
     if slices:
-        out["slices"] = slices.table(cfg, kept, lambda labels: ranking_slices(labels, y, p))
+        out["slices"] = slices.table(cfg, kept, lambda labels, order: ranking_slices(labels, order, y, p))
     return out
 
 
@@ -121,7 +121,7 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
         out["seen_excluded"] = {**_rank_metrics(r, ks), "examples": int(len(r))}
     if slices:
         all_ranks = np.concatenate(plain)
-        out["slices"] = slices.table(cfg, kept, lambda labels: retrieval_slices(labels, all_ranks))
+        out["slices"] = slices.table(cfg, kept, lambda labels, order: retrieval_slices(labels, order, all_ranks))
     return out
 
 

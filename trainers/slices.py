@@ -44,50 +44,44 @@ def _activity_bucket(count: int) -> str:
     return str(lo) if lo == 1 else f"{lo}-{2 * lo - 1}"
 
 
-def slice_labels(cfg: Config, artifact: TransformArtifact, spec: SliceSpec, ids: np.ndarray) -> np.ndarray:
-    """The slice each row (by its ID of spec.feature) falls in, as strings."""
+def _bucket_low(name: str) -> int:
+    return 0 if name == "unseen" else int(name.split("-")[0])
+
+
+def slice_labels(cfg: Config, artifact: TransformArtifact, spec: SliceSpec, ids: np.ndarray
+                 ) -> tuple[np.ndarray, list[str]]:
+    """The slice each row (by its ID of spec.feature) falls in, as strings, and the slices in reading
+    order: activity buckets from the least active up; values by rows, "other" last."""
     owner = cfg.table_owner(cfg.sparse_by_name[spec.feature])
     vocab = artifact.vocabularies.get(owner.name) if owner.vocab is not None else None
     if spec.by == "activity":
         counts = np.asarray(artifact.vocab_counts.get(owner.name, []), dtype=np.int64)
-        per_row = np.where(ids < len(counts), counts[np.minimum(ids, max(len(counts) - 1, 0))] if len(counts)
-                           else 0, 0)
-        return np.array([_activity_bucket(c) for c in per_row.tolist()], dtype=object)
+        known = ids < len(counts)
+        per_row = np.zeros(len(ids), dtype=np.int64)
+        per_row[known] = counts[ids[known]]
+        labels = np.array([_activity_bucket(c) for c in per_row.tolist()], dtype=object)
+        return labels, sorted(set(labels.tolist()), key=_bucket_low)
     values, freq = np.unique(ids, return_counts=True)
-    top = set(values[np.argsort(-freq, kind="stable")[:spec.top]].tolist())
+    ranked = values[np.argsort(-freq, kind="stable")[:spec.top]].tolist()
 
-    def label(i: int) -> str:
-        if i not in top:
-            return "other"
+    def name(i: int) -> str:
         if vocab is None:
             return f"#{i}"
         return vocab[i] if i < len(vocab) else f"OOV bucket {i - len(vocab)}"
-    return np.array([label(i) for i in ids.tolist()], dtype=object)
+    names = {i: name(i) for i in ranked}
+    labels = np.array([names.get(i, "other") for i in ids.tolist()], dtype=object)
+    return labels, [names[i] for i in ranked] + (["other"] if len(values) > len(ranked) else [])
 
 
-def _order(labels: np.ndarray) -> list[str]:
-    """Slices in a readable order: activity buckets by size, values by rows (other last)."""
-    names, rows = np.unique(labels, return_counts=True)
-    def key(item):
-        name, n = item
-        if name == "unseen":
-            return (0, 0, "")
-        first = name.split("-")[0]
-        if first.isdigit() and (name == first or name[len(first)] == "-"):
-            return (1, int(first), "")
-        return (2 if name != "other" else 3, -n, name)
-    return [n for n, _ in sorted(zip(names.tolist(), rows.tolist()), key=key)]
-
-
-def ranking_slices(labels: np.ndarray, y: np.ndarray, p: np.ndarray) -> list[dict]:
+def ranking_slices(labels: np.ndarray, order: list[str], y: np.ndarray, p: np.ndarray) -> list[dict]:
     out = []
-    for name in _order(labels):
+    for name in order:
         m = labels == name
         out.append({"slice": name, "rows": int(m.sum()), "positive_rate": float(y[m].mean()),
                     "auc": roc_auc(y[m], p[m]), "logloss": log_loss(y[m], p[m])})
     return out
 
 
-def retrieval_slices(labels: np.ndarray, ranks: np.ndarray, k: int = 10) -> list[dict]:
+def retrieval_slices(labels: np.ndarray, order: list[str], ranks: np.ndarray, k: int = 10) -> list[dict]:
     return [{"slice": name, "rows": int((labels == name).sum()),
-             f"recall_at_{k}": recall_at_k(ranks[labels == name], k)} for name in _order(labels)]
+             f"recall_at_{k}": recall_at_k(ranks[labels == name], k)} for name in order]
