@@ -117,8 +117,8 @@ def ranks(scores: np.ndarray, truth: np.ndarray, seen: Optional[sp.csr_matrix] =
           queries: Optional[np.ndarray] = None) -> np.ndarray:
     """0-based rank of each row's true candidate among all (ties against it). With `seen` (query x
     candidate) and the rows' query keys (-1: unknown, no history): recommending only what a query has
-    not clicked before, i.e.
-    its already-clicked candidates removed, scored on the rows whose true candidate is new to it."""
+    not clicked before, i.e. its already-clicked candidates removed, scored on the rows whose true
+    candidate is new to it."""
     if seen is None:
         return rank_of_true(scores, truth)
     mask = np.zeros(scores.shape, dtype=bool)

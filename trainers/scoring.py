@@ -14,7 +14,7 @@ import tensorflow as tf
 from features.canonical import LABEL_KEY
 from features.artifact import TransformArtifact
 from features.config import Config, SliceSpec
-from trainers.candidates import Clicks, query_key_feature, ranks, read_clicks
+from trainers.candidates import Clicks, ranks, read_clicks
 from trainers.data import make_dataset
 from trainers.errors import TrainError
 from trainers.slices import ranking_slices, retrieval_slices, slice_labels, slice_name
@@ -91,15 +91,15 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
     """Brute force: score each clicked row's query against ALL candidates seen in `candidate_splits`;
     with a query key (trainers.candidates), also `seen_excluded`: only candidates new to the query
     (not clicked in the splits before this one) recommended, scored on the rows that clicked a new one."""
-    candidates, clicks = read_clicks(cfg, data_dir, tuple(dict.fromkeys((*candidate_splits, *_history(split)))))
+    candidates, clicks = read_clicks(cfg, data_dir,
+                                     tuple(dict.fromkeys((*candidate_splits, *_history(split), split))))
     multivalent = {n for n in cfg.model.candidate_features if cfg.sparse_by_name[n].multivalent}
     cand_fn = tf.function(model.candidate_embedding, reduce_retracing=True)
     query_fn = tf.function(model.query_embedding, reduce_retracing=True)
     cand = np.concatenate([cand_fn(candidates.batch(c.start, c.stop, multivalent)).numpy()
                            for c in _chunks(len(candidates.ids), batch_size)])
-    seen = _seen(clicks, split)
-    first, key = cfg.model.candidate_features[0], query_key_feature(cfg)
-    plain, excluded = [], []
+    seen, scored = _seen(clicks, split), clicks[split]  # the split's clicked rows, in the order read below
+    plain, excluded, done = [], [], 0
     kept: dict[str, list] = {f: [] for f in (slices.features() if slices else [])}
     for batch in make_dataset(cfg, data_dir, split, batch_size, training=False):
         clicked = batch[LABEL_KEY].numpy() > 0.5
@@ -107,11 +107,12 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
             continue
         for f in kept:
             kept[f].append(batch[f].numpy()[clicked])
+        rows = slice(done, done + int(clicked.sum()))
+        done = rows.stop
         scores = query_fn(batch).numpy()[clicked] @ cand.T
-        truth = candidates.index_of(batch[first].numpy()[clicked])
-        plain.append(ranks(scores, truth))
+        plain.append(ranks(scores, scored.candidate[rows]))
         if seen is not None:
-            excluded.append(ranks(scores, truth, seen, batch[key].numpy()[clicked]))
+            excluded.append(ranks(scores, scored.candidate[rows], seen, scored.query[rows]))
     if not plain:
         raise TrainError(f"{data_dir}/{split}: no clicked rows to score retrieval on")
     out = {**_rank_metrics(np.concatenate(plain), ks), "examples": int(sum(map(len, plain))),
