@@ -68,12 +68,11 @@ def user_keys(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 def user_last_orders(table: pa.Table, user: str, order: str) -> dict[str, list[float]]:
     """{user: their largest distinct order values in this batch, descending, at most LAST_ORDERS}."""
-    users = user_keys(table.column(user))
+    users = np.asarray(user_keys(table.column(user)).to_numpy(zero_copy_only=False), dtype=object)
     values = numeric(table.column(order))[0]
-    sort = np.lexsort((-values, np.asarray(users.to_numpy(zero_copy_only=False), dtype=object)))
+    sort = np.lexsort((-values, users))
     out: dict[str, list[float]] = {}
-    for u, v in zip(np.asarray(users.to_numpy(zero_copy_only=False), dtype=object)[sort].tolist(),
-                    values[sort].tolist()):
+    for u, v in zip(users[sort].tolist(), values[sort].tolist()):
         kept = out.setdefault(u, [])
         if len(kept) < LAST_ORDERS and (not kept or kept[-1] != v):
             kept.append(v)
@@ -91,12 +90,9 @@ def user_split_masks(table: pa.Table, user: str, order: str, last_orders: dict[s
     users = user_keys(table.column(user))
     values = numeric(table.column(order))[0]
     distinct = pc.unique(users)
-    inf = np.inf
-    eval_at = np.array([(o[0] if len(o) >= 2 else inf) for o in (last_orders.get(u, []) for u in
-                                                                   distinct.to_pylist())], dtype=np.float64)
-    val_at = np.array([(o[1] if validation and len(o) >= 3 else inf) for o in (last_orders.get(u, []) for u in
-                                                                                 distinct.to_pylist())],
-                      dtype=np.float64)
+    orders = [last_orders.get(u, []) for u in distinct.to_pylist()]
+    eval_at = np.array([o[0] if len(o) >= 2 else np.inf for o in orders], dtype=np.float64)
+    val_at = np.array([o[1] if validation and len(o) >= 3 else np.inf for o in orders], dtype=np.float64)
     idx = pc.index_in(users, distinct).to_numpy(zero_copy_only=False)
     is_eval = values >= eval_at[idx]
     is_validation = (values == val_at[idx]) & ~is_eval
