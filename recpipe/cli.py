@@ -22,6 +22,7 @@ from typing import Callable
 from features.config import literal_choices
 from features.errors import RecpipeError
 from recpipe.bench.targets import SUITES
+from serving.version import WEIGHT_DTYPES
 from trainers.options import RunOptions
 
 __all__ = ["main", "build_parser", "quiet_startup"]
@@ -177,9 +178,15 @@ def cmd_evaluate(a) -> None:
 def cmd_export(a) -> None:
     from serving.export import export_model
     from serving.version import ExportBase
-    path = export_model(a.model_dir, a.export_base, a.version, a.data, a.top_k)
-    report = next(v for v in ExportBase(a.export_base).versions() if v.path == path).skew_report()
+    path = export_model(a.model_dir, a.export_base, a.version, a.data, a.top_k, embedding_dtype=a.embedding_dtype,
+                        dense_dtype=a.dense_dtype)
+    exported = next(v for v in ExportBase(a.export_base).versions() if v.path == path)
+    report = exported.skew_report()
     _say(f"export: skew check passed on {report['rows']} eval rows (max |diff| {report['max_abs_diff']:.2g})")
+    if a.embedding_dtype != "float32" or a.dense_dtype != "float32":
+        w = exported.meta().weights
+        _say(f"export: {w['embedding_tables']} embedding table(s) stored as {w['embedding_dtype']}, "
+             f"{w['dense_layers']} Dense kernel(s) as {w['dense_dtype']}")
     _say(f"export: {path}")
 
 
@@ -336,6 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--data", help="preprocessed data whose eval_sample.parquet feeds the skew check "
                                   "(default: the data the model was trained on)")
     x.add_argument("--top-k", type=int, default=10, help="retrieval models: candidates returned per query")
+    x.add_argument("--embedding-dtype", choices=WEIGHT_DTYPES, default="float32",
+                   help="how the embedding tables are stored: int8 has one scale per row (serving.quantize)")
+    x.add_argument("--dense-dtype", choices=WEIGHT_DTYPES, default="float32",
+                   help="how the Dense kernels are stored: int8 has one scale per output column")
     x.set_defaults(fn=cmd_export)
 
     s = sub.add_parser("serve", help="serve MODEL_BASE/<version>/ over TF Serving's REST and gRPC APIs")

@@ -7,10 +7,12 @@ returns the query tower's output and `serving_default` the top-K `candidates` (l
 by brute force over a candidate index stored in the model (every vocabulary value of a single
 vocabulary candidate feature, else every candidate seen in the data, one per ID of the first one).
 
-EXPORT_BASE/<version>/ is TF Serving's versioned layout (serving.version). The feature transform (vocabulary tables, hashing, dense normalisation) is the
-same features.transform.FeatureTransform the Beam job ran, embedded in the graph. A version is
-written to a hidden temp folder, loaded, called, and skew-checked: up to 1000 eval rows kept by the
-Beam job are scored through the exported signature from their raw columns and through the trained
+EXPORT_BASE/<version>/ is TF Serving's versioned layout (serving.version). The feature transform
+(vocabulary tables, hashing, dense normalisation) is the same features.transform.FeatureTransform the
+Beam job ran, embedded in the graph; the SavedModel holds the model's variables, not its Keras
+layers. The embedding tables and Dense kernels may be stored as bfloat16 or int8 (serving.quantize).
+A version is written to a hidden temp folder, loaded, called, and skew-checked: up to 1000 eval rows
+kept by the Beam job are scored through the exported signature from their raw columns and through the trained
 model from their preprocessed record, and the export fails if any score differs by more than 1e-5
 (`<version>/skew_check.json` records it). Only then is the folder renamed into place.
 """
@@ -34,6 +36,7 @@ from features.preprocessed import PreprocessedData
 from features.records import read_single_batch
 from features.transform import (FeatureTransform, canonicalize_request, example_spec, examples_from_arrow,
                                 request_from_arrow, request_from_examples, request_spec)
+from serving.quantize import quantize_model
 from serving.version import EXAMPLES_SIGNATURE, TEMP_PREFIX, ExportBase, ExportedVersion, ExportMeta
 from trainers.candidates import read_clicks
 from trainers.model_dir import ModelDir
@@ -47,22 +50,22 @@ SKEW_TOLERANCE = 1e-5
 def _ranking_module(artifact: TransformArtifact, model: tf.keras.Model) -> tuple[tf.Module, dict]:
     module = tf.Module()
     module.transform = FeatureTransform(artifact)
-    module.model = model
+    # The model's variables only, not the Keras model: its per-layer call functions would be saved too.
+    module.weights = list(model.variables)
 
     @tf.function(input_signature=[request_spec(artifact)])
     def serve(inputs):
         features = module.transform(canonicalize_request(inputs, artifact))
-        return {"score": tf.sigmoid(module.model(features))[:, 0]}
+        return {"score": tf.sigmoid(model(features))[:, 0]}
 
+    serve_fn = serve.get_concrete_function()
     spec = example_spec(artifact)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
-    def predict_examples(examples):
-        return serve(request_from_examples(tf.io.parse_example(examples, spec), artifact))
+    def predict_examples(examples):  # calls serve's one graph (saved once), not a second trace of it
+        return serve_fn(request_from_examples(tf.io.parse_example(examples, spec), artifact))
 
-    module.serve, module.predict_examples = serve, predict_examples
-    return module, {"serving_default": serve.get_concrete_function(),
-                    EXAMPLES_SIGNATURE: predict_examples.get_concrete_function()}
+    return module, {"serving_default": serve_fn, EXAMPLES_SIGNATURE: predict_examples.get_concrete_function()}
 
 
 def _candidate_index(cfg, artifact: TransformArtifact, model: tf.keras.Model, data_dir: str
@@ -93,7 +96,7 @@ def _retrieval_module(cfg, artifact: TransformArtifact, model: tf.keras.Model, d
     emb, labels = _candidate_index(cfg, artifact, model, data_dir)
     module = tf.Module()
     module.transform = FeatureTransform(artifact)
-    module.model = model
+    module.weights = list(model.variables)  # as in _ranking_module
     module.index = tf.Variable(emb, trainable=False, name="candidate_embeddings")
     module.labels = tf.Variable(labels, trainable=False, dtype=tf.string, name="candidate_labels")
     k = min(top_k, len(labels))
@@ -102,16 +105,17 @@ def _retrieval_module(cfg, artifact: TransformArtifact, model: tf.keras.Model, d
     @tf.function(input_signature=[spec])
     def query(inputs):
         features = module.transform(canonicalize_request(inputs, artifact))
-        return {"query_embedding": module.model.query_embedding(features)}
+        return {"query_embedding": model.query_embedding(features)}
+
+    query_fn = query.get_concrete_function()
 
     @tf.function(input_signature=[spec])
     def serve(inputs):
-        q = query(inputs)["query_embedding"]
+        q = query_fn(inputs)["query_embedding"]
         top = tf.math.top_k(tf.matmul(q, module.index, transpose_b=True), k=k)
         return {"candidates": tf.gather(module.labels, top.indices), "scores": top.values}
 
-    module.query, module.serve = query, serve
-    return module, {"serving_default": serve.get_concrete_function(), "query_embedding": query.get_concrete_function()}
+    return module, {"serving_default": serve.get_concrete_function(), "query_embedding": query_fn}
 
 
 def example_request(serve_fn, n: int = 2) -> dict[str, np.ndarray]:
@@ -199,11 +203,15 @@ def examples_check(examples_fn, serve_fn, sample: pa.Table, artifact: TransformA
 
 
 def export_model(model_dir: str, export_base: str, version: int | None = None, data_dir: str | None = None,
-                 top_k: int = 10, metrics: dict | None = None) -> str:
+                 top_k: int = 10, metrics: dict | None = None, embedding_dtype: str = "float32",
+                 dense_dtype: str = "float32") -> str:
     """Write EXPORT_BASE/<version>/ atomically after a passing skew check; return its path.
-    metrics: the model's eval metrics, recorded in the version's ExportMeta."""
+    metrics: the model's eval metrics, recorded in the version's ExportMeta. embedding_dtype /
+    dense_dtype: how the embedding tables / Dense kernels are stored (serving.quantize); the skew check
+    compares against the trained model with the same stored weights, so it stays exact."""
     md = ModelDir(model_dir)
     cfg, artifact, model = md.load_trained()
+    weights = quantize_model(model, embedding_dtype, dense_dtype)
     data = _eval_sample(md, data_dir)
     sample = pq.read_table(data.eval_sample_parquet)
     preprocessed = read_single_batch(cfg, data.eval_sample_records)
@@ -218,7 +226,6 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
     os.makedirs(export_base, exist_ok=True)
     staged = ExportedVersion(os.path.join(export_base, f"{TEMP_PREFIX}{version}-{os.getpid()}-{uuid.uuid4().hex[:8]}"),
                              version)
-    quiet = tf.get_logger().level
     try:
         if cfg.model.task == "retrieval":
             module, signatures = _retrieval_module(cfg, artifact, model, data.root, top_k)
@@ -226,12 +233,9 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
         else:
             module, signatures = _ranking_module(artifact, model)
             compare, output, direct = "serving_default", "score", lambda f: tf.sigmoid(model(f))[:, 0]
-        # The unbuilt training-only task layer triggers a harmless "skipping serialization" warning.
-        tf.get_logger().setLevel("ERROR")
         tf.saved_model.save(module, staged.path, signatures=signatures)
-        tf.get_logger().setLevel(quiet)  # loading and the smoke call below may warn for real
         staged.write_meta(ExportMeta(config_to_dict(artifact.config), artifact.raw_schema, os.path.abspath(model_dir),
-                                     version, dict(metrics or {})))
+                                     version, dict(metrics or {}), weights))
         loaded = tf.saved_model.load(staged.path)
         serve_fn = loaded.signatures["serving_default"]
         smoke = serve_fn(**{k: tf.constant(v) for k, v in example_request(serve_fn).items()})
@@ -257,6 +261,4 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
     except BaseException:
         shutil.rmtree(staged.path, ignore_errors=True)
         raise
-    finally:
-        tf.get_logger().setLevel(quiet)
     return final.path

@@ -1,7 +1,7 @@
 """TF Serving's versioned layout, as recpipe writes and reads it.
 
     BASE/<version>/saved_model.pb, variables/   the SavedModel (any TF Serving-compatible export)
-    BASE/<version>/assets.extra/recpipe.json    ExportMeta: config, raw schema, model dir, metrics
+    BASE/<version>/assets.extra/recpipe.json    ExportMeta: config, raw schema, model dir, metrics, weight dtypes
     BASE/<version>/skew_check.json              the export's skew-check report
 
 A version is a folder named by a positive integer in ASCII digits; anything else in BASE (temp
@@ -14,16 +14,19 @@ import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Literal, Optional, get_args
 
 from features import fsio
 from features.config import Config, parse_config
 
 __all__ = ["ExportBase", "ExportedVersion", "ExportMeta", "is_version_name", "TEMP_PREFIX", "SIGNATURE",
-           "EXAMPLES_SIGNATURE"]
+           "EXAMPLES_SIGNATURE", "WeightDtype", "WEIGHT_DTYPES"]
 
 SIGNATURE = "serving_default"           # raw columns in (predict)
 EXAMPLES_SIGNATURE = "predict_examples"  # ranking: serialized tf.Examples of raw columns in (classify/regress)
+
+WeightDtype = Literal["float32", "bfloat16", "int8"]  # how an export stores embedding tables / Dense kernels
+WEIGHT_DTYPES: tuple[str, ...] = get_args(WeightDtype)
 
 _VERSION = re.compile(r"[0-9]{1,19}")
 TEMP_PREFIX = ".tmp-"  # BASE/.tmp-<version>-<pid>-<random>: an export in progress
@@ -40,6 +43,7 @@ class ExportMeta:
     model_dir: str
     version: int
     metrics: dict[str, Any] = field(default_factory=dict)  # the model's eval metrics, when known
+    weights: dict[str, Any] = field(default_factory=dict)  # serving.quantize: stored dtypes, tables/layers swapped
 
     def typed_config(self) -> Config:
         return parse_config(self.config)
@@ -47,7 +51,7 @@ class ExportMeta:
     @classmethod
     def from_dict(cls, data: dict) -> "ExportMeta":
         return cls(data["config"], data["raw_schema"], data["model_dir"], int(data["version"]),
-                   data.get("metrics") or {})
+                   data.get("metrics") or {}, data.get("weights") or {})
 
 
 @dataclass(frozen=True)

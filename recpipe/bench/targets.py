@@ -3,7 +3,7 @@ the CLI reads them before anything heavy is imported)."""
 
 __all__ = ["SUITES", "TARGETS"]
 
-SUITES = ("preprocess", "train", "serve", "cluster", "quality")
+SUITES = ("preprocess", "train", "serve", "cluster", "quality", "export")
 
 # The ratio keys every full run carries, with their targets: (">=" | "<=", value).
 TARGETS = {
@@ -29,4 +29,8 @@ TARGETS = {
     # retrieval: recall@10 of the shipped two towers over the most-popular baseline's, on real logs
     "quality_instacart_recall10_vs_popularity": (">=", 2.0),
     "quality_movielens_retrieval_recall10_vs_popularity": (">=", 2.0),
+    # exported SavedModel bytes and eval AUC with int8 / bfloat16 stored weights, the worse of Criteo and synthetic
+    "export_int8_bytes_vs_fp32": ("<=", 0.3),
+    "export_int8_auc_delta_abs": ("<=", 0.002),
+    "export_bf16_bytes_vs_fp32": ("<=", 0.55),
 }
