@@ -5,13 +5,14 @@ the serving export (lookup tables inside the graph). Layout of ``DIR``:
 
     config.yaml        the config the job ran with
     transform.json     raw schema, ID-space sizes, dense statistics, split, row counts, versions
-    vocab/NAME.json    {"values": [...], "counts": [...]} in ID order, one per vocabulary owner
+    vocab/NAME.json    {"values": [...], "counts": [...], "last_seen": [...], "pending": [...]} in ID
+                       order, one per vocabulary owner; a null value is a free slot (pipeline.lifecycle)
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
@@ -34,13 +35,16 @@ class ArtifactError(RecpipeError, ValueError):
 class TransformArtifact:
     config: Config
     raw_schema: dict[str, str]
-    vocabularies: dict[str, list[str]] = field(default_factory=dict)
+    vocabularies: dict[str, list[Optional[str]]] = field(default_factory=dict)  # ID -> value; None: free slot
     vocab_counts: dict[str, list[int]] = field(default_factory=dict)
+    vocab_last_seen: dict[str, list[Optional[int]]] = field(default_factory=dict)  # ID -> day (since 1970-01-01)
+    vocab_pending: dict[str, list[list]] = field(default_factory=dict)  # [value, day, rows] not admitted yet
     dense_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
     split: dict[str, Any] = field(default_factory=dict)
     row_counts: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     lineage: dict[str, Any] = field(default_factory=dict)  # e.g. the previous day's transform it extends
+    day: Optional[str] = None  # YYYY-MM-DD of the run (--day, or the input's dt= partitions)
 
     # ------------------------------------------------------------ ID spaces
     def id_space_size(self, feature: SparseFeature) -> int:
@@ -61,7 +65,8 @@ class TransformArtifact:
         fsio.makedirs(fsio.join(directory, "vocab"))
         fsio.write_text(fsio.join(directory, "config.yaml"), dump_config(self.config))
         for name, values in self.vocabularies.items():
-            body = {"values": values, "counts": self.vocab_counts.get(name, [])}
+            body = {"values": values, "counts": self.vocab_counts.get(name, []),
+                    "last_seen": self.vocab_last_seen.get(name, []), "pending": self.vocab_pending.get(name, [])}
             fsio.write_text(fsio.join(directory, "vocab", f"{name}.json"), json.dumps(body))
         self.write_meta(directory)  # last: its presence marks a complete artifact
 
@@ -76,6 +81,7 @@ class TransformArtifact:
             "row_counts": self.row_counts,
             "versions": self.versions,
             "lineage": self.lineage,
+            "day": self.day,
         }
         fsio.write_text(fsio.join(directory, "transform.json"), json.dumps(meta, indent=1, sort_keys=True))
 
@@ -95,7 +101,7 @@ class TransformArtifact:
     def read(cls, directory: str) -> "TransformArtifact":
         meta = cls.read_meta(directory)
         config = parse_config(yaml.safe_load(fsio.read_text(fsio.join(directory, "config.yaml"))))
-        vocabularies, counts = {}, {}
+        vocabularies, counts, last_seen, pending = {}, {}, {}, {}
         for f in config.features.sparse:
             if f.vocab is not None and f.share_embedding_with is None:
                 path = fsio.join(directory, "vocab", f"{f.name}.json")
@@ -104,7 +110,10 @@ class TransformArtifact:
                 body = fsio.read_json(path)
                 vocabularies[f.name] = body["values"]
                 counts[f.name] = body.get("counts", [])
+                last_seen[f.name] = body.get("last_seen", [])
+                pending[f.name] = body.get("pending", [])
         return cls(config=config, raw_schema=meta["raw_schema"], vocabularies=vocabularies,
-                   vocab_counts=counts, dense_stats=meta["dense_stats"], split=meta["split"],
+                   vocab_counts=counts, vocab_last_seen=last_seen, vocab_pending=pending,
+                   dense_stats=meta["dense_stats"], split=meta["split"],
                    row_counts=meta["row_counts"], versions=meta.get("versions", {}),
-                   lineage=meta.get("lineage", {}))
+                   lineage=meta.get("lineage", {}), day=meta.get("day"))

@@ -32,9 +32,11 @@ class ConfigError(RecpipeError, ValueError):
 
 @dataclass(frozen=True)
 class VocabSpec:
-    min_count: int = 1
-    max_size: Optional[int] = None
+    min_count: int = 1              # admission: a new value needs this many train rows ...
+    max_size: Optional[int] = None  # slots (IDs) in all; kept values win, new ones by count (pipeline.lifecycle)
     oov_buckets: int = 1
+    window_days: int = 1            # ... over the last window_days days (runs with --previous-transform)
+    evict_unseen_days: Optional[int] = None  # a value not seen for this many days frees its slot
 
 
 @dataclass(frozen=True)
@@ -383,6 +385,8 @@ def _validate(cfg: Config) -> Config:
             _positive(f.vocab.min_count, f"{path}.vocab.min_count")
             _positive(f.vocab.max_size, f"{path}.vocab.max_size")
             _positive(f.vocab.oov_buckets, f"{path}.vocab.oov_buckets")
+            _positive(f.vocab.window_days, f"{path}.vocab.window_days")
+            _positive(f.vocab.evict_unseen_days, f"{path}.vocab.evict_unseen_days")
         if f.separator is not None and not f.multivalent:
             raise ConfigError(f"{path}.separator: only multivalent features take a separator")
         if f.share_embedding_with is not None:

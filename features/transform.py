@@ -32,25 +32,32 @@ class FeatureTransform(tf.Module):
         super().__init__(name=name)
         self._cfg = artifact.config
         self._stats = artifact.dense_stats
-        self._tables: dict[str, tf.lookup.StaticVocabularyTable] = {}
+        self._tables: dict[str, tf.lookup.StaticHashTable] = {}
+        self._slots: dict[str, int] = {}
         for f in self._cfg.features.sparse:
             if f.vocab is None or f.share_embedding_with is not None:
                 continue
             values = artifact.vocabularies[f.name]
-            if not values:  # nothing reached min_count: every token is OOV (a table cannot be empty)
+            self._slots[f.name] = len(values)
+            ids = [i for i, v in enumerate(values) if v is not None]  # a None is a free slot: it maps no value
+            if not ids:  # nothing reached min_count: every token is OOV (a table cannot be empty)
                 continue
             init = tf.lookup.KeyValueTensorInitializer(
-                tf.constant(values, dtype=tf.string, shape=[len(values)]),
-                tf.range(len(values), dtype=tf.int64))
-            self._tables[f.name] = tf.lookup.StaticVocabularyTable(init, num_oov_buckets=f.vocab.oov_buckets)
+                tf.constant([values[i] for i in ids], dtype=tf.string, shape=[len(ids)]),
+                tf.constant(ids, dtype=tf.int64, shape=[len(ids)]))
+            self._tables[f.name] = tf.lookup.StaticHashTable(init, default_value=-1)
 
     def _ids(self, owner_name: str, tokens: tf.Tensor) -> tf.Tensor:
+        """Vocabulary IDs, and for OOV tokens slots + FarmHash64(token) % oov_buckets (what TF's
+        StaticVocabularyTable does, with the slot count, free slots included, as the vocabulary size)."""
         owner = self._cfg.sparse_by_name[owner_name]
         if owner.hash_buckets is not None:
             return tf.strings.to_hash_bucket_fast(tokens, owner.hash_buckets)
-        if owner_name not in self._tables:  # an empty vocabulary: the OOV buckets StaticVocabularyTable would use
-            return tf.strings.to_hash_bucket_fast(tokens, owner.vocab.oov_buckets)
-        return self._tables[owner_name].lookup(tokens)
+        oov = self._slots[owner_name] + tf.strings.to_hash_bucket_fast(tokens, owner.vocab.oov_buckets)
+        if owner_name not in self._tables:
+            return oov
+        ids = self._tables[owner_name].lookup(tokens)
+        return tf.where(ids >= 0, ids, oov)
 
     def _dense(self, name: str, transform: str, fill: float, x: tf.Tensor) -> tf.Tensor:
         x = tf.where(tf.math.is_nan(x), tf.constant(fill, tf.float32), x)
@@ -260,7 +267,8 @@ class BatchTransform:
         if owner.hash_buckets is not None:
             return tf.strings.to_hash_bucket_fast(_string_tensor(tokens), owner.hash_buckets).numpy()
         vocab = self._vocab[owner_name]
-        ids = pc.fill_null(pc.index_in(tokens, value_set=vocab), -1).to_numpy(zero_copy_only=False).astype(np.int64)
+        ids = pc.index_in(tokens, value_set=vocab, skip_nulls=True)  # free slots (nulls) match nothing
+        ids = pc.fill_null(ids, -1).to_numpy(zero_copy_only=False).astype(np.int64)
         oov = ids < 0
         if oov.any():  # as StaticVocabularyTable: vocabulary size + FarmHash64(token) % oov_buckets
             unknown = tokens.filter(pa.array(oov))

@@ -17,7 +17,7 @@ from features.config import Config
 __all__ = ["ts_histogram", "split_sizes", "split_cutoffs_from_histogram", "split_cutoffs_by_row",
            "user_keys", "user_last_orders", "merge_last_orders", "user_split_masks",
            "COUNT_SCHEMA", "token_count_tables", "merge_count_tables",
-           "select_vocabulary_table", "select_vocabulary", "merge_vocabulary",
+           "select_vocabulary_table", "select_vocabulary",
            "batch_moments", "moment_stats", "add_moments", "boundaries_from_quantiles", "merge_dense_stats"]
 
 
@@ -144,22 +144,6 @@ def select_vocabulary(counts: Iterable[tuple[str, int]], min_count: int, max_siz
     if max_size is not None:
         kept = kept[:max_size]
     return [v for v, _ in kept], [c for _, c in kept]
-
-
-def merge_vocabulary(prev_values: list[str], prev_counts: list[int], counts: Iterable[tuple[str, int]],
-                     min_count: int, max_size: int | None) -> tuple[list[str], list[int]]:
-    """Incremental vocabulary: known values keep their IDs (positions) and add up their counts;
-    new values with count >= min_count are appended, most frequent first, up to max_size in all."""
-    merged = dict(zip(prev_values, prev_counts or [0] * len(prev_values)))
-    fresh = []
-    for v, c in counts:
-        if v in merged:
-            merged[v] += c
-        else:
-            fresh.append((v, c))
-    room = None if max_size is None else max(max_size - len(prev_values), 0)
-    new_values, new_counts = select_vocabulary(fresh, min_count, room)
-    return list(prev_values) + new_values, [merged[v] for v in prev_values] + new_counts
 
 
 def batch_moments(cols: dict[str, pa.Array], cfg: Config) -> dict[str, tuple[int, float, float]]:

@@ -24,12 +24,14 @@ from features.config import Config, config_to_dict
 from features.errors import RecpipeError
 from features.preprocessed import SPLITS, PreprocessedData
 from pipeline.options import beam_args_with_defaults, check_beam_args
-from pipeline.sources import inspect_inputs, list_input_files
+from pipeline.lifecycle import day_number
+from pipeline.sources import inspect_inputs, list_input_files, partition_day
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
                                  ComputeDenseStats, ComputeVocabularies, CountRows, PackArtifact, ReadClickLogs,
                                  SplitCutoffs, SplitRows, ValidateRows, WriteEvalSample)
 
-__all__ = ["PreprocessError", "PreprocessResult", "build_pipeline", "run_preprocess", "load_previous_transform"]
+__all__ = ["PreprocessError", "PreprocessResult", "build_pipeline", "run_preprocess", "load_previous_transform",
+           "run_day"]
 
 
 class PreprocessError(RecpipeError, RuntimeError):
@@ -89,8 +91,30 @@ def load_previous_transform(path: str, cfg: Config, raw_schema: dict[str, str]) 
     return prev
 
 
+def run_day(cfg: Config, day: str | None, files: list[str], previous: TransformArtifact | None) -> int | None:
+    """The run's day (days since 1970-01-01): --day, else the input's latest dt= partition. Required,
+    and later than the previous run's day, when a vocabulary admits over a window or evicts."""
+    day = day or partition_day(files)
+    lifecycle = [f.name for f in cfg.features.sparse
+                 if f.vocab is not None and (f.vocab.window_days > 1 or f.vocab.evict_unseen_days is not None)]
+    if day is None:
+        if lifecycle:
+            raise PreprocessError(f"features {', '.join(lifecycle)} admit over days or evict: give the run's --day "
+                                  f"YYYY-MM-DD (or read dt=YYYY-MM-DD partitions)")
+        return None
+    try:
+        number = day_number(day)
+    except ValueError:
+        raise PreprocessError(f"--day {day!r}: expected YYYY-MM-DD") from None
+    if lifecycle and previous is not None and previous.day is not None and number <= day_number(previous.day):
+        raise PreprocessError(f"--day {day}: the previous transform is of {previous.day}; a day's run extends an "
+                              f"earlier day's")
+    return number
+
+
 def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, str], out: PreprocessedData,
-                   previous: TransformArtifact | None = None, previous_path: str | None = None) -> None:
+                   previous: TransformArtifact | None = None, previous_path: str | None = None,
+                   day: int | None = None) -> None:
     total = sum(f.num_rows for f in files)
     if cfg.split.by == "user":
         split_info = {"kind": "user_last", "user": cfg.split.user, "order": cfg.split_order}
@@ -116,11 +140,11 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     train_rows = (p | "ReadForAnalysis" >> ReadClickLogs(files_arg, columns)
                   | "ValidateForAnalysis" >> ValidateRows(cfg, dead_letter=False)
                   | "TrainRows" >> SplitRows(cfg, cutoff, count=False)).train
-    vocabs = train_rows | "ComputeVocabularies" >> ComputeVocabularies(cfg, previous)
+    vocabs = train_rows | "ComputeVocabularies" >> ComputeVocabularies(cfg, previous, day)
     stats = train_rows | "ComputeDenseStats" >> ComputeDenseStats(cfg, previous)
     lineage = {"previous_transform": previous_path} if previous is not None else {}
     artifact = (vocabs, stats) | "AssembleArtifact" >> AssembleArtifact(cfg, raw_schema, split_info, _versions(),
-                                                                        lineage)
+                                                                        lineage, day)
     # Pass 3: read -> validate -> split -> transform -> write, fused; accounts for every row.
     batches = p | "ReadClickLogs" >> ReadClickLogs(files_arg, columns, count_rows=True)
     validated = batches | "ValidateRows" >> ValidateRows(cfg)
@@ -222,17 +246,20 @@ def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResul
 
 
 def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[str] | None = None,
-                   say=print, previous_transform: str | None = None) -> PreprocessResult:
+                   say=print, previous_transform: str | None = None, day: str | None = None) -> PreprocessResult:
     """Run the job; publish OUTPUT atomically (local paths) and check the row accounting.
 
     beam_args: Beam options on top of pipeline.options.DEFAULT_BEAM_ARGS.
-    previous_transform: extend that run's vocabularies (IDs of known values never change).
+    previous_transform: extend that run's vocabularies (IDs of kept values never change).
+    day: YYYY-MM-DD of this run (default: the input's latest dt= partition), for the vocabularies'
+    admission window and eviction (pipeline.lifecycle).
     """
     beam_args = beam_args_with_defaults(beam_args)
     check_beam_args(beam_args)
     files = list_input_files(input_spec)
     raw_schema, inputs = inspect_inputs(files, cfg)
     previous = load_previous_transform(previous_transform, cfg, raw_schema) if previous_transform else None
+    day_no = run_day(cfg, day, files, previous)
     total = sum(f.num_rows for f in inputs)
     say(f"preprocess: {len(inputs)} file(s), {total} rows")
 
@@ -247,7 +274,7 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
     options = PipelineOptions(beam_args)
     try:
         p = beam.Pipeline(options=options)
-        build_pipeline(p, cfg, inputs, raw_schema, PreprocessedData(staging), previous, previous_transform)
+        build_pipeline(p, cfg, inputs, raw_schema, PreprocessedData(staging), previous, previous_transform, day_no)
         result = p.run()
         result.wait_until_finish()
         staged = PreprocessedData(staging)

@@ -10,6 +10,7 @@ import fnmatch
 import glob as globlib
 import os
 import posixpath
+import re
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
@@ -20,7 +21,9 @@ from features.config import Config
 from features.errors import RecpipeError
 from features.fsio import resolve
 
-__all__ = ["InputError", "InputFile", "list_input_files", "inspect_inputs", "open_parquet"]
+__all__ = ["InputError", "InputFile", "list_input_files", "inspect_inputs", "open_parquet", "partition_day"]
+
+_PARTITION_DAY = re.compile(r"(?:^|/)dt=([0-9]{4}-[0-9]{2}-[0-9]{2})(?:/|$)")
 
 
 class InputError(RecpipeError, ValueError):
@@ -36,6 +39,13 @@ class InputFile:
 
 def _is_glob(p: str) -> bool:
     return any(c in p for c in "*?[")
+
+
+def partition_day(files: list[str]) -> str | None:
+    """The latest dt=YYYY-MM-DD partition the input files are in (None when none is)."""
+    days = [m.group(1) for f in files for m in [_PARTITION_DAY.search(posixpath.dirname(f.replace(os.sep, "/")))]
+            if m]
+    return max(days) if days else None
 
 
 def list_input_files(spec: str) -> list[str]:

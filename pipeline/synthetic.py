@@ -12,6 +12,11 @@ an AUC well above 0.5, and one that learns interactions goes further than logist
 
 Logistic regression on one-hot features sees only the additive part; embeddings (dot products,
 DCN-v2's cross layers, two towers) can learn the rest.
+
+Item drift (`item_drift` > 0): the catalogue holds num_items + item_drift * (days - 1) items and day d
+draws its items (and histories) from the window of num_items starting at d * item_drift, Zipf-ranked
+from the window's start: every day the item_drift oldest items stop, item_drift new ones appear at the
+tail, and popularity moves on to items that were rarer the day before.
 """
 from __future__ import annotations
 
@@ -43,6 +48,10 @@ class GenerateSpec:
     num_items: int = 5_000
     max_history: int = 10
     rows_per_file: int = 1_000_000
+    item_drift: int = 0        # items per day the active item window moves on (module docstring)
+
+    def catalogue_items(self) -> int:
+        return self.num_items + self.item_drift * (self.days - 1)
 
 
 def _zipf_index(rng: np.random.Generator, n: int, cardinality: int, exponent: float) -> np.ndarray:
@@ -58,12 +67,13 @@ def _dictionary(prefix: str, cardinality: int, rng: np.random.Generator) -> pa.A
     return pa.array([f"{prefix}{c:08x}" for c in codes], pa.string())
 
 
-def _columns(spec: GenerateSpec, n: int, rng: np.random.Generator, hidden: dict) -> dict[str, pa.Array]:
+def _columns(spec: GenerateSpec, n: int, rng: np.random.Generator, hidden: dict, item_offset: int = 0
+             ) -> dict[str, pa.Array]:
     cols: dict[str, pa.Array] = {}
     logit = np.full(n, hidden["bias"])
 
     user = _zipf_index(rng, n, spec.num_users, 0.9)
-    item = _zipf_index(rng, n, spec.num_items, 1.05)
+    item = item_offset + _zipf_index(rng, n, spec.num_items, 1.05)
     cols["user_id"] = pc.take(hidden["users"], pa.array(user))
     cols["item_id"] = pc.take(hidden["items"], pa.array(item))
     logit += hidden["w_user"][user] + hidden["w_item"][item]
@@ -90,7 +100,7 @@ def _columns(spec: GenerateSpec, n: int, rng: np.random.Generator, hidden: dict)
         cols[f"I{j + 1}"] = pa.array(val, pa.int64(), mask=missing)
 
     lengths = rng.integers(0, spec.max_history + 1, size=n)
-    hist = _zipf_index(rng, int(lengths.sum()), spec.num_items, 1.05)
+    hist = item_offset + _zipf_index(rng, int(lengths.sum()), spec.num_items, 1.05)
     # Users who saw an item of the same "genre" (item index mod 7) click it more often.
     same = (hist % 7) == np.repeat(item % 7, lengths)
     row_of = np.repeat(np.arange(n), lengths)
@@ -111,16 +121,16 @@ def _hidden_model(spec: GenerateSpec) -> dict:
     return {
         "bias": -1.9,
         "users": _dictionary("u", spec.num_users, rng),
-        "items": _dictionary("i", spec.num_items, rng),
+        "items": _dictionary("i", spec.catalogue_items(), rng),
         "w_user": rng.normal(0, 0.5, spec.num_users),
-        "w_item": rng.normal(0, 0.8, spec.num_items),
+        "w_item": rng.normal(0, 0.8, spec.catalogue_items()),
         "cat_shapes": shapes,
         "cat_dicts": [_dictionary("", c, rng) for c, _ in shapes],
         "w_cat": [rng.normal(0, 0.6, c) for c, _ in shapes[:6]],
         "w_dense": rng.normal(0, 0.6, NUM_DENSE),
         # drawn last, so the additive part above is the same as before these were added
         "taste": rng.normal(0, 1, (spec.num_users, LATENT_DIMS)),
-        "topic": rng.normal(0, 1, (spec.num_items, LATENT_DIMS)),
+        "topic": rng.normal(0, 1, (spec.catalogue_items(), LATENT_DIMS)),
         "w_pair": rng.normal(0, 1.0, (8, 8)),
     }
 
@@ -143,7 +153,7 @@ def generate_log(spec: GenerateSpec, out_dir: str, say=None) -> list[str]:
         day_start = int(dt.datetime(date.year, date.month, date.day, tzinfo=dt.timezone.utc).timestamp())
         for part, start in enumerate(range(0, int(n_day), spec.rows_per_file)):
             n = int(min(spec.rows_per_file, n_day - start))
-            cols = _columns(spec, n, rng, hidden)
+            cols = _columns(spec, n, rng, hidden, item_offset=day * spec.item_drift)
             lo = start * _SECONDS_PER_DAY // max(int(n_day), 1)
             hi = (start + n) * _SECONDS_PER_DAY // max(int(n_day), 1)
             cols["ts"] = pa.array(np.sort(rng.integers(day_start + lo, day_start + max(hi, lo + 1), size=n)))

@@ -12,7 +12,7 @@ import json
 import operator
 import pickle
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import apache_beam as beam
 import numpy as np
@@ -25,8 +25,9 @@ from features.artifact import TransformArtifact
 from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, numeric, validate_batch
 from features.config import Config
 from features.preprocessed import SPLITS
+from pipeline.lifecycle import VocabState, advance_vocabulary, day_name, day_number
 from pipeline.analysis import (COUNT_SCHEMA, add_moments, batch_moments, boundaries_from_quantiles,
-                               merge_count_tables, merge_dense_stats, merge_vocabulary, moment_stats,
+                               merge_count_tables, merge_dense_stats, moment_stats,
                                select_vocabulary_table, split_cutoffs_by_row, split_cutoffs_from_histogram,
                                token_count_tables, ts_histogram, user_last_orders, user_split_masks,
                                merge_last_orders)
@@ -355,48 +356,80 @@ class _MergeCountTables(beam.CombineFn):
         return merge_count_tables(acc)
 
 
+PENDING_SCHEMA = pa.schema([("value", pa.string()), ("day", pa.int64()), ("rows", pa.int64())])
+
+
+class VocabArrays(NamedTuple):
+    """A vocabulary's lifecycle state (pipeline.lifecycle.VocabState) as Arrow arrays."""
+    values: pa.Array     # string, null for a free slot
+    counts: pa.Array     # int64
+    last_seen: pa.Array  # int64 days, null when free or unknown
+    pending: pa.Table    # PENDING_SCHEMA
+
+
+def vocab_arrays(state: VocabState) -> VocabArrays:
+    pending = pa.Table.from_pylist([{"value": v, "day": d, "rows": r} for v, d, r in state.pending],
+                                   schema=PENDING_SCHEMA)
+    return VocabArrays(pa.array(state.values, pa.string()), pa.array(state.counts, pa.int64()),
+                       pa.array(state.last_seen, pa.int64()), pending)
+
+
+def previous_state(prev: TransformArtifact, owner: str) -> VocabState:
+    """The state a previous artifact holds for one vocabulary (artifacts written before the lifecycle
+    have no last-seen days or pending counts)."""
+    values = list(prev.vocabularies.get(owner, []))
+    counts = list(prev.vocab_counts.get(owner, [])) or [0] * len(values)
+    last_seen = list(prev.vocab_last_seen.get(owner, [])) or [None] * len(values)
+    pending = [tuple(p) for p in prev.vocab_pending.get(owner, [])]
+    return VocabState(values, counts, last_seen, pending, day_number(prev.day) if prev.day else None)
+
+
 class ComputeVocabularies(beam.PTransform):
-    """Canonical train batches -> (owner feature name, (values, counts) as Arrow arrays) per vocabulary.
+    """Canonical train batches -> (owner feature name, VocabArrays) per vocabulary.
 
     Each batch is counted by Arrow into one (value, count) table per feature; the combiner sums
-    whole tables. With a previous artifact, its vocabularies are extended (merge_vocabulary),
-    never reordered.
+    whole tables. The first day without a window selects vectorised; otherwise the previous
+    artifact's state advances by one day (pipeline.lifecycle: admission over a window of days,
+    eviction of values unseen for days, slot reuse, max_size), IDs of kept values never changing.
     """
 
-    def __init__(self, cfg: Config, previous: TransformArtifact | None = None):
+    def __init__(self, cfg: Config, previous: TransformArtifact | None = None, day: int | None = None):
         super().__init__()
-        self._cfg, self._previous = cfg, previous
+        self._cfg, self._previous, self._day = cfg, previous, day
 
     def expand(self, train):
-        cfg, prev = self._cfg, self._previous
+        cfg, prev, day = self._cfg, self._previous, self._day
         owners = {f.name: f.vocab for f in cfg.features.sparse if f.vocab is not None}
 
         def select(kv):
-            # (values, counts) stay Arrow arrays: the artifact's assembly takes them as a side input,
-            # which a runner sizes object by object when they are Python lists
+            # the state stays Arrow arrays: the artifact's assembly takes it as a side input, which a
+            # runner sizes object by object when it is Python lists
             owner, counts = kv
             spec = owners[owner]
-            if prev is None:
-                return owner, select_vocabulary_table(counts, spec.min_count, spec.max_size)
-            known = pa.array(prev.vocabularies.get(owner, []), pa.string())
-            # only values that can enter or are already known go through the Python merge
-            wanted = counts.filter(pc.or_(pc.greater_equal(counts.column("count"), spec.min_count),
-                                          pc.is_in(counts.column("value"), value_set=known)))
-            values, merged = merge_vocabulary(prev.vocabularies.get(owner, []), prev.vocab_counts.get(owner, []),
-                                              zip(wanted.column("value").to_pylist(),
-                                                  wanted.column("count").to_pylist()),
-                                              spec.min_count, spec.max_size)
-            return owner, (pa.array(values, pa.string()), pa.array(merged, pa.int64()))
+            if prev is None and spec.window_days == 1:
+                values, kept = select_vocabulary_table(counts, spec.min_count, spec.max_size)
+                return owner, VocabArrays(values, kept, pa.array([day] * len(values), pa.int64()),
+                                          PENDING_SCHEMA.empty_table())
+            state = previous_state(prev, owner) if prev is not None else None
+            if spec.window_days == 1:  # only values that can enter or are already known need the Python pass
+                known = pa.array([v for v in state.values if v is not None] if state else [], pa.string())
+                counts = counts.filter(pc.or_(pc.greater_equal(counts.column("count"), spec.min_count),
+                                              pc.is_in(counts.column("value"), value_set=known)))
+            today = zip(counts.column("value").to_pylist(), counts.column("count").to_pylist())
+            return owner, vocab_arrays(advance_vocabulary(state, today, day, spec))
 
         counted = (train
                    | "CountTables" >> beam.FlatMap(token_count_tables, cfg)
                    | "SumCounts" >> beam.CombinePerKey(_MergeCountTables())
-                   | "Select" >> beam.Map(select))
-        # Every vocabulary owner gets an entry, also when no value reached min_count.
-        empty = train.pipeline | "AllOwners" >> beam.Create([(o, select((o, COUNT_SCHEMA.empty_table()))[1])
+                   | "Select" >> beam.Map(select)
+                   | "Counted" >> beam.MapTuple(lambda o, v: (o, (True, v))))
+        # Every vocabulary owner gets an entry, also when no train row has a value for it; a counted
+        # entry wins over this one.
+        empty = train.pipeline | "AllOwners" >> beam.Create([(o, (False, select((o, COUNT_SCHEMA.empty_table()))[1]))
                                                              for o in owners])
         return ((counted, empty) | "WithEmpty" >> beam.Flatten()
-                | "OnePerOwner" >> beam.CombinePerKey(lambda vs: max(list(vs), key=lambda x: len(x[0]))))
+                | "OnePerOwner" >> beam.CombinePerKey(lambda vs: max(vs, key=lambda x: x[0]))
+                | "State" >> beam.MapTuple(lambda o, flagged: (o, flagged[1])))
 
 
 class ComputeDenseStats(beam.PTransform):
@@ -433,9 +466,11 @@ class ComputeDenseStats(beam.PTransform):
 
 # ------------------------------------------------------------------------- artifact + transform
 class AssembleArtifact(beam.PTransform):
-    def __init__(self, cfg: Config, raw_schema: dict[str, str], split: dict, versions: dict, lineage: dict):
+    def __init__(self, cfg: Config, raw_schema: dict[str, str], split: dict, versions: dict, lineage: dict,
+                 day: int | None = None):
         super().__init__()
         self._cfg, self._raw, self._split, self._versions, self._lineage = cfg, raw_schema, split, versions, lineage
+        self._day = day
 
     def expand(self, inputs):
         vocabs, stats = inputs
@@ -443,9 +478,12 @@ class AssembleArtifact(beam.PTransform):
         def assemble(_, vocab_list, dense_stats):
             return TransformArtifact(
                 config=self._cfg, raw_schema=self._raw,
-                vocabularies={o: v.to_pylist() for o, (v, _) in vocab_list},
-                vocab_counts={o: c.to_pylist() for o, (_, c) in vocab_list},
-                dense_stats=dense_stats, split=self._split, versions=self._versions, lineage=self._lineage)
+                vocabularies={o: v.values.to_pylist() for o, v in vocab_list},
+                vocab_counts={o: v.counts.to_pylist() for o, v in vocab_list},
+                vocab_last_seen={o: v.last_seen.to_pylist() for o, v in vocab_list},
+                vocab_pending={o: [list(r.values()) for r in v.pending.to_pylist()] for o, v in vocab_list},
+                dense_stats=dense_stats, split=self._split, versions=self._versions, lineage=self._lineage,
+                day=day_name(self._day) if self._day is not None else None)
 
         return (vocabs.pipeline | "Seed" >> beam.Create([None])
                 | "Assemble" >> beam.Map(assemble, beam.pvalue.AsList(vocabs), beam.pvalue.AsSingleton(stats)))

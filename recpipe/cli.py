@@ -87,7 +87,8 @@ def cmd_generate(a) -> None:
     from pipeline.synthetic import GenerateSpec, generate_log
     start = dt.date.fromisoformat(a.start_date)
     t0 = time.perf_counter()
-    files = generate_log(GenerateSpec(rows=a.rows, days=a.days, seed=a.seed, start_date=start), a.out, say=_say)
+    files = generate_log(GenerateSpec(rows=a.rows, days=a.days, seed=a.seed, start_date=start, item_drift=a.item_drift),
+                         a.out, say=_say)
     _say(f"generate: {a.rows} rows in {len(files)} file(s) under {a.out} ({time.perf_counter() - t0:.1f}s)")
 
 
@@ -114,7 +115,7 @@ def cmd_preprocess(a, extra: list[str]) -> None:
     check_beam_args(extra, also_known=a.own_flags)
     cfg = load_config(a.config)
     t0 = time.perf_counter()
-    run_preprocess(cfg, a.input, a.output, extra, say=_say, previous_transform=a.previous_transform)
+    run_preprocess(cfg, a.input, a.output, extra, say=_say, previous_transform=a.previous_transform, day=a.day)
     _say(f"preprocess: done in {time.perf_counter() - t0:.1f}s -> {a.output}")
 
 
@@ -261,6 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", required=True, help="output folder; files go to OUT/dt=YYYY-MM-DD/part-*.parquet")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--start-date", default="2026-01-01", help="first day (YYYY-MM-DD)")
+    g.add_argument("--item-drift", type=int, default=0,
+                   help="items per day the active item population moves on (new items appear, the oldest stop)")
     g.set_defaults(fn=cmd_generate)
 
     c = sub.add_parser("criteo-to-parquet", help="convert a Criteo CSV/TSV (label, I1..I13, C1..C26) to Parquet")
@@ -290,7 +293,10 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--output", required=True)
     pp.add_argument("--previous-transform", metavar="DIR",
                     help="a previous preprocess output (or its transform/): extend its vocabularies so "
-                         "IDs of known values never change between days")
+                         "IDs of kept values never change between days")
+    pp.add_argument("--day", metavar="YYYY-MM-DD",
+                    help="this run's day, for vocabularies that admit over a window of days or evict (default: "
+                         "the input's latest dt=YYYY-MM-DD partition)")
     pp.set_defaults(fn=cmd_preprocess, beam=True, own_flags=tuple(s for a in pp._actions for s in a.option_strings))
 
     t = sub.add_parser("train", help="train the configured TFRS model on preprocessed data")

@@ -113,7 +113,7 @@ def step_preprocess(dc: DailyConfig, day: str, say, beam_args: Optional[list[str
                            f"({previous.root}); days must run in order")
     os.makedirs(d.root, exist_ok=True)
     run_preprocess(load_config(dc.config), _partition(dc, day), d.data.root, beam_args, say=say,
-                   previous_transform=previous.root if previous else None)
+                   previous_transform=previous.root if previous else None, day=day)
     return 0
 
 

@@ -77,10 +77,10 @@ def _candidate_index(cfg, artifact: TransformArtifact, model: tf.keras.Model, da
     owner = cfg.table_owner(cfg.sparse_by_name[names[0]])
     if len(names) == 1 and owner.vocab is not None:
         values = artifact.vocabularies[owner.name]
-        ids = np.arange(len(values), dtype=np.int64)
+        ids = np.array([i for i, v in enumerate(values) if v is not None], dtype=np.int64)  # not free slots
         emb = np.concatenate([model.candidate_embedding({names[0]: tf.constant(ids[i:i + 8192])}).numpy()
                               for i in range(0, len(ids), 8192)])
-        return emb, list(values)
+        return emb, [values[i] for i in ids.tolist()]
     candidates, _ = read_clicks(cfg, data_dir, ("train", "validation", "eval"))
     multivalent = {n for n in names if cfg.sparse_by_name[n].multivalent}
     emb = np.concatenate([model.candidate_embedding(candidates.batch(i, i + 8192, multivalent)).numpy()

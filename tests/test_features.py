@@ -185,10 +185,12 @@ def test_artifact_round_trip(tmp_path):
     assert back.table_sizes() == {"a": 4, "n": 50, "lst": 10, "a_x_n": 1000}
 
 
-def test_batch_transform_equals_the_graph_transform():
+@pytest.mark.parametrize("free_slots", [False, True])
+def test_batch_transform_equals_the_graph_transform(free_slots):
     """The Beam job's Arrow path (BatchTransform) gives exactly FeatureTransform's IDs and values:
     in-vocabulary, OOV buckets, hashed, shared and multivalent features, dense transforms, on a
-    batch with many distinct tokens (unicode, empty strings and an empty vocabulary included)."""
+    batch with many distinct tokens (unicode, empty strings and an empty vocabulary included), also
+    when the vocabulary has free slots (evicted values: they map to OOV, and no token maps to the slot)."""
     rng = np.random.default_rng(5)
     cfg = parse_config({"name": "t", "features": {
         "sparse": [{"name": "a", "column": "a", "vocab": {"min_count": 1, "oov_buckets": 7}},
@@ -212,8 +214,11 @@ def test_batch_transform_equals_the_graph_transform():
         "lst": pa.array([list(map(int, rng.integers(0, 50, rng.integers(0, 3)))) for _ in range(n)],
                         pa.list_(pa.int64())),
         "x": pa.array(np.where(rng.random(n) < 0.1, np.nan, rng.lognormal(1, 2, n)))})
+    vocab_a = tokens[:150:3] + ["ü"]
+    freed = set(range(0, 51, 5)) if free_slots else set()
+    vocab_a = [None if i in freed else v for i, v in enumerate(vocab_a)]
     art = TransformArtifact(config=cfg, raw_schema=check_schema(table.schema, cfg, "mem"),
-                            vocabularies={"a": tokens[:150:3] + ["ü"], "e": []}, vocab_counts={"a": [1] * 51, "e": []},
+                            vocabularies={"a": vocab_a, "e": []}, vocab_counts={"a": [1] * 51, "e": []},
                             dense_stats={"x": {"mean": 1.0, "std": 2.0}, "z": {"mean": 0.5, "std": 3.0},
                                          "b": {"boundaries": [1.5, 5.0]}})
     cols = {k: v for k, v in canonicalize(table, cfg).items() if k != LABEL_KEY}
@@ -228,6 +233,9 @@ def test_batch_transform_equals_the_graph_transform():
             assert got.dtype == want.numpy().dtype, k
             np.testing.assert_array_equal(got, want.numpy(), err_msg=k)
     assert (batch["a"] >= 51).any() and (batch["a"] < 51).any() and (batch["e"] >= 0).all()
+    assert not set(batch["a"].tolist()) & freed  # an evicted value (t0, t15, ...) is OOV now
+    if free_slots:
+        assert batch["a"][np.asarray(cols["a"].to_pylist()) == "t0"].min() >= 51
 
 
 def test_cross_config_checks():

@@ -21,7 +21,7 @@ from features.preprocessed import SPLITS
 from features.records import parse_record
 from pipeline.preprocess import PreprocessError, run_preprocess
 from pipeline.sources import InputError, inspect_inputs, list_input_files
-from pipeline.analysis import (merge_count_tables, merge_dense_stats, merge_vocabulary, select_vocabulary,
+from pipeline.analysis import (merge_count_tables, merge_dense_stats, select_vocabulary,
                                select_vocabulary_table, split_cutoffs_by_row, split_cutoffs_from_histogram,
                                token_count_tables)
 from pipeline.transforms import ComputeVocabularies, RawBatch, ValidateRows, _MergeCountTables
@@ -252,10 +252,14 @@ def test_listing_and_offsets(small_log, small_cfg):
 
 
 # ----------------------------------------------------------------------------- incremental days
-def test_merge_vocabulary_keeps_ids():
-    values, counts = merge_vocabulary(["a", "b"], [5, 3], [("c", 4), ("b", 1), ("d", 1), ("e", 4)], 2, 3)
-    assert values == ["a", "b", "c"] and counts == [5, 4, 4]  # room for one: c beats e on the tie by value
-    assert merge_vocabulary(["a"], [1], [("z", 9)], 1, None) == (["a", "z"], [1, 9])
+def test_incremental_vocabulary_keeps_ids():
+    from features.config import VocabSpec
+    from pipeline.lifecycle import VocabState, advance_vocabulary
+    prev = VocabState(["a", "b"], [5, 3], [0, 0])
+    new = advance_vocabulary(prev, [("c", 4), ("b", 1), ("d", 1), ("e", 4)], 1, VocabSpec(min_count=2, max_size=3))
+    assert new.values == ["a", "b", "c"] and new.counts == [5, 4, 4]  # room for one: c beats e on the tie by value
+    new = advance_vocabulary(VocabState(["a"], [1], [0]), [("z", 9)], 1, VocabSpec(min_count=1))
+    assert (new.values, new.counts) == (["a", "z"], [1, 9])
 
 
 def test_merge_dense_stats_accumulates_moments():

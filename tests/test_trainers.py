@@ -132,14 +132,21 @@ def test_warm_start_from_previous_day(tmp_path, small_log, small_cfg, small_cfg_
     r = train(TrainOptions(d2, str(tmp_path / "m2"), small_cfg_path, warm_start=m1,
                            run=RunOptions(steps=20)), say=said.append)
     assert r.steps_done == 20 and any("warm start from" in s for s in said)
-    # Without --previous-transform the IDs are not stable: refused, not silently scrambled.
+    # Without --previous-transform the IDs differ: rows still follow the values, wherever they moved.
     d2_fresh = str(tmp_path / "d2_fresh")
     run_preprocess(small_cfg, days[1], d2_fresh, IN_MEMORY, say=lambda _: None)
     art_fresh = TransformArtifact.read(os.path.join(d2_fresh, "transform"))
     fresh_model = build_model(small_cfg, art_fresh)
     fresh_model(dummy_batch(small_cfg))
-    with pytest.raises(WarmStartError, match="not a prefix of today's"):
-        warm_start(fresh_model, small_cfg, art_fresh, m1)
+    report = warm_start(fresh_model, small_cfg, art_fresh, m1)
+    before = {v: i for i, v in enumerate(art1.vocabularies["item_id"])}
+    pairs = [(i, before[v]) for i, v in enumerate(art_fresh.vocabularies["item_id"]) if v in before]
+    assert report["rows_copied"]["item_id"] == len(pairs) > 0 and any(i != j for i, j in pairs)
+    today, earlier = (list(x) for x in zip(*pairs))
+    np.testing.assert_array_equal(emb(fresh_model)[today], emb(model1)[earlier])
+    from dataclasses import replace
+    with pytest.raises(WarmStartError, match="model section differs"):
+        warm_start(fresh_model, replace(small_cfg, model=replace(small_cfg.model, deep_layers=[8])), art_fresh, m1)
 
 
 def test_two_tower_retrieval_trains_and_beats_random(tmp_path, preprocessed):

@@ -272,13 +272,13 @@ def known_ids(cfg: Config, artifact: TransformArtifact) -> int:
 
 def candidate_log_q(cfg: Config, artifact: TransformArtifact) -> np.ndarray:
     """log P(candidate ID) in the train split for every ID of the first candidate feature's table:
-    vocabulary counts / their total; the OOV buckets share the rarest count (their true counts are
-    not kept)."""
+    vocabulary counts / their total; the OOV buckets and free slots share the rarest count (their true
+    counts are not kept)."""
     owner = cfg.table_owner(cfg.sparse_by_name[cfg.model.candidate_features[0]])
     counts = np.asarray(artifact.vocab_counts.get(owner.name, []), dtype=np.float64)
     rows = artifact.table_sizes()[owner.name]
-    floor = counts.min() if len(counts) else 1.0
-    full = np.concatenate([counts, np.full(rows - len(counts), floor)])
+    floor = counts[counts > 0].min() if (counts > 0).any() else 1.0
+    full = np.concatenate([np.where(counts > 0, counts, floor), np.full(rows - len(counts), floor)])
     return np.log(full / full.sum())
 
 

@@ -1,10 +1,10 @@
 """Warm start: initialise a new model from a previous day's model dir.
 
-Embedding rows are copied by ID. That is only meaningful because `recpipe preprocess
---previous-transform` keeps the ID of every known value: rows [0, len(previous vocabulary)) of a
-vocabulary table, and every row of a hashed table of unchanged size, mean the same values today.
-New values (appended IDs) and OOV buckets keep their fresh initialisation. Every other weight is
-copied when its shape is unchanged; the optimizer starts fresh.
+Embedding rows follow the values: a vocabulary table's row for a value is copied from the row that
+held the same value yesterday (kept values keep their IDs, so that is the same row; a slot freed by
+eviction and reused by a new value starts fresh, as do newly appended values and the OOV buckets).
+A hashed table of unchanged size is copied row for row. Every other weight is copied when its shape
+is unchanged; the optimizer starts fresh.
 """
 from __future__ import annotations
 
@@ -29,11 +29,16 @@ class WarmStartError(RecpipeError, ValueError):
 _TABLE_WEIGHT = re.compile(r"/emb_([A-Za-z][A-Za-z0-9_]*)/")  # SparseEmbeddings names its tables emb_<owner>
 
 
-def _known_rows(cfg: Config, prev: TransformArtifact, table: str, prev_rows: int) -> int:
-    owner = cfg.sparse_by_name[table]
-    if owner.hash_buckets is not None:
-        return prev_rows
-    return len(prev.vocabularies.get(table, []))
+def _row_map(cfg: Config, prev: TransformArtifact, artifact: TransformArtifact, table: str, prev_rows: int,
+             rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(today's rows, the previous model's rows) that stand for the same values."""
+    if cfg.sparse_by_name[table].hash_buckets is not None:
+        same = np.arange(min(prev_rows, rows))
+        return same, same
+    before = {v: i for i, v in enumerate(prev.vocabularies.get(table, [])) if v is not None}
+    pairs = [(i, before[v]) for i, v in enumerate(artifact.vocabularies.get(table, [])) if v in before]
+    today, earlier = (np.array(x, dtype=np.int64) for x in zip(*pairs)) if pairs else (np.zeros(0, np.int64),) * 2
+    return today, earlier
 
 
 def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, previous_dir: str) -> dict:
@@ -46,11 +51,6 @@ def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, 
                 and prev_art.table_sizes()[table] != new_rows:
             raise WarmStartError(f"{previous_dir}: hashed table {table!r} changed size "
                                  f"({prev_art.table_sizes()[table]} -> {new_rows}); IDs would not match")
-        prev_vocab = prev_art.vocabularies.get(table)
-        vocab = artifact.vocabularies.get(table)
-        if prev_vocab is not None and vocab is not None and vocab[: len(prev_vocab)] != prev_vocab:
-            raise WarmStartError(f"{previous_dir}: vocabulary of {table!r} is not a prefix of today's; "
-                                 f"preprocess with --previous-transform to keep IDs stable")
     # Same network config => same weight order (auto-numbered layer names differ between processes).
     if len(model.weights) != len(prev_model.weights):
         raise WarmStartError(f"{previous_dir}: {len(prev_model.weights)} weights there, {len(model.weights)} here")
@@ -63,12 +63,12 @@ def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, 
             report["copied"] += 1
         elif is_table and src.shape[1:] == w.shape[1:]:
             table = table_match.group(1)
-            n = min(_known_rows(cfg, prev_art, table, int(src.shape[0])), int(w.shape[0]))
+            today, earlier = _row_map(cfg, prev_art, artifact, table, int(src.shape[0]), int(w.shape[0]))
             fresh = np.array(w.numpy())
-            fresh[:n] = src.numpy()[:n]
+            fresh[today] = src.numpy()[earlier]
             w.assign(fresh)
             report["copied"] += 1
-            report["rows_copied"][table] = n
+            report["rows_copied"][table] = int(len(today))
         else:
             report["skipped"].append(f"{w.name} {tuple(src.shape)} -> {tuple(w.shape)}")
     if report["skipped"]:

@@ -1,0 +1,150 @@
+"""Embedding lifecycle across days (pipeline.lifecycle, `vocab: {window_days, evict_unseen_days}`):
+admission over a window of days, eviction of values unseen for days, freed slots reused while kept
+values keep their IDs, the max_size rule; the same rules through day-by-day Beam runs, evicted values
+mapping to OOV in the one transform, and warm start following values into their new slots."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import IN_MEMORY
+from features.artifact import TransformArtifact
+from features.canonical import LABEL_KEY, canonicalize
+from features.config import VocabSpec, parse_config
+from features.transform import BatchTransform
+from pipeline.analysis import select_vocabulary
+from pipeline.lifecycle import VocabState, advance_vocabulary, day_name, day_number
+from pipeline.preprocess import PreprocessError, run_preprocess
+
+
+def test_admission_counts_the_window_of_days():
+    spec = VocabSpec(min_count=3, window_days=2)
+    d0 = advance_vocabulary(None, [("x", 2), ("y", 5)], 10, spec)
+    assert d0.values == ["y"] and d0.pending == [("x", 10, 2)]
+    d1 = advance_vocabulary(d0, [("x", 1)], 11, spec)
+    assert d1.values == ["y", "x"] and d1.counts == [5, 3] and d1.last_seen == [10, 11] and d1.pending == []
+    late = advance_vocabulary(d0, [("x", 1)], 12, spec)  # day 10 left the window: 1 row counts
+    assert late.values == ["y"] and late.pending == [("x", 12, 1)]
+    one_day = advance_vocabulary(advance_vocabulary(None, [("x", 2)], 10, VocabSpec(min_count=3)), [("x", 1)], 11,
+                                 VocabSpec(min_count=3))
+    assert one_day.values == [] and one_day.pending == []  # window_days 1 keeps nothing pending
+
+
+def test_eviction_frees_slots_that_new_values_reuse_and_kept_ids_never_change():
+    spec = VocabSpec(min_count=1, max_size=3, evict_unseen_days=2)
+    s = advance_vocabulary(None, [("a", 5), ("b", 4), ("c", 3)], 0, spec)
+    assert s.values == ["a", "b", "c"]
+    s = advance_vocabulary(s, [("a", 1), ("c", 1)], 1, spec)
+    assert s.values == ["a", "b", "c"] and s.last_seen == [1, 0, 1]  # b unseen for 1 day: kept
+    s = advance_vocabulary(s, [("a", 1), ("d", 5)], 2, spec)
+    assert s.values == ["a", "d", "c"] and s.counts == [7, 5, 4] and s.last_seen == [2, 2, 1]  # b out, d in
+    s = advance_vocabulary(s, [("b", 3), ("a", 1), ("d", 1)], 3, spec)
+    assert s.values == ["a", "d", "b"] and s.counts == [8, 6, 3]  # c evicted; b readmitted, into c's slot
+    s = advance_vocabulary(s, [], 6, spec)
+    assert s.values == [None, None, None] and s.counts == [0, 0, 0] and s.live() == 0
+
+
+def test_max_size_keeps_old_values_and_admits_new_ones_by_count_then_value():
+    spec = VocabSpec(min_count=2, max_size=4, evict_unseen_days=1)
+    s = VocabState(["k1", "k2", "k3"], [1, 1, 1], [4, 4, 4], day=4)
+    s = advance_vocabulary(s, [("k1", 1), ("k3", 1), ("n1", 9), ("n2", 50), ("n3", 9), ("n4", 1)], 5, spec)
+    # k2 is evicted; two slots (k2's, then a new one) go to the two most seen new values
+    assert s.values == ["k1", "n2", "k3", "n1"] and s.counts == [2, 50, 2, 9]
+    kept = advance_vocabulary(VocabState(["k"], [1], [5], day=5), [("k", 1), ("n", 99)], 6,
+                              VocabSpec(min_count=1, max_size=1))
+    assert kept.values == ["k"]  # a kept value is never displaced, however popular a new one is
+
+
+def test_first_day_and_plain_days_match_the_plain_vocabulary():
+    rng = np.random.default_rng(3)
+    counts = [(f"v{i}", int(c)) for i, c in enumerate(rng.integers(1, 9, 300))]
+    for min_count, max_size in ((1, None), (4, None), (3, 50)):
+        s = advance_vocabulary(None, counts, 0, VocabSpec(min_count=min_count, max_size=max_size))
+        assert (s.values, s.counts) == select_vocabulary(counts, min_count, max_size)
+    assert day_name(day_number("2026-11-23")) == "2026-11-23" and day_number("1970-01-02") == 1
+
+
+def _day_log(root: str, day: str, items: dict[str, int]) -> None:
+    """One day's partition: `n` rows of each item (label alternating), row order = time order."""
+    names = [v for v, n in items.items() for _ in range(n)]
+    folder = os.path.join(root, f"dt={day}")
+    os.makedirs(folder)
+    pq.write_table(pa.table({"label": pa.array([i % 2 for i in range(len(names))], pa.int64()),
+                             "item": pa.array(names, pa.string())}), os.path.join(folder, "part.parquet"))
+
+
+def _cfg(**vocab):
+    spec = {"min_count": 3, "max_size": 4, "oov_buckets": 2, "window_days": 2, "evict_unseen_days": 2, **vocab}
+    return parse_config({"name": "life", "split": {"eval_fraction": 0.05}, "label": {"column": "label"},
+                         "features": {"sparse": [{"name": "item", "column": "item", "embedding_dim": 4,
+                                                  "vocab": spec}]}})
+
+
+# Each day's last row (z) is its eval split (5 % of 20-37 rows: one row), so never counted.
+DAYS = {"2026-01-01": {"a": 9, "b": 9, "x": 2, "z": 1},
+        "2026-01-02": {"a": 9, "c": 9, "x": 1, "z": 1},
+        "2026-01-03": {"a": 9, "c": 9, "d": 9, "e": 9, "z": 1},
+        "2026-01-04": {"a": 9, "b": 9, "f": 1, "z": 1}}
+
+
+@pytest.fixture(scope="module")
+def four_days(tmp_path_factory):
+    base = tmp_path_factory.mktemp("lifecycle")
+    cfg, log = _cfg(), str(base / "log")
+    for day, items in DAYS.items():
+        _day_log(log, day, items)
+    outs, prev = [], None
+    for day in DAYS:
+        out = str(base / day)
+        run_preprocess(cfg, os.path.join(log, f"dt={day}"), out, IN_MEMORY, say=lambda _: None,
+                       previous_transform=prev)
+        outs.append(out)
+        prev = out
+    return cfg, log, outs, [TransformArtifact.read(os.path.join(o, "transform")) for o in outs]
+
+
+def test_day_by_day_runs_admit_evict_and_reuse_slots(four_days):
+    cfg, _, _, arts = four_days
+    v = [a.vocabularies["item"] for a in arts]
+    assert [a.day for a in arts] == list(DAYS)  # read from the dt= partitions
+    assert v[0] == ["a", "b"] and arts[0].vocab_pending["item"] == [["x", day_number("2026-01-01"), 2]]
+    assert v[1] == ["a", "b", "c", "x"]  # x: 2 + 1 rows over the 2-day window; c first by count
+    # day 3: b (last seen day 1) is evicted; d and e compete for its slot, d wins the tie by value
+    assert v[2] == ["a", "d", "c", "x"] and arts[2].vocab_pending["item"] == [["e", day_number("2026-01-03"), 9]]
+    # day 4: x (last seen day 2) is evicted; b comes back, into x's slot: a new ID for b
+    assert v[3] == ["a", "d", "c", "b"] and arts[3].vocab_last_seen["item"] == [day_number(d) for d in
+                                                                                ("2026-01-04", "2026-01-03",
+                                                                                 "2026-01-03", "2026-01-04")]
+    assert {a.table_sizes()["item"] for a in arts[1:]} == {6}  # 4 slots + 2 OOV buckets: bounded
+    ids = BatchTransform(arts[3])({k: c for k, c in canonicalize(
+        pa.table({"label": [0, 0, 0, 0], "item": ["a", "b", "x", "e"]}), cfg).items() if k != LABEL_KEY})["item"]
+    assert ids[:2].tolist() == [0, 3] and (ids[2:] >= 4).all()  # x evicted and e not admitted: OOV
+
+
+def test_a_lifecycle_vocabulary_needs_the_runs_day_in_order(tmp_path, four_days):
+    cfg, log, outs, _ = four_days
+    flat = str(tmp_path / "flat.parquet")
+    pq.write_table(pq.read_table(os.path.join(log, "dt=2026-01-02", "part.parquet")), flat)
+    with pytest.raises(PreprocessError, match="give the run's --day"):
+        run_preprocess(cfg, flat, str(tmp_path / "o1"), IN_MEMORY, say=lambda _: None)
+    with pytest.raises(PreprocessError, match="previous transform is of 2026-01-02"):
+        run_preprocess(cfg, flat, str(tmp_path / "o2"), IN_MEMORY, say=lambda _: None, previous_transform=outs[1],
+                       day="2026-01-02")
+    res = run_preprocess(_cfg(window_days=1, evict_unseen_days=None), flat, str(tmp_path / "o3"), IN_MEMORY,
+                         say=lambda _: None)  # no lifecycle: no day needed
+    assert TransformArtifact.read(os.path.join(res.output, "transform")).day is None
+    run_preprocess(cfg, flat, str(tmp_path / "o4"), IN_MEMORY, say=lambda _: None, day="2026-02-01")
+    assert TransformArtifact.read(str(tmp_path / "o4" / "transform")).day == "2026-02-01"
+
+
+def test_warm_start_rows_follow_the_values(four_days):
+    from trainers.warm_start import _row_map
+    cfg, _, _, arts = four_days
+    today, earlier = _row_map(cfg, arts[1], arts[3], "item", 6, 6)  # [a, b, c, x] -> [a, d, c, b]
+    assert today.tolist() == [0, 2, 3] and earlier.tolist() == [0, 2, 1]  # b moved from ID 1 to 3; d is new: fresh
+    today, earlier = _row_map(cfg, arts[2], arts[3], "item", 6, 6)  # [a, d, c, x] -> [a, d, c, b]
+    assert today.tolist() == earlier.tolist() == [0, 1, 2]  # b reuses x's slot: initialised fresh
