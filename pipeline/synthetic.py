@@ -113,6 +113,18 @@ def _columns(spec: GenerateSpec, n: int, rng: np.random.Generator, hidden: dict,
     return cols
 
 
+def _with_drift_items(spec: GenerateSpec, hidden: dict) -> dict:
+    """The catalogue's items past the first num_items (item drift), drawn from their own stream, so
+    the first num_items items and everything else equal the drift-free log's (day 1 is the same)."""
+    extra = spec.catalogue_items() - spec.num_items
+    if extra <= 0:
+        return hidden
+    rng = np.random.default_rng(spec.seed + 2_000_029)
+    return {**hidden, "items": pa.concat_arrays([hidden["items"], _dictionary("j", extra, rng)]),
+            "w_item": np.concatenate([hidden["w_item"], rng.normal(0, 0.8, extra)]),
+            "topic": np.concatenate([hidden["topic"], rng.normal(0, 1, (extra, LATENT_DIMS))])}
+
+
 def _hidden_model(spec: GenerateSpec) -> dict:
     rng = np.random.default_rng(spec.seed + 1_000_003)
     shapes = [(int(c), float(e)) for c, e in zip(
@@ -121,16 +133,16 @@ def _hidden_model(spec: GenerateSpec) -> dict:
     return {
         "bias": -1.9,
         "users": _dictionary("u", spec.num_users, rng),
-        "items": _dictionary("i", spec.catalogue_items(), rng),
+        "items": _dictionary("i", spec.num_items, rng),
         "w_user": rng.normal(0, 0.5, spec.num_users),
-        "w_item": rng.normal(0, 0.8, spec.catalogue_items()),
+        "w_item": rng.normal(0, 0.8, spec.num_items),
         "cat_shapes": shapes,
         "cat_dicts": [_dictionary("", c, rng) for c, _ in shapes],
         "w_cat": [rng.normal(0, 0.6, c) for c, _ in shapes[:6]],
         "w_dense": rng.normal(0, 0.6, NUM_DENSE),
         # drawn last, so the additive part above is the same as before these were added
         "taste": rng.normal(0, 1, (spec.num_users, LATENT_DIMS)),
-        "topic": rng.normal(0, 1, (spec.catalogue_items(), LATENT_DIMS)),
+        "topic": rng.normal(0, 1, (spec.num_items, LATENT_DIMS)),
         "w_pair": rng.normal(0, 1.0, (8, 8)),
     }
 
@@ -139,7 +151,7 @@ def generate_log(spec: GenerateSpec, out_dir: str, say=None) -> list[str]:
     """Write spec.rows rows over spec.days days; return the files written (sorted)."""
     if spec.rows <= 0 or spec.days <= 0:
         raise ValueError(f"rows and days must be positive (got rows={spec.rows}, days={spec.days})")
-    hidden = _hidden_model(spec)
+    hidden = _with_drift_items(spec, _hidden_model(spec))
     rng = np.random.default_rng(spec.seed)
     per_day = np.full(spec.days, spec.rows // spec.days)
     per_day[: spec.rows % spec.days] += 1

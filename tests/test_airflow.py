@@ -8,20 +8,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, small_config_dict
-
-AIRFLOW = Path(sys.executable).parent / "airflow"
-DAGS = REPO / "airflow_dags"
+from conftest import small_config_dict
+from recpipe.airflow_local import DAGS, LocalAirflow
 
 
 @pytest.fixture(scope="module")
-def airflow_env(tmp_path_factory):
-    home = tmp_path_factory.mktemp("airflow_home")
-    env = dict(os.environ, AIRFLOW_HOME=str(home), AIRFLOW__CORE__LOAD_EXAMPLES="False",
-               AIRFLOW__CORE__DAGS_FOLDER=str(DAGS), TF_CPP_MIN_LOG_LEVEL="3",
-               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    subprocess.run([str(AIRFLOW), "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
-    return env
+def airflow(tmp_path_factory):
+    return LocalAirflow(str(tmp_path_factory.mktemp("airflow_home"))).migrate()
+
+
+@pytest.fixture(scope="module")
+def airflow_env(airflow):
+    return airflow.env
 
 
 def _python(env, code: str, *args: str, timeout: int = 900) -> dict:
@@ -42,15 +40,6 @@ print("RESULT " + json.dumps({"errors": {k: str(v) for k, v in bag.import_errors
       "tensorflow_imported": "tensorflow" in sys.modules, "tasks": sorted(dag.task_ids) if dag else None,
       "order": [t.task_id for t in dag.topological_sort()] if dag else None}))
 """
-
-RUN = """
-import json, sys, pendulum
-from airflow.dag_processing.dagbag import DagBag
-dag = DagBag(sys.argv[1]).dags["recpipe_daily"]
-dr = dag.test(logical_date=pendulum.parse(sys.argv[2]), run_conf={"project": sys.argv[3], "recpipe_bin": sys.argv[4]})
-print("RESULT " + json.dumps({"state": str(dr.state), "tasks": {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}}))
-"""
-
 
 def test_dag_loads_fast_without_tensorflow(airflow_env):
     r = _python(airflow_env, LOAD, str(DAGS))
@@ -75,12 +64,11 @@ def _snapshot(root: Path) -> dict:
             if p.is_file()}
 
 
-def test_daily_runs_bless_push_idempotent_and_refuse_a_worse_model(airflow_env, tmp_path):
+def test_daily_runs_bless_push_idempotent_and_refuse_a_worse_model(airflow, tmp_path):
     from pipeline.synthetic import GenerateSpec, generate_log
     generate_log(GenerateSpec(rows=9000, days=3, seed=21, num_users=500, num_items=300), str(tmp_path / "log"))
     good = _project(tmp_path, "good", small_config_dict(steps=150))
-    recpipe = str(Path(sys.executable).parent / "recpipe")
-    run = lambda day, project: _python(airflow_env, RUN, str(DAGS), day, project, recpipe)  # noqa: E731
+    run = lambda day, project: airflow.run_day(project, day)  # noqa: E731
 
     day1 = run("2026-01-01", good)
     assert day1["state"] == "success" and set(day1["tasks"].values()) == {"success"}, day1

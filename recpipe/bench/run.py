@@ -1,6 +1,6 @@
-"""`recpipe bench [preprocess|train|serve|cluster|quality|export|all] [--quick]`: runs the suites, each ratio
-against its baseline measured in the same run, -> bench/results/<suite>.json + .md, then REPORT.md with PNG
-plots (recpipe.bench.report).
+"""`recpipe bench [preprocess|train|serve|cluster|quality|export|lifecycle|all] [--quick]`: runs the suites,
+each ratio against its baseline measured in the same run, -> bench/results/<suite>.json + .md, then
+REPORT.md with PNG plots (recpipe.bench.report).
 
 Figures are the median of `reps` runs (min and max kept); ratios are only meaningful within one
 run (shared, noisy machines). `--quick` is the CI smoke run: small sizes, one repetition.
@@ -18,6 +18,8 @@ from recpipe.bench.cluster import markdown as cluster_markdown
 from recpipe.bench.common import machine_info, save_result
 from recpipe.bench.export import bench_export
 from recpipe.bench.export import markdown as export_markdown
+from recpipe.bench.lifecycle import bench_lifecycle
+from recpipe.bench.lifecycle import markdown as lifecycle_markdown
 from recpipe.bench.preprocess import bench_peers, bench_preprocess, bench_shard_formats, report_markdown
 from recpipe.bench.quality_suite import bench_quality
 from recpipe.bench.quality_suite import markdown as quality_markdown
@@ -104,6 +106,10 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
                                   synthetic=shared if shared and not opts.rows else None)
             result["machine"] = info
             save_result(opts.out_dir, suite, result, export_markdown(result))
+        elif suite == "lifecycle":
+            result = bench_lifecycle(sw, say, quick=quick)
+            result["machine"] = info
+            save_result(opts.out_dir, suite, result, lifecycle_markdown(result))
         else:
             result = run_serve_bench(sw, cfg_path, rows=opts.rows or (5_000 if quick else 100_000),
                                      steps=opts.steps or (20 if quick else 200), reps=reps,

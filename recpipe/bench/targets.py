@@ -3,7 +3,7 @@ the CLI reads them before anything heavy is imported)."""
 
 __all__ = ["SUITES", "TARGETS"]
 
-SUITES = ("preprocess", "train", "serve", "cluster", "quality", "export")
+SUITES = ("preprocess", "train", "serve", "cluster", "quality", "export", "lifecycle")
 
 # The ratio keys every full run carries, with their targets: (">=" | "<=", value).
 TARGETS = {
@@ -33,4 +33,9 @@ TARGETS = {
     "export_int8_bytes_vs_fp32": ("<=", 0.3),
     "export_int8_auc_delta_abs": ("<=", 0.002),
     "export_bf16_bytes_vs_fp32": ("<=", 0.55),
+    # the daily DAG over drifting items, evicting: the item table stays within max_size, the eval AUC
+    # within 0.01 of the same DAG on a drift-free log, and every day's export passes its skew check
+    "lifecycle_item_slots_vs_max_size": ("<=", 1.0),
+    "lifecycle_auc_gap_vs_no_drift": ("<=", 0.01),
+    "lifecycle_skew_checks_passed": (">=", 1.0),
 }
