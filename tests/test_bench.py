@@ -34,8 +34,11 @@ def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):
     expected = {k for k in TARGETS if not k.endswith("_1gbit") and (CLUSTER or not k.startswith("cluster_"))}
     assert expected <= set(ratios), expected - set(ratios)
     assert all(isinstance(v, float) and math.isfinite(v) for v in ratios.values()), ratios
-    # quality margins may be negative (100 quick steps); every other ratio is a positive measurement
-    assert all(v > 0 for k, v in ratios.items() if not k.startswith("quality_")), ratios
+    # quality margins may be negative (100 quick steps), absolute AUC differences 0; every other ratio is
+    # a positive measurement
+    differences = {k for k in ratios if k.endswith(("_auc_delta_abs", "_auc_gap_vs_no_drift"))}
+    assert all(ratios[k] >= 0 for k in differences), ratios
+    assert all(v > 0 for k, v in ratios.items() if not k.startswith("quality_") and k not in differences), ratios
     quality = json.loads((out / "quality.json").read_text())
     assert set(quality["ranking"]) == {"criteo", "movielens"}
     assert set(quality["ranking"]["criteo"]) == {"default", "logistic", "sklearn_logistic"}
@@ -53,7 +56,8 @@ def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):
     report = (out / "REPORT.md").read_text()
     for key in expected:
         assert key in report
-    for png in ("preprocess_throughput.png", "train_throughput.png", "train_rss_vs_table.png", "serve_latency.png"):
+    for png in ("preprocess_throughput.png", "train_throughput.png", "train_rss_vs_table.png", "serve_latency.png",
+                "lifecycle.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
         assert f"]({png})" in report
     compared = subprocess.run([sys.executable, "-m", "recpipe.cli", "bench", "compare", str(out / "preprocess.json"),
