@@ -37,14 +37,15 @@ class TransformArtifact:
     raw_schema: dict[str, str]
     vocabularies: dict[str, list[Optional[str]]] = field(default_factory=dict)  # ID -> value; None: free slot
     vocab_counts: dict[str, list[int]] = field(default_factory=dict)
-    vocab_last_seen: dict[str, list[Optional[int]]] = field(default_factory=dict)  # ID -> day (since 1970-01-01)
-    vocab_pending: dict[str, list[list]] = field(default_factory=dict)  # [value, day, rows] not admitted yet
     dense_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
     split: dict[str, Any] = field(default_factory=dict)
     row_counts: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     lineage: dict[str, Any] = field(default_factory=dict)  # e.g. the previous day's transform it extends
     day: Optional[str] = None  # YYYY-MM-DD of the run (--day, or the input's dt= partitions)
+    # the vocabularies' lifecycle state (pipeline.lifecycle)
+    vocab_last_seen: dict[str, list[Optional[int]]] = field(default_factory=dict)  # ID -> day (since 1970-01-01)
+    vocab_pending: dict[str, list[list]] = field(default_factory=dict)  # [value, day, rows] not admitted yet
 
     # ------------------------------------------------------------ ID spaces
     def id_space_size(self, feature: SparseFeature) -> int:

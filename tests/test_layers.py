@@ -69,7 +69,7 @@ def _artifact(cfg):
     vocabs = {f.name: [f"v{i}" for i in range(20)] for f in cfg.features.sparse
               if f.vocab is not None and f.share_embedding_with is None}
     stats = {d.name: {"mean": 0.0, "std": 1.0, "boundaries": [0.0, 1.0]} for d in cfg.features.dense}
-    return TransformArtifact(cfg, {}, vocabs, {}, stats)
+    return TransformArtifact(config=cfg, raw_schema={}, vocabularies=vocabs, dense_stats=stats)
 
 
 @pytest.mark.parametrize("model", [{"type": "dcn_v2", "cross_layers": 1, "deep_layers": [8]},

@@ -81,8 +81,8 @@ def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65
     for name, d in buckets.items():
         qs = np.quantile(np.concatenate(bucket_values[name]), np.linspace(0, 1, d.num_buckets + 1)).tolist()
         stats[name] = {"boundaries": boundaries_from_quantiles(qs, d.num_buckets)}
-    artifact = TransformArtifact(cfg, raw_schema, {o: v for o, (v, _) in vocabs.items()},
-                                 {o: c for o, (_, c) in vocabs.items()}, stats)
+    artifact = TransformArtifact(config=cfg, raw_schema=raw_schema, vocabularies={o: v for o, (v, _) in vocabs.items()},
+                                 vocab_counts={o: c for o, (_, c) in vocabs.items()}, dense_stats=stats)
     data = PreprocessedData(out_dir)
     artifact.write(data.transform_dir)
 
