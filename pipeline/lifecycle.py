@@ -17,28 +17,16 @@ Day t's run, from the previous day's state and day t's train counts (config `voc
 4. Pending: what a value not admitted was seen on the days still inside tomorrow's window.
 With window_days 1 and no eviction this is the plain incremental vocabulary (IDs of known values
 never change; new values with count >= min_count appended, most frequent first, up to max_size).
-Days are integers, days since 1970-01-01 (day_number).
+Days are integers, days since 1970-01-01 (features.days).
 """
 from __future__ import annotations
 
-import datetime as dt
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from features.config import VocabSpec
 
-__all__ = ["VocabState", "advance_vocabulary", "day_number", "day_name"]
-
-_EPOCH = dt.date(1970, 1, 1).toordinal()
-
-
-def day_number(day: str) -> int:
-    """'YYYY-MM-DD' -> days since 1970-01-01."""
-    return dt.date.fromisoformat(day).toordinal() - _EPOCH
-
-
-def day_name(number: int) -> str:
-    return dt.date.fromordinal(number + _EPOCH).isoformat()
+__all__ = ["VocabState", "advance_vocabulary"]
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from features import fsio
 from features.artifact import TransformArtifact
 from features.config import Config, config_to_dict
+from features.days import day_number
 from features.errors import RecpipeError
 from features.preprocessed import SPLITS, PreprocessedData
 from pipeline.options import beam_args_with_defaults, check_beam_args
-from pipeline.lifecycle import day_number
 from pipeline.sources import inspect_inputs, list_input_files, partition_day
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
                                  ComputeDenseStats, ComputeVocabularies, CountRows, PackArtifact, ReadClickLogs,

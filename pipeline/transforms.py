@@ -24,8 +24,9 @@ from features import fsio
 from features.artifact import TransformArtifact
 from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, numeric, validate_batch
 from features.config import Config
+from features.days import day_name, day_number
 from features.preprocessed import SPLITS
-from pipeline.lifecycle import VocabState, advance_vocabulary, day_name, day_number
+from pipeline.lifecycle import VocabState, advance_vocabulary
 from pipeline.analysis import (COUNT_SCHEMA, add_moments, batch_moments, boundaries_from_quantiles,
                                merge_count_tables, merge_dense_stats, moment_stats,
                                select_vocabulary_table, split_cutoffs_by_row, split_cutoffs_from_histogram,

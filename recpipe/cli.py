@@ -180,7 +180,7 @@ def cmd_export(a) -> None:
     from serving.export import export_model
     from serving.version import ExportBase
     path = export_model(a.model_dir, a.export_base, a.version, a.data, a.top_k, embedding_dtype=a.embedding_dtype,
-                        dense_dtype=a.dense_dtype)
+                        dense_dtype=a.dense_dtype, prune_unseen_days=a.prune_unseen_days)
     exported = next(v for v in ExportBase(a.export_base).versions() if v.path == path)
     report = exported.skew_report()
     _say(f"export: skew check passed on {report['rows']} eval rows (max |diff| {report['max_abs_diff']:.2g})")
@@ -188,6 +188,12 @@ def cmd_export(a) -> None:
         w = exported.meta().weights
         _say(f"export: {w['embedding_tables']} embedding table(s) stored as {w['embedding_dtype']}, "
              f"{w['dense_layers']} Dense kernel(s) as {w['dense_dtype']}")
+    if a.prune_unseen_days is not None:
+        pruned = exported.meta().weights["pruned"]
+        for table, t in pruned["tables"].items():
+            _say(f"export: {table}: {t['kept']:,} values seen in the {pruned['unseen_days']} day(s) up to "
+                 f"{pruned['day']} kept, {t['pruned']:,} pruned to OOV ({t['rows_before']:,} -> "
+                 f"{t['rows_after']:,} rows)")
     _say(f"export: {path}")
 
 
@@ -353,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how the embedding tables are stored: int8 has one scale per row (serving.quantize)")
     x.add_argument("--dense-dtype", choices=WEIGHT_DTYPES, default="float32",
                    help="how the Dense kernels are stored: int8 has one scale per output column")
+    x.add_argument("--prune-unseen-days", type=int, metavar="D",
+                   help="serve only the vocabulary values seen in the transform's last D days (its day included); "
+                        "the others map to OOV and their embedding rows are left out")
     x.set_defaults(fn=cmd_export)
 
     s = sub.add_parser("serve", help="serve MODEL_BASE/<version>/ over TF Serving's REST and gRPC APIs")

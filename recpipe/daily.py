@@ -26,7 +26,7 @@ from typing import Callable, Optional
 from features import fsio
 from features.config import ConfigError, build_typed, load_config, read_yaml
 from features.preprocessed import PreprocessedData
-from serving.version import ExportBase, ExportedVersion
+from serving.version import ExportBase
 from trainers.options import RunOptions, TrainOptions
 
 __all__ = ["DailyConfig", "DayDir", "load_daily_config", "run_step", "STEPS"]
@@ -135,17 +135,6 @@ def step_evaluate(dc: DailyConfig, day: str, say) -> int:
     return 0
 
 
-def _sample_auc_of_saved_model(served: ExportedVersion, sample) -> float:
-    import tensorflow as tf
-
-    from features.transform import request_from_arrow
-    from trainers.metrics import roc_auc
-    fn = tf.saved_model.load(served.path).signatures["serving_default"]
-    scores = fn(**request_from_arrow(sample, dict(fn.structured_input_signature[1])))["score"].numpy()
-    label = served.meta().typed_config().label.column
-    return roc_auc(sample.column(label).to_numpy(zero_copy_only=False).astype(float), scores)
-
-
 def step_bless(dc: DailyConfig, day: str, say) -> int:
     """Ranking: AUC of the new model and of the served SavedModel on the SAME raw eval rows of this day
     (eval_sample). Retrieval: the day's recall_at_10 against the one recorded for the served model."""
@@ -153,6 +142,7 @@ def step_bless(dc: DailyConfig, day: str, say) -> int:
     import tensorflow as tf
 
     from features.records import read_single_batch
+    from serving.export import sample_auc
     from trainers.metrics import roc_auc
     from trainers.model_dir import ModelDir
     d = _day_dir(dc, day)
@@ -172,7 +162,7 @@ def step_bless(dc: DailyConfig, day: str, say) -> int:
         batch = read_single_batch(cfg, d.data.eval_sample_records)
         labels = sample.column(cfg.label.column).to_numpy(zero_copy_only=False).astype(float)
         new_auc = roc_auc(labels, tf.sigmoid(model(batch))[:, 0].numpy())
-        served_auc = _sample_auc_of_saved_model(served, sample)
+        served_auc = sample_auc(served, sample)
         ok = new_auc >= served_auc - dc.bless_tolerance
         verdict = {"blessed": bool(ok), "metric": "auc", "new": new_auc, "served": served_auc,
                    "served_version": served.path, "tolerance": dc.bless_tolerance, "rows": sample.num_rows,

@@ -10,7 +10,8 @@ vocabulary candidate feature, else every candidate seen in the data, one per ID 
 EXPORT_BASE/<version>/ is TF Serving's versioned layout (serving.version). The feature transform
 (vocabulary tables, hashing, dense normalisation) is the same features.transform.FeatureTransform the
 Beam job ran, embedded in the graph; the SavedModel holds the model's variables, not its Keras
-layers. The embedding tables and Dense kernels may be stored as bfloat16 or int8 (serving.quantize).
+layers. The embedding tables and Dense kernels may be stored as bfloat16 or int8 (serving.quantize),
+and vocabulary values not seen in the last D days pruned from the tables (serving.prune).
 A version is written to a hidden temp folder, loaded, called, and skew-checked: up to 1000 eval rows
 kept by the Beam job are scored through the exported signature from their raw columns and through the trained
 model from their preprocessed record, and the export fails if any score differs by more than 1e-5
@@ -36,13 +37,15 @@ from features.preprocessed import PreprocessedData
 from features.records import read_single_batch
 from features.transform import (FeatureTransform, canonicalize_request, example_spec, examples_from_arrow,
                                 request_from_arrow, request_from_examples, request_spec)
+from serving.prune import prune_model, prune_vocabularies, pruned_records
 from serving.quantize import quantize_model
 from serving.version import EXAMPLES_SIGNATURE, TEMP_PREFIX, ExportBase, ExportedVersion, ExportMeta
 from trainers.candidates import read_clicks
+from trainers.metrics import roc_auc
 from trainers.model_dir import ModelDir
 
 __all__ = ["export_model", "example_request", "skew_check", "examples_check", "differing_features", "SkewError",
-           "ExportError", "SKEW_TOLERANCE"]
+           "ExportError", "SKEW_TOLERANCE", "sample_auc"]
 
 SKEW_TOLERANCE = 1e-5
 
@@ -192,6 +195,14 @@ def skew_check(signature, output: str, direct: Callable[[dict], tf.Tensor], samp
             "passed": bool(len(per_row) and per_row.max() <= tolerance)}
 
 
+def sample_auc(version: ExportedVersion, sample: pa.Table) -> float:
+    """AUC of a ranking version's served scores on raw log rows (e.g. an eval sample), by its own label column."""
+    fn = tf.saved_model.load(version.path).signatures["serving_default"]
+    scores = fn(**request_from_arrow(sample, dict(fn.structured_input_signature[1])))["score"].numpy()
+    label = version.meta().typed_config().label.column
+    return roc_auc(sample.column(label).to_numpy(zero_copy_only=False).astype(float), scores)
+
+
 def examples_check(examples_fn, serve_fn, sample: pa.Table, artifact: TransformArtifact) -> dict:
     """The eval sample's raw rows as serialized tf.Examples through `predict_examples` against the
     same rows as columns through `serving_default`: the two request forms must score alike."""
@@ -204,17 +215,30 @@ def examples_check(examples_fn, serve_fn, sample: pa.Table, artifact: TransformA
 
 def export_model(model_dir: str, export_base: str, version: int | None = None, data_dir: str | None = None,
                  top_k: int = 10, metrics: dict | None = None, embedding_dtype: str = "float32",
-                 dense_dtype: str = "float32") -> str:
+                 dense_dtype: str = "float32", prune_unseen_days: int | None = None) -> str:
     """Write EXPORT_BASE/<version>/ atomically after a passing skew check; return its path.
     metrics: the model's eval metrics, recorded in the version's ExportMeta. embedding_dtype /
     dense_dtype: how the embedding tables / Dense kernels are stored (serving.quantize); the skew check
-    compares against the trained model with the same stored weights, so it stays exact."""
+    compares against the trained model with the same stored weights, so it stays exact.
+    prune_unseen_days: serve only the vocabulary values seen in the artifact's last D days
+    (serving.prune); the others map to OOV, and the skew check's reference is the eval sample
+    transformed with the pruned vocabularies, itself checked against the Beam job's records."""
     md = ModelDir(model_dir)
     cfg, artifact, model = md.load_trained()
-    weights = quantize_model(model, embedding_dtype, dense_dtype)
     data = _eval_sample(md, data_dir)
     sample = pq.read_table(data.eval_sample_parquet)
     preprocessed = read_single_batch(cfg, data.eval_sample_records)
+    pruning = None
+    if prune_unseen_days is not None:
+        if cfg.model.task != "ranking":
+            raise ExportError("--prune-unseen-days: ranking exports only (a retrieval index is built from the "
+                              "trained IDs)")
+        pruning = prune_vocabularies(artifact, prune_unseen_days)
+        prune_model(model, pruning.rows)
+        artifact, preprocessed = pruning.artifact, pruned_records(pruning, sample, preprocessed)
+    weights = quantize_model(model, embedding_dtype, dense_dtype)
+    if pruning is not None:
+        weights["pruned"] = pruning.report
     if version is not None and not 0 < version < 2 ** 63:
         raise ExportError(f"--version {version}: versions are positive integers (TF Serving's layout)")
     base = ExportBase(export_base)

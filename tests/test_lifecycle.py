@@ -1,7 +1,8 @@
 """Embedding lifecycle across days (pipeline.lifecycle, `vocab: {window_days, evict_unseen_days}`):
 admission over a window of days, eviction of values unseen for days, freed slots reused while kept
 values keep their IDs, the max_size rule; the same rules through day-by-day Beam runs, evicted values
-mapping to OOV in the one transform, and warm start following values into their new slots."""
+mapping to OOV in the one transform, warm start following values into their new slots, and exports
+that prune the values unseen for days (`recpipe export --prune-unseen-days`)."""
 from __future__ import annotations
 
 import os
@@ -10,15 +11,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import tensorflow as tf
 
 from conftest import IN_MEMORY
 from features.artifact import TransformArtifact
 from features.canonical import LABEL_KEY, canonicalize
 from features.config import VocabSpec, parse_config
+from features.days import day_name, day_number
 from features.transform import BatchTransform
 from pipeline.analysis import select_vocabulary
-from pipeline.lifecycle import VocabState, advance_vocabulary, day_name, day_number
+from pipeline.lifecycle import VocabState, advance_vocabulary
 from pipeline.preprocess import PreprocessError, run_preprocess
+from serving.prune import PruneError, prune_vocabularies
+from serving.version import ExportBase
 
 
 def test_admission_counts_the_window_of_days():
@@ -81,7 +86,9 @@ def _cfg(**vocab):
     spec = {"min_count": 3, "max_size": 4, "oov_buckets": 2, "window_days": 2, "evict_unseen_days": 2, **vocab}
     return parse_config({"name": "life", "split": {"eval_fraction": 0.05}, "label": {"column": "label"},
                          "features": {"sparse": [{"name": "item", "column": "item", "embedding_dim": 4,
-                                                  "vocab": spec}]}})
+                                                  "vocab": spec}]},
+                         "model": {"wide": True, "cross_layers": 1, "deep_layers": [8]},  # a deep and a wide table
+                         "train": {"batch_size": 8, "steps": 10, "checkpoint_every": 10}})
 
 
 # Each day's last row (z) is its eval split (5 % of 20-37 rows: one row), so never counted.
@@ -148,3 +155,47 @@ def test_warm_start_rows_follow_the_values(four_days):
     assert today.tolist() == [0, 2, 3] and earlier.tolist() == [0, 2, 1]  # b moved from ID 1 to 3; d is new: fresh
     today, earlier = _row_map(cfg, arts[2], arts[3], "item", 6, 6)  # [a, d, c, x] -> [a, d, c, b]
     assert today.tolist() == earlier.tolist() == [0, 1, 2]  # b reuses x's slot: initialised fresh
+
+
+def test_prune_keeps_the_values_seen_in_the_last_days_and_compacts_the_table(four_days):
+    _, _, _, arts = four_days
+    p = prune_vocabularies(arts[3], 1)  # day 4: [a, d, c, b], d and c last seen on day 3
+    assert p.artifact.vocabularies["item"] == ["a", "b"] and arts[3].vocabularies["item"] == ["a", "d", "c", "b"]
+    assert p.rows["item"].tolist() == [0, 3, 4, 5]  # the kept values' rows, then the 2 OOV buckets' rows
+    assert p.id_map["item"].tolist() == [0, -1, -1, 1, 2, 3]
+    assert p.artifact.table_sizes()["item"] == 4 and p.report["tables"]["item"]["pruned"] == 2
+    assert prune_vocabularies(arts[3], 2).artifact.vocabularies["item"] == ["a", "d", "c", "b"]
+    assert prune_vocabularies(arts[2], 1).artifact.vocabularies["item"] == ["a", "d", "c"]  # x: day 2
+    with pytest.raises(PruneError, match="expected a number of days >= 1"):
+        prune_vocabularies(arts[3], 0)
+    dayless = TransformArtifact(config=arts[3].config, raw_schema=arts[3].raw_schema,
+                                vocabularies=arts[3].vocabularies)
+    with pytest.raises(PruneError, match="has no day"):
+        prune_vocabularies(dayless, 1)
+
+
+def test_pruned_export_maps_unseen_values_to_oov_and_passes_the_skew_check(tmp_path, four_days):
+    from serving.export import export_model
+    from serving.registry import load_version
+    from trainers.model_dir import load_trained
+    from trainers.options import TrainOptions
+    from trainers.train import train
+    _, _, outs, _ = four_days
+    model_dir = str(tmp_path / "m")
+    train(TrainOptions(data_dir=outs[3], model_dir=model_dir), say=lambda _: None)
+    path = export_model(model_dir, str(tmp_path / "export"), version=1, prune_unseen_days=1)
+    version = ExportBase(str(tmp_path / "export")).versions()[0]
+    assert version.skew_report()["passed"]
+    pruned = version.meta().weights["pruned"]
+    assert pruned["tables"]["item"] == {"slots": 4, "kept": 2, "pruned": 2, "free_slots_dropped": 0,
+                                        "rows_before": 6, "rows_after": 4}
+    stored = [tuple(v.shape) for v in tf.saved_model.load(path).weights]
+    assert (4, 1) in stored and (4, 4) in stored and not [s for s in stored if s[:1] == (6,)]  # both tables pruned
+    # the served scores of a, b, d, c against the trained model's at the IDs they now have
+    tokens = ["a", "b", "d", "c"]
+    served = load_version(path, 1).fn(item=tf.constant(tokens))["score"].numpy()
+    _, _, model = load_trained(model_dir)
+    assert sorted(tuple(v.shape) for v in model.weights if v.shape[:1] == (6,)) == [(6, 1), (6, 4)]
+    oov = 4 + tf.strings.to_hash_bucket_fast(tf.constant(tokens[2:]), 2).numpy()
+    trained = tf.sigmoid(model({"item": tf.constant([0, 3, *oov], tf.int64)}))[:, 0].numpy()
+    np.testing.assert_allclose(served, trained, atol=1e-6)  # d and c: OOV tokens now, with the trained OOV rows
