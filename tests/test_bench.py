@@ -34,6 +34,12 @@ def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):
     expected = {k for k in TARGETS if not k.endswith("_1gbit") and (CLUSTER or not k.startswith("cluster_"))}
     assert expected <= set(ratios), expected - set(ratios)
     assert all(isinstance(v, float) and math.isfinite(v) for v in ratios.values()), ratios
+    assert {f"export_prune_{k}" for k in ("bytes_vs_fp32", "weight_bytes_vs_fp32", "qps_vs_fp32", "auc_delta_abs")
+            } <= set(ratios)  # reported without a target
+    assert ratios["export_prune_weight_bytes_vs_fp32"] < 1  # a pruned table is smaller
+    memory = json.loads((out / "lifecycle.json").read_text())["memory_growth"]["runs"]
+    assert memory["no_evict"][-1]["item_table_rows"] > memory["evict"][-1]["item_table_rows"]
+    assert all(d["train_peak_rss_mb"] > 100 for r in memory.values() for d in r)  # a TF process's own peak
     # quality margins may be negative (100 quick steps), absolute AUC differences 0; every other ratio is
     # a positive measurement
     differences = {k for k in ratios if k.endswith(("_auc_delta_abs", "_auc_gap_vs_no_drift"))}
@@ -57,7 +63,7 @@ def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):
     for key in expected:
         assert key in report
     for png in ("preprocess_throughput.png", "train_throughput.png", "train_rss_vs_table.png", "serve_latency.png",
-                "lifecycle.png"):
+                "lifecycle.png", "lifecycle_memory.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
         assert f"]({png})" in report
     compared = subprocess.run([sys.executable, "-m", "recpipe.cli", "bench", "compare", str(out / "preprocess.json"),

@@ -34,7 +34,7 @@ from trainers.options import RunOptions, TrainOptions
 from trainers.scoring import score
 from trainers.train import train
 
-__all__ = ["OPTIONS", "bench_export", "markdown"]
+__all__ = ["OPTIONS", "bench_export", "markdown", "folder_bytes", "measure_qps"]
 
 # option -> (embedding dtype, Dense kernel dtype)
 OPTIONS = {"float32": ("float32", "float32"), "bfloat16": ("bfloat16", "bfloat16"),
@@ -42,11 +42,11 @@ OPTIONS = {"float32": ("float32", "float32"), "bfloat16": ("bfloat16", "bfloat16
 _KEYS = {"bfloat16": "bf16", "int8": "int8"}  # the options with ratio keys
 
 
-def _bytes(path: str) -> int:
+def folder_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
-def _qps(fn, requests: list[dict], seconds: float) -> float:
+def measure_qps(fn, requests: list[dict], seconds: float) -> float:
     n, stop, i = 0, time.perf_counter() + seconds, 0
     t0 = time.perf_counter()
     while time.perf_counter() < stop:
@@ -69,8 +69,8 @@ def _one_log(work: str, name: str, cfg_path: str, data: str, steps: Optional[int
         path = export_model(model_dir, export_base, version=i, embedding_dtype=emb, dense_dtype=dense)
         cfg, _, model = load_trained(model_dir)
         quantize_model(model, emb, dense)
-        out[option] = {"embedding_dtype": emb, "dense_dtype": dense, "bytes": _bytes(path),
-                       "weight_bytes": _bytes(os.path.join(path, "variables")),
+        out[option] = {"embedding_dtype": emb, "dense_dtype": dense, "bytes": folder_bytes(path),
+                       "weight_bytes": folder_bytes(os.path.join(path, "variables")),
                        "auc": score(cfg, model, data, "eval")["auc"]}
         versions[option] = load_version(path, i)
     sample = pq.read_table(PreprocessedData(data).eval_sample_parquet)
@@ -79,7 +79,7 @@ def _one_log(work: str, name: str, cfg_path: str, data: str, steps: Optional[int
     qps: dict[str, list[float]] = {o: [] for o in options}
     for _ in range(reps):  # round-robin: every option sees the same machine load
         for option, lv in versions.items():
-            qps[option].append(_qps(lv.fn, requests, seconds))
+            qps[option].append(measure_qps(lv.fn, requests, seconds))
     for option in options:
         out[option]["qps"] = statistics.median(qps[option])
         out[option]["qps_reps"] = qps[option]

@@ -8,25 +8,45 @@ Per run and day: the item table's slots and live values, the day's eval AUC, the
 Ratio keys: lifecycle_item_slots_vs_max_size (the largest table with eviction ÷ max_size, <= 1),
 lifecycle_auc_gap_vs_no_drift (the largest |AUC with drift and eviction − AUC without drift| over the
 days), lifecycle_no_evict_slots_vs_evict (how much larger the table grows without eviction).
+
+Pruned exports (`recpipe export --prune-unseen-days 1`): each run's last model is exported in full and
+with the values not seen on its last day pruned, side by side: SavedModel and weight bytes, in-process
+one-row QPS (round-robin, median of `reps`) and AUC on the day's raw eval sample through each SavedModel.
+Keys, of the drifting run with eviction: export_prune_{bytes,weight_bytes,qps}_vs_fp32,
+export_prune_auc_delta_abs.
+
+Memory growth (recpipe.bench.lifecycle_memory): peak trainer RSS against table size over 10 days
+(3 quick), with and without eviction.
 """
 from __future__ import annotations
 
 import copy
 import datetime as dt
 import os
+import shutil
+import statistics
 from typing import Callable
 
+import pyarrow.parquet as pq
 import yaml
 
 from features import fsio
 from features.artifact import TransformArtifact
+from features.preprocessed import PreprocessedData
+from features.transform import request_from_arrow
 from pipeline.synthetic import GenerateSpec, generate_log
 from recpipe.airflow_local import LocalAirflow
+from recpipe.bench.export import folder_bytes, measure_qps
+from recpipe.bench.lifecycle_memory import bench_memory_growth
+from recpipe.bench.lifecycle_memory import markdown as memory_markdown
+from serving.export import export_model, sample_auc
+from serving.registry import load_version
 from serving.version import ExportBase
 
 __all__ = ["bench_lifecycle", "markdown", "lifecycle_config"]
 
 START = dt.date(2026, 3, 1)
+PRUNE_DAYS = 1
 
 
 def lifecycle_config(steps: int, max_size: int, evict: bool) -> dict:
@@ -81,7 +101,33 @@ def _run(airflow: LocalAirflow, work: str, name: str, log: str, cfg: dict, days:
     return out
 
 
-def bench_lifecycle(work: str, say: Callable[[str], None], quick: bool = False) -> dict:
+def _pruned_export(root: str, day: str, reps: int, seconds: float, say: Callable[[str], None]) -> dict:
+    """The run's model of `day` exported as version 1 in full and as version 2 pruned (PRUNE_DAYS), compared."""
+    day_dir, base = os.path.join(root, "work", day), os.path.join(root, "pruned_export")
+    model_dir, data = os.path.join(day_dir, "model"), PreprocessedData(os.path.join(day_dir, "preprocessed"))
+    shutil.rmtree(base, ignore_errors=True)
+    say(f"bench lifecycle: {os.path.basename(root)}: exporting {day} in full and pruned")
+    export_model(model_dir, base, version=1, data_dir=data.root)
+    export_model(model_dir, base, version=2, data_dir=data.root, prune_unseen_days=PRUNE_DAYS)
+    versions = dict(zip(("full", "pruned"), ExportBase(base).versions()))
+    sample = pq.read_table(data.eval_sample_parquet)
+    loaded = {k: load_version(v.path, v.version) for k, v in versions.items()}
+    requests = [request_from_arrow(sample.slice(i, 1), loaded["full"].inputs)
+                for i in range(min(64, sample.num_rows))]
+    qps: dict[str, list[float]] = {k: [] for k in loaded}
+    for _ in range(reps):  # round-robin, as the export suite
+        for k, lv in loaded.items():
+            qps[k].append(measure_qps(lv.fn, requests, seconds))
+    table = versions["pruned"].meta().weights["pruned"]["tables"]["item_id"]
+    out = {k: {"bytes": folder_bytes(v.path), "weight_bytes": folder_bytes(os.path.join(v.path, "variables")),
+               "sample_auc": sample_auc(v, sample), "qps": statistics.median(qps[k]), "qps_reps": qps[k]}
+           for k, v in versions.items()}
+    out["full"]["item_rows"], out["pruned"]["item_rows"] = table["rows_before"], table["rows_after"]
+    out["sample_rows"] = sample.num_rows
+    return out
+
+
+def bench_lifecycle(work: str, say: Callable[[str], None], quick: bool = False, reps: int = 3) -> dict:
     n_days = 2 if quick else 5
     per_day = 3_000 if quick else 20_000
     num_items, drift = (300, 60) if quick else (2_000, 400)
@@ -100,17 +146,28 @@ def bench_lifecycle(work: str, say: Callable[[str], None], quick: bool = False) 
     if not quick:
         runs["drift_no_evict"] = (logs["drift"], lifecycle_config(steps, max_size, evict=False))
     results = {name: _run(airflow, work, name, log, cfg, days, say) for name, (log, cfg) in runs.items()}
+    pruned = {name: _pruned_export(os.path.join(work, name), days[-1], reps, 0.3 if quick else 2.0, say)
+              for name in results}
     evict, stable = results["drift_evict"], results["stable_evict"]
     ratios = {"lifecycle_item_slots_vs_max_size": max(d["item_slots"] for d in evict) / max_size,
               "lifecycle_auc_gap_vs_no_drift": max(abs(a["auc"] - b["auc"]) for a, b in zip(evict, stable)),
               "lifecycle_skew_checks_passed": sum(d["skew_passed"] for r in results.values() for d in r)
               / sum(len(r) for r in results.values())}
+    p = pruned["drift_evict"]
+    ratios.update({"export_prune_bytes_vs_fp32": p["pruned"]["bytes"] / p["full"]["bytes"],
+                   "export_prune_weight_bytes_vs_fp32": p["pruned"]["weight_bytes"] / p["full"]["weight_bytes"],
+                   "export_prune_qps_vs_fp32": p["pruned"]["qps"] / p["full"]["qps"],
+                   "export_prune_auc_delta_abs": abs(p["pruned"]["sample_auc"] - p["full"]["sample_auc"])})
+    memory = bench_memory_growth(work, say, quick)
+    ratios.update(memory["ratios"])
     if "drift_no_evict" in results:
         ratios["lifecycle_no_evict_slots_vs_evict"] = (results["drift_no_evict"][-1]["item_slots"]
                                                        / evict[-1]["item_slots"])
-    return {"suite": "lifecycle", "quick": quick, "runs": results, "ratios": ratios,
-            "settings": {"days": days, "rows_per_day": per_day, "items_per_day": num_items, "item_drift": drift,
-                         "max_size": max_size, "window_days": 2, "evict_unseen_days": 2, "steps_per_day": steps}}
+    return {"suite": "lifecycle", "quick": quick, "runs": results, "pruned_exports": pruned,
+            "memory_growth": memory, "ratios": ratios,
+            "settings": {"prune_unseen_days": PRUNE_DAYS, "reps": reps, "days": days, "rows_per_day": per_day,
+                         "items_per_day": num_items, "item_drift": drift, "max_size": max_size, "window_days": 2,
+                         "evict_unseen_days": 2, "steps_per_day": steps}}
 
 
 def markdown(r: dict) -> str:
@@ -127,6 +184,25 @@ def markdown(r: dict) -> str:
         for d in days:
             lines.append(f"| {name} | {d['day']} | {d['item_slots']:,} | {d['item_live']:,} | {d['auc']:.4f} | "
                          f"{'passed' if d['skew_passed'] else 'FAILED'} ({d['skew_max_abs_diff']:.2g}) |")
+    if r.get("pruned_exports"):
+        lines += ["", f"Each run's last model exported in full and with `--prune-unseen-days {s['prune_unseen_days']}` "
+                  f"(item values not seen on the last day map to OOV): bytes of the SavedModel folder and of its "
+                  f"variables/, in-process one-row QPS (median of {s['reps']} round-robin runs), AUC of each "
+                  f"SavedModel on the day's raw eval sample.", "",
+                  "| run | export | item table rows | MB | ÷ full | weights MB | ÷ full | QPS | ÷ full | sample AUC "
+                  "| Δ AUC |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, p in r["pruned_exports"].items():
+            f = p["full"]
+            for kind in ("full", "pruned"):
+                o = p[kind]
+                lines.append(f"| {name} | {kind} | {o['item_rows']:,} | {o['bytes'] / 1e6:.2f} | "
+                             f"{o['bytes'] / f['bytes']:.3f} | {o['weight_bytes'] / 1e6:.2f} | "
+                             f"{o['weight_bytes'] / f['weight_bytes']:.3f} | {o['qps']:,.0f} | "
+                             f"{o['qps'] / f['qps']:.2f} | {o['sample_auc']:.4f} | "
+                             f"{o['sample_auc'] - f['sample_auc']:+.4f} |")
+    if r.get("memory_growth"):
+        lines += ["", memory_markdown(r["memory_growth"])]
     lines += ["", *[f"- **{k}**: {v:.4g}" for k, v in r["ratios"].items()], "",
               "Reproduce: `.venv/bin/recpipe bench lifecycle`.", ""]
     return "\n".join(lines)

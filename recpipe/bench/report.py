@@ -249,6 +249,16 @@ def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
         label(slots, "day", "item table slots", "Item table size per day", 7)
         label(auc, "day", "eval AUC", "Eval AUC per day", 7)
         save(fig, "lifecycle.png", "item table size and eval AUC per day, drifting items")
+        memory = life.get("memory_growth")
+        if memory:
+            fig, (tables, rss) = plt.subplots(1, 2, figsize=(9, 3.5))
+            for name, days in memory["runs"].items():
+                x = list(range(1, len(days) + 1))
+                tables.plot(x, [d["table_mb"] for d in days], marker="o", label=name)
+                rss.plot(x, [d["train_peak_rss_mb"] for d in days], marker="o", label=name)
+            label(tables, "day", "MB", "Embedding tables + Adagrad state", 7)
+            label(rss, "day", "MB", "Peak trainer RSS", 7)
+            save(fig, "lifecycle_memory.png", "table size and peak trainer RSS per day, with and without eviction")
     return made
 
 
