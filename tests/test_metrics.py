@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from trainers.metrics import log_loss, roc_auc
+from trainers.metrics import auc_standard_error, log_loss, roc_auc
 
 
 def _pairwise_auc(y, s):
@@ -36,3 +36,14 @@ def test_rank_recall_ndcg():
     assert ranks.tolist() == [0, 1, 2]  # a tie counts against the true item
     assert recall_at_k(ranks, 1) == pytest.approx(1 / 3) and recall_at_k(ranks, 3) == 1.0
     assert ndcg_at_k(ranks, 2) == pytest.approx((1 + 1 / np.log2(3)) / 3)
+
+
+def test_auc_standard_error_matches_the_spread_over_eval_sets():
+    rng = np.random.default_rng(0)
+    aucs = []
+    for _ in range(300):  # the same "model" scored on fresh eval sets of 2,000 rows, 25 % positive
+        y = rng.random(2_000) < 0.25
+        aucs.append(roc_auc(y, rng.normal(size=2_000) + 0.6 * y))
+    se = auc_standard_error(float(np.mean(aucs)), 500, 1_500)
+    assert 0.85 < np.std(aucs) / se < 1.1  # Hanley & McNeil is slightly conservative for binormal scores
+    assert auc_standard_error(0.7, 5_000, 15_000) < se / 2  # 10x the rows: about a third of the spread

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["roc_auc", "log_loss", "rank_of_true", "recall_at_k", "ndcg_at_k", "mrr_at_k", "reliability_table"]
+__all__ = ["roc_auc", "auc_standard_error", "log_loss", "rank_of_true", "recall_at_k", "ndcg_at_k", "mrr_at_k", "reliability_table"]
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -24,6 +24,15 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     avg = (starts + ends - 1) / 2.0 + 1.0
     ranks[order] = np.repeat(avg, ends - starts)
     return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def auc_standard_error(auc: float, positives: int, negatives: int) -> float:
+    """The standard error of an AUC measured on `positives` + `negatives` examples (Hanley & McNeil,
+    Radiology 1982): how far the same model's AUC moves between eval sets of that size."""
+    q1, q2 = auc / (2 - auc), 2 * auc * auc / (1 + auc)
+    var = (auc * (1 - auc) + (positives - 1) * (q1 - auc * auc) + (negatives - 1) * (q2 - auc * auc)) \
+        / (positives * negatives)
+    return float(np.sqrt(max(var, 0.0)))
 
 
 def log_loss(labels: np.ndarray, probs: np.ndarray, eps: float = 1e-7) -> float:

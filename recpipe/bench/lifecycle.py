@@ -42,6 +42,7 @@ from recpipe.bench.lifecycle_memory import markdown as memory_markdown
 from serving.export import export_model, sample_auc
 from serving.registry import load_version
 from serving.version import ExportBase
+from trainers.metrics import auc_standard_error
 
 __all__ = ["bench_lifecycle", "markdown", "lifecycle_config"]
 
@@ -93,9 +94,12 @@ def _run(airflow: LocalAirflow, work: str, name: str, log: str, cfg: dict, days:
         values = art.vocabularies["item_id"]
         newest = ExportBase(os.path.join(root, "serving")).versions()[-1]
         skew = newest.skew_report()
+        metrics = fsio.read_json(os.path.join(day_dir, "metrics.json"))
+        positives = round(metrics["examples"] * metrics["positive_rate"])
         out.append({"day": day, "item_slots": len(values), "item_live": sum(v is not None for v in values),
-                    "item_table_rows": art.table_sizes()["item_id"],
-                    "auc": fsio.read_json(os.path.join(day_dir, "metrics.json"))["auc"],
+                    "item_table_rows": art.table_sizes()["item_id"], "auc": metrics["auc"],
+                    "eval_examples": metrics["examples"],
+                    "auc_se": auc_standard_error(metrics["auc"], positives, metrics["examples"] - positives),
                     "skew_passed": bool(skew["passed"]), "skew_max_abs_diff": skew["max_abs_diff"],
                     "version": newest.version})
     return out
