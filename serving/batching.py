@@ -28,6 +28,9 @@ class _Item:
     done: threading.Event = field(default_factory=threading.Event)
     result: Optional[dict] = None
     error: Optional[BaseException] = None
+    submitted: float = field(default_factory=time.perf_counter)
+    started: float = 0.0    # the model call it is part of: start and end (perf_counter)
+    finished: float = 0.0
 
 
 class Batcher:
@@ -46,6 +49,9 @@ class Batcher:
         if item.error is not None:
             raise item.error
         assert item.result is not None
+        self.metrics.stage("queue", item.started - item.submitted)
+        self.metrics.stage("model", item.finished - item.started)
+        self.metrics.stage("handoff", time.perf_counter() - item.finished)
         return item.result
 
     def stop(self) -> None:
@@ -84,6 +90,7 @@ class Batcher:
             self._run_one(batch[0])
             return
         keys = list(batch[0].columns)
+        started = time.perf_counter()
         try:
             merged = {k: np.concatenate([it.columns[k] for it in batch]) for k in keys}
             out = batch[0].lv.run(merged)
@@ -91,18 +98,21 @@ class Batcher:
             for it in batch:
                 self._run_one(it)
             return
-        start = 0
+        finished, start = time.perf_counter(), 0
         for it in batch:
             it.result = {k: v[start:start + it.rows] for k, v in out.items()}
+            it.started, it.finished = started, finished
             start += it.rows
             it.done.set()
 
     @staticmethod
     def _run_one(item: _Item) -> None:
+        item.started = time.perf_counter()
         try:
             item.result = item.lv.run(item.columns)
         except Exception as e:  # noqa: BLE001 - handed to the waiting request thread
             item.error = e
+        item.finished = time.perf_counter()
         item.done.set()
 
 
@@ -114,11 +124,17 @@ class Predictor:
         self.batcher = Batcher(max_batch_rows, batch_timeout_s, metrics) if max_batch_rows > 0 else None
 
     def predict(self, lv: LoadedVersion, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Validated, then run alone or in a batch; the stages' times go to the metrics."""
+        t0 = time.perf_counter()
         columns = lv.validate(columns)
+        self.metrics.stage("validate", time.perf_counter() - t0)
         if self.batcher is None:
             rows = len(next(iter(columns.values())))
             self.metrics.batch(rows)
-            return lv.run(columns)
+            t0 = time.perf_counter()
+            out = lv.run(columns)
+            self.metrics.stage("model", time.perf_counter() - t0)
+            return out
         return self.batcher.submit(lv, columns)
 
     def stop(self) -> None:

@@ -6,7 +6,7 @@ POST /v1/models/NAME[/versions/V]:predict    {"instances": [...]} or {"inputs": 
 POST /v1/models/NAME[/versions/V]:classify   {"examples": [...], "context": {...}} (serving.examples)
 POST /v1/models/NAME[/versions/V]:regress    the same body; {"result": [p, ...]}
 GET  /healthz                                200 once a version is loaded
-GET  /monitoring/prometheus/metrics          requests, latency histogram, batch sizes (Prometheus text)
+GET  /monitoring/prometheus/metrics          requests, latency, batch sizes, time per stage (Prometheus text)
 Errors are {"error": "..."} with 400 (bad request), 404 (unknown model/version/path), 411 (no
 Content-Length), 413 (too large), 500 (a bug: logged; never a dropped connection); every response
 is counted in the metrics with its status.
@@ -258,11 +258,14 @@ class RestApp:
             return 411, {"error": "Content-Length required"}, "application/json"
         if length > MAX_BODY_BYTES:
             return 413, {"error": f"request body over {MAX_BODY_BYTES} bytes"}, "application/json"
+        t0 = time.perf_counter()
         raw = environ["wsgi.input"].read(length)
+        self.metrics.stage("read", time.perf_counter() - t0)
         route = self._route(path)
         if route is None or route[1] not in _POST_VERBS:
             return 404, {"error": f"unknown path {path}"}, "application/json"
         lv = self.registry.get(route[0])
+        t0 = time.perf_counter()
         try:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -275,7 +278,12 @@ class RestApp:
             return 200, {"result": result}, "application/json"
         try:
             cols, row_format = parse_predict_body(body, lv.inputs)
-            return 200, format_predict_response(self.predictor.predict(lv, cols), row_format), "application/json"
+            self.metrics.stage("parse", time.perf_counter() - t0)
+            outputs = self.predictor.predict(lv, cols)
+            t0 = time.perf_counter()
+            data = json.dumps(format_predict_response(outputs, row_format), allow_nan=True).encode("utf-8")
+            self.metrics.stage("respond", time.perf_counter() - t0)
+            return 200, data, "application/json"
         except (tf.errors.InvalidArgumentError, ValueError, TypeError, OverflowError) as e:
             if isinstance(e, RequestError):
                 raise

@@ -3,6 +3,12 @@ several concurrencies, batching off and on, against the same SavedModel called i
 
 The server runs in its own process; the load comes from this one over keep-alive connections.
 Both share this machine's cores, so the in-process figure is the ceiling here.
+
+Where the time goes: around each server level the bench scrapes the server's own Prometheus metrics
+(`recpipe_stage_seconds`, serving.metrics) and reports the mean milliseconds per request of each
+stage (read, parse, validate, queue, model, handoff, respond), the server's whole request time, and
+the rest of what the client measured (`transport`: HTTP on both sides, waitress' dispatch, the
+client's own threads).
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from pipeline.synthetic import GenerateSpec, generate_log
 from recpipe.bench.common import summary
 from recpipe.localserver import free_port, rest_rows, start_server, stop_server, wait_healthy
 from serving.export import export_model
+from serving.metrics import STAGES
 from serving.registry import load_version
 from serving.rest import parse_predict_body
 from serving.version import ExportBase
@@ -62,6 +69,7 @@ def _load(call: Callable[[], None], concurrency: int, seconds: float) -> dict:
     wall = time.perf_counter() - t0
     lat = np.array(latencies) * 1000
     return {"qps": len(lat) / wall, "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)),
+            "mean_ms": float(lat.mean()) if len(lat) else float("nan"),
             "requests": int(len(lat)), "errors": len(errors), "first_error": errors[0] if errors else None}
 
 
@@ -82,6 +90,41 @@ def _http_caller(port: int, path: str, body: bytes) -> Callable[[], None]:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}")
     return call
+
+
+def _scrape(port: int) -> dict[str, tuple[float, float]]:
+    """(sum seconds, count) of each stage and of the whole rest_predict request, from the server's metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/monitoring/prometheus/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    out: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("recpipe_stage_seconds_sum", "recpipe_stage_seconds_count"):
+                key = sample.labels["stage"]
+            elif sample.name in ("recpipe_request_latency_seconds_sum", "recpipe_request_latency_seconds_count") \
+                    and sample.labels.get("api") == "rest_predict":
+                key = "server"
+            else:
+                continue
+            out.setdefault(key, [0.0, 0.0])[0 if sample.name.endswith("_sum") else 1] = sample.value
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def breakdown(before: dict, after: dict, client_mean_ms: float) -> dict:
+    """Mean ms per request of each stage between two scrapes (per request of the level: a stage a request
+    skips counts 0), the server's whole request, and `transport`: the client's mean latency minus it."""
+    requests = after["server"][1] - before.get("server", (0.0, 0.0))[1]
+    if requests <= 0:
+        return {}
+    ms = {k: (after.get(k, (0.0, 0.0))[0] - before.get(k, (0.0, 0.0))[0]) / requests * 1000
+          for k in (*STAGES, "server")}
+    ms["other_in_server"] = ms["server"] - sum(ms[s] for s in STAGES)
+    ms["transport"] = client_mean_ms - ms["server"]
+    ms["client"] = client_mean_ms
+    return ms
 
 
 def _repeat(measure: Callable[[], dict], reps: int) -> dict:
@@ -115,7 +158,11 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
                 say(f"bench serve: {mode}, concurrency {c}")
                 callers = _http_caller(port, f"/v1/models/{model_name}:predict", bodies[0])
                 _load(callers, c, min(0.5, seconds / 2))  # warm up connections
-                results[mode][str(c)] = _repeat(lambda: _load(callers, c, seconds), reps)
+                runs: list[dict] = []
+                before = _scrape(port)
+                results[mode][str(c)] = _repeat(lambda: runs.append(_load(callers, c, seconds)) or runs[-1], reps)
+                client_ms = sum(r["mean_ms"] * r["requests"] for r in runs) / max(sum(r["requests"] for r in runs), 1)
+                results[mode][str(c)]["breakdown_ms"] = breakdown(before, _scrape(port), client_ms)
         finally:
             stop_server(proc, timeout=30)
     results["settings"] = {"max_batch_rows": 64, "batch_timeout_ms": batch_timeout_ms, "seconds_per_level": seconds,
@@ -141,6 +188,16 @@ def markdown(results: dict) -> str:
                                                                                                  "max": r["p99_ms"]})
             lines.append(f"| {mode} | {c} | {r['qps']:,.0f} | {q['min']:,.0f}–{q['max']:,.0f} | {r['p50_ms']:.2f} | "
                          f"{r['p99_ms']:.2f} | {p['min']:.2f}–{p['max']:.2f} | {r['errors']} |")
+    lines += ["", "Where a request's time goes (mean ms per request over the level's runs, from the server's "
+              "`recpipe_stage_seconds`; transport = the client's mean latency − the server's request time):", "",
+              "| mode | concurrency | client | transport | server | " + " | ".join(STAGES) + " | other |",
+              "|---|---|---|---|---|" + "---|" * (len(STAGES) + 1)]
+    for mode in ("batching_off", "batching_on"):
+        for c, r in results[mode].items():
+            b = r.get("breakdown_ms")
+            if b:
+                lines.append(f"| {mode} | {c} | {b['client']:.2f} | {b['transport']:.2f} | {b['server']:.2f} | "
+                             + " | ".join(f"{b[s]:.2f}" for s in STAGES) + f" | {b['other_in_server']:.2f} |")
     r = results["ratios"]
     lines += ["", f"- **serve_qps_vs_inprocess** (concurrency 8, best mode): **{r['serve_qps_vs_inprocess']:.2f}** "
               f"(target >= 0.5)",
