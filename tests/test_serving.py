@@ -98,6 +98,12 @@ def test_saved_model_scores_raw_rows_like_the_trainer(exported, trained, small_l
     feats = FeatureTransform(art)(canonical_to_tensors({k: v for k, v in canon.items() if k != LABEL_KEY}))
     direct = tf.sigmoid(model(feats))[:, 0].numpy()
     np.testing.assert_allclose(served, direct, atol=1e-5)
+    # the server's flat call of the signature (serving.registry) scores exactly like the public call
+    from serving.registry import load_version
+    lv = load_version(path, 1)
+    assert lv._flat_order is not None and sorted(lv._flat_order) == sorted(request)
+    np.testing.assert_array_equal(lv.run({k: v.numpy() for k, v in request.items()})["score"],
+                                  lv.fn(**request)["score"].numpy())
 
 
 def test_rest_predict_row_and_columnar(server, exported, small_log, small_cfg):
