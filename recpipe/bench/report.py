@@ -175,6 +175,16 @@ def _why(key: str, found: dict) -> str:
                      "on the two logs hold different items, so different eval rows, some of items seen for a day "
                      "or less), in both directions, not from eviction and slot reuse.")
         return text
+    serve = found.get("serve", {})
+    if key == "serve_p99_ms_c8" and serve.get("batching_on", {}).get("8", {}).get("breakdown_ms"):
+        b, inproc = serve["batching_on"]["8"]["breakdown_ms"], serve["in_process"]["8"]
+        return (f"at concurrency 8 with batching, a request's mean {b['client']:.1f} ms is transport "
+                f"{b['transport']:.1f} ms (HTTP on both sides, waitress' dispatch, the load generator's threads) and "
+                f"{b['server']:.1f} ms in the server: model call {b['model']:.1f}, waiting for a batch "
+                f"{b['queue']:.1f}, "
+                f"thread handoff {b['handoff']:.1f}, JSON parse {b['parse']:.2f}, validation {b['validate']:.2f}. "
+                f"The server, its Python threads and the load generator share 2 cores: the same SavedModel called "
+                f"in-process by 8 threads has a p99 of {inproc['p99_ms']:.1f} ms on this machine today.")
     if key == "train_real_vs_synthetic_input" and "real_fp32" in runs:
         return ("parsing and re-batching the shards runs on the same 2 cores as the training step, so the real "
                 "input path takes CPU time the synthetic in-memory batch does not.")
