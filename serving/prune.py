@@ -94,7 +94,7 @@ def prune_model(model: tf.keras.Model, rows: dict[str, np.ndarray]) -> int:
                 continue
             old = tables[name]
             weights = old.embeddings.numpy()
-            if weights.shape[0] != len(keep) and int(keep.max(initial=-1)) >= weights.shape[0]:
+            if len(keep) and int(keep.max()) >= weights.shape[0]:
                 raise PruneError(f"table {name!r}: {weights.shape[0]} trained rows, but the artifact names row "
                                  f"{int(keep.max())}; the model and its transform artifact disagree")
             new = tf.keras.layers.Embedding(len(keep), weights.shape[1], dtype="float32", name=old.name)
