@@ -53,9 +53,9 @@ def test_batched_answers_equal_direct_calls(batching_server, small_log, small_cf
     assert 'recpipe_requests_total{api="rest_predict",code="200"}' in metrics
     assert "recpipe_request_latency_seconds_bucket" in metrics and "recpipe_model_version" in metrics
     # every stage of every request is timed, and the stages fit inside the server's request time
-    from recpipe.bench.serve import _scrape, breakdown
+    from recpipe.bench.serve import breakdown, scrape_stages
     from serving.metrics import STAGES
-    scraped = _scrape(srv.rest_port)
+    scraped = scrape_stages(srv.rest_port)
     assert all(scraped[s][1] >= 40 for s in STAGES) and scraped["server"][1] >= 40
     b = breakdown({}, scraped, client_mean_ms=1e9)
     assert all(b[s] > 0 for s in STAGES) and b["model"] > b["validate"]

@@ -24,14 +24,14 @@ from features.config import embedding_dim, parse_config
 from pipeline.synthetic import GenerateSpec, generate_log
 from recpipe.bench.common import CLI, run_measured
 
-__all__ = ["bench_memory_growth", "memory_config"]
+__all__ = ["bench_memory_growth", "memory_config", "table_mb", "markdown"]
 
 START = dt.date(2026, 5, 1)
 ITEM_DIM = 64
 
 
-def memory_config(steps: int, max_size: int, evict: bool, item_dim: int = ITEM_DIM) -> dict:
-    """Item IDs admitted at their first row (min_count 1), item_dim wide: the item table is most of the state."""
+def memory_config(steps: int, max_size: int, evict: bool) -> dict:
+    """Item IDs admitted at their first row (min_count 1), ITEM_DIM wide: the item table is most of the state."""
     item_vocab: dict = {"min_count": 1, "oov_buckets": 4}
     if evict:
         item_vocab.update(evict_unseen_days=2, max_size=max_size)
@@ -41,7 +41,7 @@ def memory_config(steps: int, max_size: int, evict: bool, item_dim: int = ITEM_D
         "features": {
             "sparse": [{"name": "user_id", "column": "user_id", "hash_buckets": 2000, "embedding_dim": 8},
                        {"name": "item_id", "column": "item_id", "vocab": item_vocab,
-                        "embedding_dim": item_dim},
+                        "embedding_dim": ITEM_DIM},
                        *[{"name": f"C{i}", "column": f"C{i}", "vocab": {"min_count": 2, "oov_buckets": 1},
                           "embedding_dim": 8} for i in range(1, 4)]],
             "dense": [{"name": "I1", "column": "I1", "transform": "log_zscore", "fill": 0}]},

@@ -36,7 +36,7 @@ from serving.version import ExportBase
 from trainers.options import RunOptions, TrainOptions
 from trainers.train import train
 
-__all__ = ["bench_serve", "run_serve_bench", "markdown"]
+__all__ = ["bench_serve", "run_serve_bench", "markdown", "scrape_stages", "breakdown"]
 
 
 def _load(call: Callable[[], None], concurrency: int, seconds: float) -> dict:
@@ -92,7 +92,7 @@ def _http_caller(port: int, path: str, body: bytes) -> Callable[[], None]:
     return call
 
 
-def _scrape(port: int) -> dict[str, tuple[float, float]]:
+def scrape_stages(port: int) -> dict[str, tuple[float, float]]:
     """(sum seconds, count) of each stage and of the whole rest_predict request, from the server's metrics."""
     from prometheus_client.parser import text_string_to_metric_families
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
@@ -159,10 +159,10 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
                 callers = _http_caller(port, f"/v1/models/{model_name}:predict", bodies[0])
                 _load(callers, c, min(0.5, seconds / 2))  # warm up connections
                 runs: list[dict] = []
-                before = _scrape(port)
+                before = scrape_stages(port)
                 results[mode][str(c)] = _repeat(lambda: runs.append(_load(callers, c, seconds)) or runs[-1], reps)
                 client_ms = sum(r["mean_ms"] * r["requests"] for r in runs) / max(sum(r["requests"] for r in runs), 1)
-                results[mode][str(c)]["breakdown_ms"] = breakdown(before, _scrape(port), client_ms)
+                results[mode][str(c)]["breakdown_ms"] = breakdown(before, scrape_stages(port), client_ms)
         finally:
             stop_server(proc, timeout=30)
     results["settings"] = {"max_batch_rows": 64, "batch_timeout_ms": batch_timeout_ms, "seconds_per_level": seconds,
