@@ -27,6 +27,7 @@ from features.config import load_config
 from pipeline.preprocess import run_preprocess
 from pipeline.synthetic import GenerateSpec, generate_log
 from recpipe.bench.common import summary
+from recpipe.bench.targets import TARGETS
 from recpipe.localserver import free_port, rest_rows, start_server, stop_server, wait_healthy
 from serving.export import export_model
 from serving.metrics import STAGES
@@ -199,9 +200,10 @@ def markdown(results: dict) -> str:
                 lines.append(f"| {mode} | {c} | {b['client']:.2f} | {b['transport']:.2f} | {b['server']:.2f} | "
                              + " | ".join(f"{b[s]:.2f}" for s in STAGES) + f" | {b['other_in_server']:.2f} |")
     r = results["ratios"]
+    (qps_op, qps_target), (p99_op, p99_target) = TARGETS["serve_qps_vs_inprocess"], TARGETS["serve_p99_ms_c8"]
     lines += ["", f"- **serve_qps_vs_inprocess** (concurrency 8, best mode): **{r['serve_qps_vs_inprocess']:.2f}** "
-              f"(target >= 0.5)",
-              f"- **serve_p99_ms_c8**: **{r['serve_p99_ms_c8']:.2f} ms** (target < 20)", "",
+              f"(target {qps_op} {qps_target:g})",
+              f"- **serve_p99_ms_c8**: **{r['serve_p99_ms_c8']:.2f} ms** (target {p99_op} {p99_target:g})", "",
               "Reproduce: `.venv/bin/recpipe bench serve`.", ""]
     return "\n".join(lines)
 
