@@ -184,7 +184,7 @@ def markdown(results: dict) -> str:
              "| mode | concurrency | QPS | QPS min–max | p50 ms | p99 ms | p99 min–max | errors |",
              "|---|---|---|---|---|---|---|---|"]
     for mode in ("in_process", "batching_off", "batching_on"):
-        for c, r in results[mode].items():
+        for c, r in sorted(results[mode].items(), key=lambda kv: int(kv[0])):  # JSON keys sort as text
             q, p = r.get("qps_reps", {"min": r["qps"], "max": r["qps"]}), r.get("p99_ms_reps", {"min": r["p99_ms"],
                                                                                                  "max": r["p99_ms"]})
             lines.append(f"| {mode} | {c} | {r['qps']:,.0f} | {q['min']:,.0f}–{q['max']:,.0f} | {r['p50_ms']:.2f} | "
@@ -194,7 +194,7 @@ def markdown(results: dict) -> str:
               "| mode | concurrency | client | transport | server | " + " | ".join(STAGES) + " | other |",
               "|---|---|---|---|---|" + "---|" * (len(STAGES) + 1)]
     for mode in ("batching_off", "batching_on"):
-        for c, r in results[mode].items():
+        for c, r in sorted(results[mode].items(), key=lambda kv: int(kv[0])):  # JSON keys sort as text
             b = r.get("breakdown_ms")
             if b:
                 lines.append(f"| {mode} | {c} | {b['client']:.2f} | {b['transport']:.2f} | {b['server']:.2f} | "
