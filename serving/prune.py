@@ -42,10 +42,6 @@ class Pruning:
     id_map: dict[str, np.ndarray]   # table -> trained ID -> served ID (-1: pruned, now an OOV token)
     report: dict                    # per table: slots, kept, pruned, free; the cut-off day
 
-    @property
-    def tables(self) -> list[str]:
-        return sorted(self.rows)
-
 
 def prune_vocabularies(artifact: TransformArtifact, unseen_days: int) -> Pruning:
     """The artifact with every vocabulary's values not seen in the last `unseen_days` days (the
