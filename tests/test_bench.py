@@ -123,3 +123,23 @@ def test_duckdb_peer_does_the_same_split_and_vocabularies(tmp_path):
         a, b = peer_train.column(name).to_numpy(), ours_train[name].numpy()
         assert sorted(a[a < size]) == sorted(b[b < size])
     assert sorted(peer_train.column("label").to_numpy()) == sorted(ours_train[LABEL_KEY].numpy())
+
+
+def test_tfrs_peer_is_our_model_trained_the_tutorial_way(preprocessed, small_cfg):
+    """The `train_vs_tfrs_fit` peer has exactly our model's weights (tables, cross, deep, logit) and trains."""
+    import math
+
+    from features.preprocessed import PreprocessedData
+    from recpipe.bench.tfrs_peer import TutorialDCN, in_memory, run_peer
+    from trainers.models import build_model, dummy_batch
+
+    artifact = PreprocessedData(preprocessed[0]).transform()
+    ours = build_model(small_cfg, artifact)
+    ours(dummy_batch(small_cfg))
+    peer = TutorialDCN(small_cfg, artifact.table_sizes())
+    peer(in_memory(small_cfg, preprocessed[0], "eval"))
+    shapes = sorted(tuple(v.shape) for v in ours.trainable_variables)
+    assert shapes == sorted(tuple(v.shape) for v in peer.trainable_variables)
+    got = run_peer(preprocessed[0], small_cfg, steps=20)
+    assert got["examples"] == 20 * 128 and got["train_rows_in_memory"] == preprocessed[1].rows_train
+    assert got["examples_per_s_steady"] > 0 and 0.0 < got["auc"] < 1.0 and math.isfinite(got["auc"])

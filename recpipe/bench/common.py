@@ -63,13 +63,20 @@ def git_commit() -> dict:
     return {"git_commit": commit, "git_dirty": bool(status) if status is not None else None}
 
 
+# The instruction sets that decide matmul speed and whether bf16 is faster than fp32 (AMX or AVX512-BF16;
+# on an AVX2-only CPU oneDNN converts bf16 and gains nothing): the same box can land on different hosts.
+CPU_FEATURES = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
 def machine_info() -> dict:
     import importlib.metadata as md
-    cpu = ""
+    cpu, flags = "", set()
     try:
         with open("/proc/cpuinfo") as fh:
-            cpu = next(line.split(":", 1)[1].strip() for line in fh if line.startswith("model name"))
-    except (OSError, StopIteration):
+            lines = fh.read().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+        flags = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), []))
+    except OSError:
         pass
     versions = {}
     for pkg in ("tensorflow", "tf-keras", "tensorflow-recommenders", "apache-beam", "horovod", "pyarrow", "numpy"):
@@ -78,7 +85,8 @@ def machine_info() -> dict:
         except md.PackageNotFoundError:
             versions[pkg] = None
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {"cpus": os.cpu_count(), "cpu": cpu, "memory_gib": round(mem, 1), "python": platform.python_version(),
+    return {"cpus": os.cpu_count(), "cpu": cpu, "cpu_features": [f for f in CPU_FEATURES if f in flags],
+            "memory_gib": round(mem, 1), "python": platform.python_version(),
             "platform": platform.platform(), "versions": versions, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             **git_commit()}
 

@@ -3,11 +3,14 @@
 Each measurement is a fresh `recpipe train` process (figures: steady ex/s after the first
 checkpoint interval, from train_state.json; peak RSS of the process), repeated `reps` times:
   - real shards vs a synthetic in-memory batch (same model): what the input pipeline costs;
+  - ours vs the TFRS-tutorial peer (recpipe.bench.tfrs_peer: the same DCN-v2 as a tfrs.Model with
+    Keras Embeddings, data in memory, model.fit), fp32 and bf16, ex/s and eval AUC at equal examples;
   - bf16 vs fp32 on a dense-heavy DCN-v2 (and on the default, embedding-heavy one);
   - every train.tuning knob against the defaults (ex/s and peak RSS);
   - Horovod np=2 vs 2 x np=1, one thread each; PS 2 workers + 2 PS vs local with the same threads;
   - peak RSS vs embedding-table rows (and vs data size at a fixed table);
   - the matmul FLOP/s ceiling of this CPU, and the fraction each configuration reaches;
+  - where the default model's step goes: cross layers, deep layers, the rest (recpipe.bench.step_parts);
   - eval AUC on the shared Criteo sample: local/PS/Horovod DCN-v2 and logistic regression;
   - the scale-out model (recpipe.bench.scaleout) fed with these figures.
 """
@@ -67,6 +70,13 @@ def _ceiling(reps: int, seconds: float) -> dict:
     return {k: summary(v) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
 
 
+def _step_parts(data: str, cfg_path: str, steps: int) -> dict:
+    """recpipe.bench.step_parts in a fresh process: where the default model's step goes."""
+    out = subprocess.run([sys.executable, "-m", "recpipe.bench.step_parts", data, cfg_path, str(steps)], check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def _flops_per_example(cfg_path: str, data: str) -> int:
     """Training FLOPs per example of the dense part (3 x forward)."""
     return 3 * dense_flops_per_example(load_config(cfg_path), PreprocessedData(data).transform())
@@ -89,13 +99,15 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
         pre = preprocess_once(cfg_path, generate_once(o.rows, os.path.join(work, "log")), os.path.join(work, "pre"))
 
     default = runs.config("default", base, train=train_cfg)
-    runs.plan("real_fp32", pre, default, steps)
+    runs.plan("real_fp32", pre, default, steps, auc=True)
+    runs.plan_peer("tfrs_fit_fp32", pre, default, steps, "fp32")  # the TFRS-tutorial way, same model and data
     runs.plan("synthetic_fp32", pre, default, steps, "--synthetic-input")
     dense = runs.config("dense_heavy", base, model=DENSE_HEAVY, train=train_cfg)
     runs.plan("dense_fp32", pre, dense, steps)
     runs.plan("dense_bf16", pre, dense, steps, "--precision", "bf16")
     if not o.quick:  # bf16 on the embedding-heavy default, and on the dense-heavy model without input
-        runs.plan("real_bf16", pre, default, steps, "--precision", "bf16")
+        runs.plan("real_bf16", pre, default, steps, "--precision", "bf16", auc=True)
+        runs.plan_peer("tfrs_fit_bf16", pre, default, steps, "bf16")
         runs.plan("dense_fp32_synthetic", pre, dense, steps, "--synthetic-input")
         runs.plan("dense_bf16_synthetic", pre, dense, steps, "--precision", "bf16", "--synthetic-input")
     knobs = {} if o.quick else KNOBS
@@ -117,6 +129,8 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
     if "local_threads2" not in runs.results:
         runs.results["local_threads2"] = runs.results["real_fp32"]
 
+    say("bench train: step parts of the default model (cross layers, deep layers, the rest)")
+    parts = _step_parts(pre, default, 8 if o.quick else 30)
     rss = _rss_vs_table(o, work, base, runs, say)
     say("bench train: matmul ceiling (fp32, bf16)")
     ceiling = _ceiling(o.reps, 0.5 if o.quick else 1.5)
@@ -134,6 +148,9 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
 
     ratios = {
         "train_real_vs_synthetic_input": runs.median("real_fp32") / runs.median("synthetic_fp32"),
+        "train_vs_tfrs_fit": runs.median("real_fp32") / runs.median("tfrs_fit_fp32"),
+        "train_vs_tfrs_fit_auc": runs.median("real_fp32", "eval_auc") / runs.median("tfrs_fit_fp32", "eval_auc"),
+        "train_default_roofline_fraction": fraction["real_fp32"],
         "train_bf16_vs_fp32": runs.median("dense_bf16") / runs.median("dense_fp32"),
         "train_horovod_scaling_2": runs.median("horovod_np2") / (2 * runs.median("horovod_np1")),
         "train_ps_vs_local": runs.median("ps_2w_2ps") / runs.median("local_threads2"),
@@ -146,6 +163,8 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
         ratios["train_two_independent_vs_2x_one"] = runs.median("independent_np1_x2") / (2 * runs.median("horovod_np1"))
         ratios["train_horovod_np2_vs_two_independent"] = runs.median("horovod_np2") / runs.median("independent_np1_x2")
         ratios["train_bf16_vs_fp32_embedding_heavy"] = runs.median("real_bf16") / runs.median("real_fp32")
+        ratios["train_vs_tfrs_fit_bf16"] = runs.median("real_bf16") / runs.median("tfrs_fit_bf16")
+        ratios["train_tfrs_fit_bf16_vs_fp32"] = runs.median("tfrs_fit_bf16") / runs.median("tfrs_fit_fp32")
         ratios["train_bf16_vs_fp32_dense_synthetic"] = (runs.median("dense_bf16_synthetic") /
                                                         runs.median("dense_fp32_synthetic"))
     if quality:
@@ -155,7 +174,8 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
         "config": {"default": base.get("model"), "dense_heavy": DENSE_HEAVY, "batch_size": base["train"]["batch_size"],
                    "knobs": knobs},
         "runs": runs.results, "ceiling_gflops": ceiling, "train_flops_per_example": flops,
-        "fraction_of_ceiling": fraction, "rss_vs_table": rss, "criteo_quality": quality, "scale_out": scaling,
+        "fraction_of_ceiling": fraction, "step_parts": parts, "rss_vs_table": rss, "criteo_quality": quality,
+        "scale_out": scaling,
         "ratios": ratios,
     }
 
@@ -211,7 +231,9 @@ def markdown(r: dict) -> str:
             "dense_fp32_synthetic": "dense-heavy, synthetic input", "dense_bf16_synthetic": "dense-heavy, bf16, synthetic",
             "horovod_np1": "Horovod np=1, 1 thread", "horovod_np2": "Horovod np=2, 1 thread each",
             "independent_np1_x2": "two np=1 runs at once (no exchange), 1 thread each",
-            "local_threads2": "local, 2 threads", "ps_2w_2ps": "PS 2 workers (1 thread) + 2 PS"}
+            "local_threads2": "local, 2 threads", "ps_2w_2ps": "PS 2 workers (1 thread) + 2 PS",
+            "tfrs_fit_fp32": "peer: TFRS tutorial (Keras Embedding per table, data in memory, model.fit)",
+            "tfrs_fit_bf16": "peer: TFRS tutorial, mixed_bfloat16"}
     what.update({f"knob_{k}": f"tuning {v}" for k, v in r["config"]["knobs"].items()})
     c = r["ceiling_gflops"]
     lines = [f"# Training benchmark ({r['rows']:,} generated rows, {r['steps']} steps, median of {r['reps']} runs, "
@@ -224,6 +246,19 @@ def markdown(r: dict) -> str:
              *[row(n, what.get(n, "")) for n in runs if not n.startswith(("rss_", "data_"))], "",
              "## Ratios", "", "| ratio | value |", "|---|---|",
              *[f"| {k} | {v:.3f} |" for k, v in sorted(ratios.items())], ""]
+    same = [n for n in ("real_fp32", "tfrs_fit_fp32", "real_bf16", "tfrs_fit_bf16") if "eval_auc" in runs.get(n, {})]
+    lines += ["## Against the TFRS-tutorial peer: eval AUC after the same examples", "",
+              f"Same config (tables, cross and deep layers, optimizer, batch), same data, {r['steps']} steps each "
+              "(`recpipe.bench.tfrs_peer`).", "", "| run | eval AUC (median) | min–max |", "|---|---|---|",
+              *[f"| {n} | {runs[n]['eval_auc']['median']:.4f} | {runs[n]['eval_auc']['min']:.4f}–"
+                f"{runs[n]['eval_auc']['max']:.4f} |" for n in same], ""]
+    p = r["step_parts"]
+    lines += ["## Where the default model's step goes (ablation, fixed in-memory batches)", "",
+              f"`recpipe.bench.step_parts`: the compiled train step, {p['steps']} steps of {p['batch_size']} per "
+              "variant; the input pipeline's cost is real_fp32 against synthetic_fp32 above.", "",
+              "| part | ms per step | share |", "|---|---|---|",
+              *[f"| {k.replace('_', ' ')} | {v:.1f} | {p['parts_share'][k]:.0%} |" for k, v in p["parts_ms"].items()],
+              f"| whole step | {p['step_ms']['full']:.1f} | 100% |", ""]
     t = r["rss_vs_table"]
     lines += ["## Peak RSS vs embedding-table rows (one 32-wide hashed table, same data)", "",
               "| table rows | table + Adagrad MB | peak RSS MB |", "|---|---|---|",

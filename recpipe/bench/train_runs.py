@@ -1,9 +1,13 @@
 """`recpipe train` runs for the benchmarks: fresh model dirs, configs derived from a base config,
-repetitions (round-robin over configurations), steady ex/s and peak RSS per run."""
+repetitions (round-robin over configurations), steady ex/s and peak RSS per run (and eval AUC when
+asked); the TFRS-tutorial peer (recpipe.bench.tfrs_peer) runs in the same round robin."""
 from __future__ import annotations
 
 import copy
+import json
 import os
+import subprocess
+import sys
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -37,20 +41,37 @@ class TrainRuns:
             yaml.safe_dump(cfg, fh)
         return path
 
-    def _once(self, name: str, data: str, cfg_path: str, steps: int, flags: tuple, keep: bool) -> tuple[float, float]:
-        """One `recpipe train` in a fresh model dir: (steady ex/s, peak RSS MB)."""
+    def _once(self, name: str, data: str, cfg_path: str, steps: int, flags: tuple, keep: bool,
+              auc: bool = False) -> dict:
+        """One `recpipe train` in a fresh model dir: {"rate": steady ex/s, "rss": peak MB[, "auc": eval AUC
+        by `recpipe evaluate`]}."""
         model_dir = os.path.join(self.work, "models", name)
         shutil.rmtree(model_dir, ignore_errors=True)
         _, peak, _ = run_measured([*CLI, "train", "--data", data, "--model-dir", model_dir, "--config", cfg_path,
                                    "--steps", str(steps), *flags])
-        state = ModelDir(model_dir).state()
+        got = {"rate": ModelDir(model_dir).state().examples_per_sec_steady, "rss": peak}
+        if auc:
+            out = subprocess.run([*CLI, "evaluate", "--model-dir", model_dir, "--data", data], check=True,
+                                 capture_output=True, text=True).stdout
+            got["auc"] = json.loads(out.strip().splitlines()[-1])["auc"]
         if not keep:
             shutil.rmtree(model_dir, ignore_errors=True)
-        return state.examples_per_sec_steady, peak
+        return got
 
-    def _record(self, name: str, rates: list, rss: list, steps: int, flags: tuple, t0: float, **extra) -> dict:
-        r = {"examples_per_s": summary(rates), "peak_rss_mb": summary(rss), "steps": steps, "flags": list(flags),
-             **extra}
+    @staticmethod
+    def _peer_once(data: str, cfg_path: str, steps: int, precision: str) -> dict:
+        """One run of the TFRS-tutorial peer (recpipe.bench.tfrs_peer) in a fresh process."""
+        _, peak, out = run_measured([sys.executable, "-m", "recpipe.bench.tfrs_peer", data, cfg_path, str(steps),
+                                     precision])
+        r = json.loads(out.strip().splitlines()[-1])
+        return {"rate": r["examples_per_s_steady"], "rss": peak, "auc": r["auc"]}
+
+    def _record(self, name: str, got: list[dict], steps: int, flags: tuple, t0: float, **extra) -> dict:
+        rates = [g["rate"] for g in got]
+        r = {"examples_per_s": summary(rates), "peak_rss_mb": summary([g["rss"] for g in got]), "steps": steps,
+             "flags": list(flags), **extra}
+        if all("auc" in g for g in got):
+            r["eval_auc"] = summary([g["auc"] for g in got])
         self.results[name] = r
         self.say(f"bench train: {name}: median {r['examples_per_s']['median']:,.0f} ex/s "
                  f"(min {min(rates):,.0f}, max {max(rates):,.0f}), peak RSS {r['peak_rss_mb']['median']:,.0f} MB "
@@ -62,13 +83,20 @@ class TrainRuns:
         """`reps` runs of one configuration, one after another."""
         t0 = time.perf_counter()
         got = [self._once(f"{name}-{rep}", data, cfg_path, steps, flags, keep) for rep in range(reps or self.reps)]
-        return self._record(name, [g[0] for g in got], [g[1] for g in got], steps, flags, t0)
+        return self._record(name, got, steps, flags, t0)
 
-    def plan(self, name: str, data: str, cfg_path: str, steps: int, *flags: str, copies: int = 1) -> None:
+    def plan(self, name: str, data: str, cfg_path: str, steps: int, *flags: str, copies: int = 1,
+             auc: bool = False) -> None:
         """Queue a configuration for run_planned(); copies > 1: that many independent runs AT ONCE
         (ex/s is their sum; two one-thread processes exchanging nothing are this box's ceiling for
-        any 2-process scaling)."""
-        self.planned.append((name, data, cfg_path, steps, flags, copies))
+        any 2-process scaling). auc: each run's model is also scored on the eval split."""
+        self.planned.append((name, steps, flags, copies,
+                             lambda tag: self._once(tag, data, cfg_path, steps, flags, False, auc)))
+
+    def plan_peer(self, name: str, data: str, cfg_path: str, steps: int, precision: str) -> None:
+        """Queue the TFRS-tutorial peer of a config (same model, data in memory, model.fit)."""
+        self.planned.append((name, steps, ("tfrs_peer", precision), 1,
+                             lambda tag: self._peer_once(data, cfg_path, steps, precision)))
 
     def run_planned(self) -> None:
         """Every queued configuration once per repetition, round-robin: a drift of the shared
@@ -76,16 +104,15 @@ class TrainRuns:
         got: dict[str, list] = {p[0]: [] for p in self.planned}
         t0 = time.perf_counter()
         for rep in range(self.reps):
-            for name, data, cfg_path, steps, flags, copies in self.planned:
+            for name, _, _, copies, once in self.planned:
                 with ThreadPoolExecutor(copies) as pool:
-                    done = list(pool.map(lambda i: self._once(f"{name}-{rep}-{i}", data, cfg_path, steps, flags, False),
-                                         range(copies)))
-                got[name].append((sum(d[0] for d in done), max(d[1] for d in done)))
+                    done = list(pool.map(lambda i: once(f"{name}-{rep}-{i}"), range(copies)))
+                got[name].append({**done[0], "rate": sum(d["rate"] for d in done),
+                                  "rss": max(d["rss"] for d in done)})
             self.say(f"bench train: repetition {rep + 1}/{self.reps} of {len(self.planned)} configurations done "
                      f"[{time.perf_counter() - t0:.0f} s]")
-        for name, data, cfg_path, steps, flags, copies in self.planned:
-            self._record(name, [g[0] for g in got[name]], [g[1] for g in got[name]], steps, flags, t0,
-                         **({"copies": copies} if copies > 1 else {}))
+        for name, steps, flags, copies, _ in self.planned:
+            self._record(name, got[name], steps, flags, t0, **({"copies": copies} if copies > 1 else {}))
         self.planned = []
 
     def median(self, name: str, key: str = "examples_per_s") -> float:
