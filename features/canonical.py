@@ -20,7 +20,7 @@ from features.config import Config, SparseFeature
 from features.errors import RecpipeError
 
 __all__ = ["LABEL_KEY", "SchemaError", "raw_kind", "check_schema", "validate_batch", "canonicalize",
-           "dense_prenorm", "numeric", "DEFAULT_SEPARATOR", "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
+           "as_string", "dense_prenorm", "numeric", "DEFAULT_SEPARATOR", "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
 
 LABEL_KEY = "target.label"  # not a valid feature name, so it cannot collide
 DEFAULT_SEPARATOR = "|"
@@ -214,7 +214,11 @@ def validate_batch(batch: pa.RecordBatch | pa.Table, cfg: Config) -> tuple[np.nd
     return ~flagged, BadRows(bad, reasons, fields)
 
 
-def _as_string(arr: pa.Array) -> pa.Array:
+def as_string(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """A column's values as strings, the way every ID token is spelled (ints and strings alike; booleans
+    as 0/1), so a vocabulary, a hash and the per-user split see one spelling."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
     if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         if pa.types.is_boolean(arr.type):
             arr = pc.cast(arr, pa.int64())
@@ -226,10 +230,10 @@ def _tokens(arr: pa.Array, f: SparseFeature) -> pa.Array:
     """A multivalent column as list<string>, nulls -> [], empty tokens dropped."""
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
         lists = arr
-        values = _as_string(pc.list_flatten(arr))
+        values = as_string(pc.list_flatten(arr))
         offsets_src = pc.list_value_length(arr).fill_null(0)
     else:
-        lists = pc.split_pattern(_as_string(arr), f.separator or DEFAULT_SEPARATOR)
+        lists = pc.split_pattern(as_string(arr), f.separator or DEFAULT_SEPARATOR)
         values = pc.list_flatten(lists)
         offsets_src = pc.list_value_length(lists).fill_null(0)
     del lists
@@ -252,7 +256,7 @@ def canonicalize(batch: pa.RecordBatch | pa.Table, cfg: Config) -> dict[str, pa.
     out: dict[str, pa.Array] = {}
     for f in cfg.column_sparse:
         raw = col(f.column)
-        out[f.name] = _tokens(raw, f) if f.multivalent else _as_string(raw).fill_null("")
+        out[f.name] = _tokens(raw, f) if f.multivalent else as_string(raw).fill_null("")
     for f in cfg.crosses:  # after their sources; the graph joins the same strings (transform.canonicalize_request)
         out[f.name] = pc.binary_join_element_wise(*(out[s] for s in f.cross), CROSS_SEPARATOR)
     for d in cfg.features.dense:

@@ -11,11 +11,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from features.canonical import dense_prenorm, numeric
+from features.canonical import as_string, dense_prenorm, numeric
 from features.config import Config
 
 __all__ = ["ts_histogram", "split_sizes", "split_cutoffs_from_histogram", "split_cutoffs_by_row",
-           "user_keys", "user_last_orders", "merge_last_orders", "user_split_masks",
+           "user_last_orders", "merge_last_orders", "user_split_masks",
            "COUNT_SCHEMA", "token_count_tables", "merge_count_tables",
            "select_vocabulary_table", "select_vocabulary",
            "batch_moments", "moment_stats", "add_moments", "boundaries_from_quantiles", "merge_dense_stats"]
@@ -59,16 +59,9 @@ def split_cutoffs_by_row(total: int, eval_fraction: float, validation_fraction: 
 LAST_ORDERS = 3  # distinct order values kept per user: eval's, validation's, and one to prove train is not empty
 
 
-def user_keys(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """A user column as strings (ints and strings alike), the key of the per-user split."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    return arr if pa.types.is_string(arr.type) else pc.cast(arr, pa.string())
-
-
 def user_last_orders(table: pa.Table, user: str, order: str) -> dict[str, list[float]]:
     """{user: their largest distinct order values in this batch, descending, at most LAST_ORDERS}."""
-    users = np.asarray(user_keys(table.column(user)).to_numpy(zero_copy_only=False), dtype=object)
+    users = np.asarray(as_string(table.column(user)).to_numpy(zero_copy_only=False), dtype=object)
     values = numeric(table.column(order))[0]
     sort = np.lexsort((-values, users))
     out: dict[str, list[float]] = {}
@@ -87,7 +80,7 @@ def user_split_masks(table: pa.Table, user: str, order: str, last_orders: dict[s
                      validation: bool) -> tuple[np.ndarray, np.ndarray]:
     """(is_validation, is_eval) row masks: a row is eval when its order is its user's last and the user
     has an earlier one; validation (if asked) when it is the one before, and the user has a third."""
-    users = user_keys(table.column(user))
+    users = as_string(table.column(user))
     values = numeric(table.column(order))[0]
     distinct = pc.unique(users)
     orders = [last_orders.get(u, []) for u in distinct.to_pylist()]

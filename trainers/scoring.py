@@ -14,26 +14,33 @@ import tensorflow as tf
 from features.canonical import LABEL_KEY
 from features.artifact import TransformArtifact
 from features.config import Config, SliceSpec
-from trainers.candidates import Clicks, ranks, read_clicks
+from trainers.candidates import Candidates, Clicks, ranks, read_clicks
 from trainers.data import make_dataset
 from trainers.errors import TrainError
 from trainers.slices import ranking_slices, retrieval_slices, slice_labels, slice_name
 from trainers.metrics import log_loss, mrr_at_k, ndcg_at_k, recall_at_k, reliability_table, roc_auc
 
-__all__ = ["score", "Slicing", "ranking_scores", "retrieval_scores", "baselines", "HIGHER_IS_BETTER"]
+__all__ = ["score", "Slicing", "ranking_scores", "retrieval_clicks", "retrieval_scores", "baselines", "HIGHER_IS_BETTER"]
 
 # which way each selectable metric improves
 HIGHER_IS_BETTER = {"auc": True, "logloss": False, "recall_at_10": True, "ndcg_at_10": True}
 
 
 def score(cfg: Config, model: tf.keras.Model, data_dir: str, split: str, batch_size: int = 4096,
-          slices: Slicing | None = None) -> dict:
-    """The split's metrics; with `slices`, also per slice (trainers.slices) under "slices"."""
+          slices: Slicing | None = None, clicks: tuple[Candidates, dict[str, Clicks]] | None = None) -> dict:
+    """The split's metrics; with `slices`, also per slice (trainers.slices) under "slices". Retrieval:
+    `clicks` = retrieval_clicks(cfg, data_dir, split), read once by a caller that scores the split often."""
     if cfg.model.task == "retrieval":
-        # candidates: those seen up to and including the scored split (eval also sees validation's)
-        seen = ("train", "validation", "eval") if split == "eval" else ("train", split)
-        return retrieval_scores(cfg, model, data_dir, split, batch_size, candidate_splits=seen, slices=slices)
+        return retrieval_scores(cfg, model, data_dir, split, batch_size, slices=slices,
+                                clicks=clicks or retrieval_clicks(cfg, data_dir, split))
     return ranking_scores(cfg, model, data_dir, split, batch_size, slices=slices)
+
+
+def retrieval_clicks(cfg: Config, data_dir: str, split: str) -> tuple[Candidates, dict[str, Clicks]]:
+    """What scoring retrieval on `split` reads besides the split itself: the candidates seen up to and
+    including it (eval also sees validation's) and the click histories before it (read_clicks)."""
+    seen = ("train", "validation", "eval") if split == "eval" else ("train", split)
+    return read_clicks(cfg, data_dir, tuple(dict.fromkeys((*seen, *_history(split), split))))
 
 
 @dataclass(frozen=True)
@@ -85,14 +92,13 @@ def _chunks(n: int, size: int):
 
 
 def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: str, batch_size: int = 4096,
-                     ks: tuple[int, ...] = (10, 50, 100),
-                     candidate_splits: tuple[str, ...] = ("train", "validation", "eval"),
-                     slices: Slicing | None = None) -> dict:
-    """Brute force: score each clicked row's query against ALL candidates seen in `candidate_splits`;
-    with a query key (trainers.candidates), also `seen_excluded`: only candidates new to the query
-    (not clicked in the splits before this one) recommended, scored on the rows that clicked a new one."""
-    candidates, clicks = read_clicks(cfg, data_dir,
-                                     tuple(dict.fromkeys((*candidate_splits, *_history(split), split))))
+                     ks: tuple[int, ...] = (10, 50, 100), slices: Slicing | None = None,
+                     clicks: tuple[Candidates, dict[str, Clicks]] | None = None) -> dict:
+    """Brute force: score each clicked row's query against ALL candidates of `clicks`
+    (retrieval_clicks(cfg, data_dir, split) when not given); with a query key (trainers.candidates),
+    also `seen_excluded`: only candidates new to the query (not clicked in the splits before this
+    one) recommended, scored on the rows that clicked a new one."""
+    candidates, clicks = clicks or retrieval_clicks(cfg, data_dir, split)
     multivalent = {n for n in cfg.model.candidate_features if cfg.sparse_by_name[n].multivalent}
     cand_fn = tf.function(model.candidate_embedding, reduce_retracing=True)
     query_fn = tf.function(model.query_embedding, reduce_retracing=True)

@@ -19,7 +19,7 @@ from features.artifact import TransformArtifact
 from features.config import Config
 from trainers.model_dir import ModelDir
 from trainers.models import build_model, dummy_batch
-from trainers.scoring import HIGHER_IS_BETTER, score
+from trainers.scoring import HIGHER_IS_BETTER, retrieval_clicks, score
 
 __all__ = ["ValidationHistory", "Validator", "selection_metric", "validator_for"]
 
@@ -67,6 +67,7 @@ class Validator:
         self.cfg, self.artifact, self.data_dir, self.say = cfg, artifact, data_dir, say
         self.history_path, self.best_prefix = history_path, best_prefix
         self.history = ValidationHistory.read(history_path) or ValidationHistory(selection_metric(cfg))
+        self._clicks = None  # retrieval: candidates and click histories, read at the first checkpoint
         # Built now, before training: Keras runs callbacks inside the strategy's scope, where a new
         # model's variables would be placed on the PS tasks.
         if tf.distribute.has_strategy():
@@ -89,7 +90,9 @@ class Validator:
             return self.stopped  # a rerun that re-saves the same step
         model = self._model
         tf.train.Checkpoint(model=model).restore(checkpoint).expect_partial().assert_existing_objects_matched()
-        scores = score(self.cfg, model, self.data_dir, "validation")
+        if self.cfg.model.task == "retrieval" and self._clicks is None:  # the shards do not change: read once
+            self._clicks = retrieval_clicks(self.cfg, self.data_dir, "validation")
+        scores = score(self.cfg, model, self.data_dir, "validation", clicks=self._clicks)
         h = self.history
         value = scores[h.metric]
         h.history.append({"step": step, **{k: v for k, v in scores.items() if isinstance(v, float)}})
