@@ -71,6 +71,13 @@ def _ranking_module(artifact: TransformArtifact, model: tf.keras.Model) -> tuple
     return module, {"serving_default": serve_fn, EXAMPLES_SIGNATURE: predict_examples.get_concrete_function()}
 
 
+def index_is_vocabulary(cfg) -> bool:
+    """Whether a retrieval export's candidate index is a vocabulary (one candidate feature, with a vocab)
+    rather than the candidates read from the data."""
+    names = list(cfg.model.candidate_features)
+    return len(names) == 1 and cfg.table_owner(cfg.sparse_by_name[names[0]]).vocab is not None
+
+
 def _candidate_index(cfg, artifact: TransformArtifact, model: tf.keras.Model, data_dir: str
                      ) -> tuple[np.ndarray, list[str]]:
     """Candidate embeddings [U, d] and their labels: every vocabulary value of a single vocabulary
@@ -78,7 +85,7 @@ def _candidate_index(cfg, artifact: TransformArtifact, model: tf.keras.Model, da
     (its other features, multivalent ones too, from its first row), labelled by that ID's value."""
     names = list(cfg.model.candidate_features)
     owner = cfg.table_owner(cfg.sparse_by_name[names[0]])
-    if len(names) == 1 and owner.vocab is not None:
+    if index_is_vocabulary(cfg):
         values = artifact.vocabularies[owner.name]
         ids = np.array([i for i, v in enumerate(values) if v is not None], dtype=np.int64)  # not free slots
         emb = np.concatenate([model.candidate_embedding({names[0]: tf.constant(ids[i:i + 8192])}).numpy()
@@ -222,7 +229,9 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
     compares against the trained model with the same stored weights, so it stays exact.
     prune_unseen_days: serve only the vocabulary values seen in the artifact's last D days
     (serving.prune); the others map to OOV, and the skew check's reference is the eval sample
-    transformed with the pruned vocabularies, itself checked against the Beam job's records."""
+    transformed with the pruned vocabularies, itself checked against the Beam job's records. A
+    retrieval export prunes when its candidate index is a vocabulary: the pruned candidates leave the
+    index (a value unseen for D days is not recommended) and pruned query values map to OOV."""
     md = ModelDir(model_dir)
     cfg, artifact, model = md.load_trained()
     data = _eval_sample(md, data_dir)
@@ -230,9 +239,10 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
     preprocessed = read_single_batch(cfg, data.eval_sample_records)
     pruning = None
     if prune_unseen_days is not None:
-        if cfg.model.task != "ranking":
-            raise ExportError("--prune-unseen-days: ranking exports only (a retrieval index is built from the "
-                              "trained IDs)")
+        if cfg.model.task == "retrieval" and not index_is_vocabulary(cfg):
+            raise ExportError(f"--prune-unseen-days: this retrieval export's candidate index is read from the data "
+                              f"by trained ID (candidate features {', '.join(cfg.model.candidate_features)}); "
+                              f"pruning needs an index that is one candidate feature's vocabulary")
         pruning = prune_vocabularies(artifact, prune_unseen_days)
         prune_model(model, pruning.rows)
         artifact, preprocessed = pruning.artifact, pruned_records(pruning, sample, preprocessed)

@@ -12,11 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
+import yaml
 
 from conftest import IN_MEMORY
 from features.artifact import TransformArtifact
 from features.canonical import LABEL_KEY, canonicalize
-from features.config import VocabSpec, parse_config
+from features.config import VocabSpec, config_to_dict, parse_config
 from features.days import day_name, day_number
 from features.transform import BatchTransform
 from pipeline.analysis import select_vocabulary
@@ -79,7 +80,9 @@ def _day_log(root: str, day: str, items: dict[str, int]) -> None:
     folder = os.path.join(root, f"dt={day}")
     os.makedirs(folder)
     pq.write_table(pa.table({"label": pa.array([i % 2 for i in range(len(names))], pa.int64()),
-                             "item": pa.array(names, pa.string())}), os.path.join(folder, "part.parquet"))
+                             "item": pa.array(names, pa.string()),
+                             "user": pa.array([f"u{i % 3}" for i in range(len(names))], pa.string())}),
+                   os.path.join(folder, "part.parquet"))
 
 
 def _cfg(**vocab):
@@ -199,3 +202,39 @@ def test_pruned_export_maps_unseen_values_to_oov_and_passes_the_skew_check(tmp_p
     oov = 4 + tf.strings.to_hash_bucket_fast(tf.constant(tokens[2:]), 2).numpy()
     trained = tf.sigmoid(model({"item": tf.constant([0, 3, *oov], tf.int64)}))[:, 0].numpy()
     np.testing.assert_allclose(served, trained, atol=1e-6)  # d and c: OOV tokens now, with the trained OOV rows
+
+
+def test_pruned_retrieval_export_leaves_stale_candidates_out_of_the_index(tmp_path, four_days):
+    """Two towers over the same four days: the day-4 export with --prune-unseen-days 1 recommends only
+    the items seen on day 4 (a, b), and its skew check passes; an index read from the data refuses."""
+    from serving.export import ExportError, export_model
+    from serving.registry import load_version
+    from trainers.options import TrainOptions
+    from trainers.train import train
+    _, log, _, _ = four_days
+    d = config_to_dict(_cfg())
+    d["features"]["sparse"] += [{"name": "user", "column": "user", "hash_buckets": 4, "embedding_dim": 4},
+                                {"name": "item_hash", "column": "item", "hash_buckets": 4, "embedding_dim": 4}]
+    d["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user"],
+                  "candidate_features": ["item"], "tower_layers": [4]}
+    cfg, prev = parse_config(d), None
+    for day in DAYS:
+        out = str(tmp_path / day)
+        run_preprocess(cfg, os.path.join(log, f"dt={day}"), out, IN_MEMORY, say=lambda _: None,
+                       previous_transform=prev)
+        prev = out
+    model_dir = str(tmp_path / "m")
+    train(TrainOptions(data_dir=prev, model_dir=model_dir, config_path=None), say=lambda _: None)
+    path = export_model(model_dir, str(tmp_path / "export"), version=1, prune_unseen_days=1)
+    version = ExportBase(str(tmp_path / "export")).versions()[0]
+    assert version.skew_report()["passed"]
+    assert version.meta().weights["pruned"]["tables"]["item"]["kept"] == 2
+    served = load_version(path, 1).fn(user=tf.constant(["u0", "u1"]))
+    assert {c.decode() for c in served["candidates"].numpy().ravel()} <= {"a", "b"}
+    assert served["candidates"].shape == (2, 2)  # the index holds the two values seen on day 4
+    d["model"]["candidate_features"] = ["item", "item_hash"]  # the index is then read from the data
+    (tmp_path / "two.yaml").write_text(yaml.safe_dump(d))
+    train(TrainOptions(data_dir=prev, model_dir=str(tmp_path / "m2"), config_path=str(tmp_path / "two.yaml")),
+          say=lambda _: None)
+    with pytest.raises(ExportError, match="read from the data by trained ID"):
+        export_model(str(tmp_path / "m2"), str(tmp_path / "e2"), prune_unseen_days=1)
