@@ -26,7 +26,7 @@ from features.canonical import LABEL_KEY
 from features.config import Config, embedding_dim, load_config
 from features.preprocessed import PreprocessedData
 from trainers.data import make_dataset
-from trainers.optim import PRECISION_POLICIES, optimizer_for
+from trainers.optim import optimizer_for, precision_policy
 from trainers.scoring import ranking_scores
 
 __all__ = ["TutorialDCN", "check_supported", "in_memory", "run_peer"]
@@ -123,13 +123,12 @@ def run_peer(data_dir: str, cfg: Config, steps: int, precision: str = "fp32") ->
     for _ in cached:  # fill the cache before the clock starts: every step reads batches from memory
         pass
     ds = cached.repeat()
-    tf.keras.mixed_precision.set_global_policy(PRECISION_POLICIES[precision])
-    tf.keras.utils.set_random_seed(cfg.train.seed)
-    model = TutorialDCN(cfg, table_rows)
-    model.compile(optimizer=optimizer_for(cfg))
-    timer = _SecondHalf()
-    model.fit(ds, steps_per_epoch=half, epochs=2, verbose=0, callbacks=[timer])
-    tf.keras.mixed_precision.set_global_policy("float32")
+    with precision_policy(precision):  # what a tutorial does: the global Keras policy before building
+        tf.keras.utils.set_random_seed(cfg.train.seed)
+        model = TutorialDCN(cfg, table_rows)
+        model.compile(optimizer=optimizer_for(cfg))
+        timer = _SecondHalf()
+        model.fit(ds, steps_per_epoch=half, epochs=2, verbose=0, callbacks=[timer])
     auc = ranking_scores(cfg, model, data_dir, "eval")["auc"]
     return {"examples_per_s_steady": half * batch / timer.seconds, "examples": 2 * half * batch,
             "train_rows_in_memory": rows, "precision": precision, "auc": auc}

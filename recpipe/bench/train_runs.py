@@ -6,9 +6,9 @@ from __future__ import annotations
 import copy
 import json
 import os
+import shutil
 import subprocess
 import sys
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Optional
