@@ -63,18 +63,15 @@ class TrainBenchOptions:
     data_dir: Optional[str] = None    # already preprocessed data (e.g. the preprocess suite's); else generated
 
 
-def _ceiling(reps: int, seconds: float) -> dict:
-    """The matmul ceiling, measured in a fresh process (this one's thread pools may be set up)."""
-    out = subprocess.run([sys.executable, "-m", "recpipe.bench.flops", "2048", str(reps), str(seconds)], check=True,
-                         capture_output=True, text=True).stdout
-    return {k: summary(v) for k, v in json.loads(out.strip().splitlines()[-1]).items()}
-
-
-def _step_parts(data: str, cfg_path: str, steps: int) -> dict:
-    """recpipe.bench.step_parts in a fresh process: where the default model's step goes."""
-    out = subprocess.run([sys.executable, "-m", "recpipe.bench.step_parts", data, cfg_path, str(steps)], check=True,
-                         capture_output=True, text=True).stdout
+def _module_json(module: str, *args: str) -> dict:
+    """The JSON line a measuring module prints, run in a fresh process (this one's thread pools may be set up)."""
+    out = subprocess.run([sys.executable, "-m", module, *args], check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def _ceiling(reps: int, seconds: float) -> dict:
+    """The matmul ceiling (recpipe.bench.flops)."""
+    return {k: summary(v) for k, v in _module_json("recpipe.bench.flops", "2048", str(reps), str(seconds)).items()}
 
 
 def _flops_per_example(cfg_path: str, data: str) -> int:
@@ -130,7 +127,7 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
         runs.results["local_threads2"] = runs.results["real_fp32"]
 
     say("bench train: step parts of the default model (cross layers, deep layers, the rest)")
-    parts = _step_parts(pre, default, 8 if o.quick else 30)
+    parts = _module_json("recpipe.bench.step_parts", pre, default, str(8 if o.quick else 30))
     rss = _rss_vs_table(o, work, base, runs, say)
     say("bench train: matmul ceiling (fp32, bf16)")
     ceiling = _ceiling(o.reps, 0.5 if o.quick else 1.5)
