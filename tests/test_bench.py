@@ -143,3 +143,15 @@ def test_tfrs_peer_is_our_model_trained_the_tutorial_way(preprocessed, small_cfg
     got = run_peer(preprocessed[0], small_cfg, steps=20)
     assert got["examples"] == 20 * 128 and got["train_rows_in_memory"] == preprocessed[1].rows_train
     assert got["examples_per_s_steady"] > 0 and 0.0 < got["auc"] < 1.0 and math.isfinite(got["auc"])
+
+
+def test_plain_horovod_peer_exchanges_gradients_at_two_ranks(tmp_path, preprocessed, small_cfg_path):
+    """The `train_horovod_vs_plain_horovod` peer is real Horovod: two ranks under horovodrun, the same weights
+    at the end on both (its train_step goes through optimizer.minimize, where DistributedOptimizer allreduces)."""
+    from recpipe.bench.train_runs import TrainRuns
+
+    runs = TrainRuns(str(tmp_path), reps=1, say=lambda _: None)
+    runs.plan_horovod_peer("plain_horovod_np2", preprocessed[0], small_cfg_path, 10, 2)
+    runs.run_planned()  # raises when the ranks end with different weights
+    got = runs.results["plain_horovod_np2"]
+    assert got["examples_per_s"]["median"] > 0 and 0.0 < got["eval_auc"]["median"] < 1.0

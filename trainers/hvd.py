@@ -44,7 +44,7 @@ from trainers.progress import EVENTS_ENV, Reporter, follow_events
 from trainers.validation import validator_for
 from trainers.warm_start import apply_warm_start
 
-__all__ = ["inside_horovod_job", "train_horovod", "launch", "run_rank"]
+__all__ = ["inside_horovod_job", "train_horovod", "launch", "run_rank", "horovodrun"]
 
 
 def inside_horovod_job() -> bool:
@@ -63,7 +63,8 @@ def train_horovod(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, 
     return launch(opts, say)
 
 
-def _horovodrun() -> str:
+def horovodrun() -> str:
+    """The horovodrun of this environment, when Horovod is built for this TensorFlow; else a TrainError."""
     found = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or shutil.which("horovodrun")
     try:
         importlib.import_module("horovod.tensorflow")  # built for this TensorFlow?
@@ -148,7 +149,7 @@ def launch(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
     """Run `recpipe train --strategy horovod` as opts.run.np ranks on this host; raise if any rank fails.
     Rank 0's progress reaches this process as JSON events (trainers.progress), shown as its lines."""
     run = opts.run
-    cmd = [_horovodrun(), "-np", str(run.np), "-H", f"localhost:{run.np}", "--gloo", *_rank_command(opts)]
+    cmd = [horovodrun(), "-np", str(run.np), "-H", f"localhost:{run.np}", "--gloo", *_rank_command(opts)]
     say(f"train: horovodrun -np {run.np} --gloo on localhost")
     (rc, tail, _), = _supervise(lambda env: [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                               text=True, env=dict(os.environ, **env))], say)
@@ -171,7 +172,7 @@ def launch_on_host(opts: TrainOptions, total: int, say: Callable[[str], None]) -
     """This host's part of a job over --hosts (no ssh): the rendezvous server if this is the first host,
     and this host's ranks with the environment horovodrun would set."""
     run = opts.run
-    _horovodrun()  # Horovod built for this TensorFlow, or a clear error
+    horovodrun()  # Horovod built for this TensorFlow, or a clear error
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     hosts = parse_hosts(",".join(f"{h}:{n}" for h, n in host_list(run.hosts)))
     plan = get_host_assignments(hosts, sum(h.slots for h in hosts))

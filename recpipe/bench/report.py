@@ -89,7 +89,15 @@ def _why(key: str, found: dict) -> str:
     def med(name: str) -> float:
         return runs[name]["examples_per_s"]["median"]
 
-    if key == "train_horovod_scaling_2" and "horovod_np2" in runs:
+    if key == "train_horovod_vs_plain_horovod" and "plain_horovod_np2" in runs:
+        b = t["config"]["batch_size"]
+        return (f"at np=2, one thread per rank, ours {med('horovod_np2'):,.0f} ex/s against "
+                f"{med('plain_horovod_np2'):,.0f} for horovod.tensorflow.keras' DistributedOptimizer + fit on the "
+                f"same model (dense gradients, data in memory), {1000 * 2 * b / med('horovod_np2'):.0f} against "
+                f"{1000 * 2 * b / med('plain_horovod_np2'):.0f} ms per step. Two independent one-rank runs at once, "
+                f"exchanging nothing, reach {med('independent_np1_x2'):,.0f} ex/s on this box: the most any np=2 "
+                f"run can do here, {med('independent_np1_x2') / med('plain_horovod_np2'):.2f}x the peer.")
+    if key in ("train_horovod_scaling_2", "train_horovod_np2_vs_two_independent") and "horovod_np2" in runs:
         b = t["config"]["batch_size"]
         one, two = 1000 * b / med("horovod_np1"), 1000 * 2 * b / med("horovod_np2")
         v = t["scale_out"]["validation"]

@@ -14,6 +14,10 @@ TARGETS = {
     "train_bf16_vs_fp32": (">=", 1.3),
     "train_horovod_scaling_2": (">=", 0.9),
     "train_ps_vs_local": (">=", 0.8),
+    # issue 16: our Horovod path against plain horovod.tensorflow.keras (DistributedOptimizer + fit, dense
+    # gradients) at np=2, and against this box's own 2-process ceiling (two independent one-rank runs at once)
+    "train_horovod_vs_plain_horovod": (">=", 1.2),
+    "train_horovod_np2_vs_two_independent": (">=", 0.8),
     # issue 16: our `recpipe train` against the same DCN-v2 trained the TFRS-tutorial way (model.fit, data in memory)
     "train_vs_tfrs_fit": (">=", 1.5),
     # the default DCN-v2's dense FLOP/s over this CPU's measured matmul ceiling (fp32)

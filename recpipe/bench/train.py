@@ -7,7 +7,9 @@ checkpoint interval, from train_state.json; peak RSS of the process), repeated `
     Keras Embeddings, data in memory, model.fit), fp32 and bf16, ex/s and eval AUC at equal examples;
   - bf16 vs fp32 on a dense-heavy DCN-v2 (and on the default, embedding-heavy one);
   - every train.tuning knob against the defaults (ex/s and peak RSS);
-  - Horovod np=2 vs 2 x np=1, one thread each; PS 2 workers + 2 PS vs local with the same threads;
+  - Horovod np=2 vs 2 x np=1, one thread each, vs two independent np=1 runs at once (the box's
+    2-process ceiling) and vs plain Horovod (recpipe.bench.horovod_peer: Horovod's Keras example way,
+    dense gradients); PS 2 workers + 2 PS vs local with the same threads;
   - peak RSS vs embedding-table rows (and vs data size at a fixed table);
   - the matmul FLOP/s ceiling of this CPU, and the fraction each configuration reaches;
   - where the default model's step goes: cross layers, deep layers, the rest (recpipe.bench.step_parts);
@@ -112,12 +114,13 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
         runs.plan(f"knob_{name}", pre, runs.config(f"knob_{name}", base, train={**train_cfg, "tuning": tuning}), steps)
 
     # Strategies: Horovod one thread per rank; PS workers one thread each vs local with 2 threads.
-    hvd_steps = steps if not o.quick else max(steps // 2, 8)
-    runs.plan("horovod_np1", pre, default, hvd_steps, "--strategy", "horovod", "--np", "1", "--threads", "1")
-    runs.plan("horovod_np2", pre, default, hvd_steps, "--strategy", "horovod", "--np", "2", "--threads", "1")
-    if not o.quick:  # the same one-thread rank twice at once, nothing exchanged: this box's 2-process ceiling
-        runs.plan("independent_np1_x2", pre, default, hvd_steps, "--strategy", "horovod", "--np", "1",
-                  "--threads", "1", copies=2)
+    runs.plan("horovod_np1", pre, default, steps, "--strategy", "horovod", "--np", "1", "--threads", "1")
+    runs.plan("horovod_np2", pre, default, steps, "--strategy", "horovod", "--np", "2", "--threads", "1",
+              auc=True)
+    runs.plan_horovod_peer("plain_horovod_np2", pre, default, steps, 2)  # Horovod's Keras example way
+    # the same one-thread rank twice at once, nothing exchanged: this box's 2-process ceiling
+    runs.plan("independent_np1_x2", pre, default, steps, "--strategy", "horovod", "--np", "1",
+              "--threads", "1", copies=2)
     if os.cpu_count() != 2:  # TensorFlow's default pools are the core count: on 2 cores real_fp32 IS this run
         runs.plan("local_threads2", pre, default, steps, "--threads", "2")
     runs.plan("ps_2w_2ps", pre, default, steps, "--strategy", "ps", "--ps-workers", "2", "--ps-servers", "2",
@@ -151,14 +154,15 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
         "train_bf16_vs_fp32": runs.median("dense_bf16") / runs.median("dense_fp32"),
         "train_horovod_scaling_2": runs.median("horovod_np2") / (2 * runs.median("horovod_np1")),
         "train_ps_vs_local": runs.median("ps_2w_2ps") / runs.median("local_threads2"),
+        "train_horovod_vs_plain_horovod": runs.median("horovod_np2") / runs.median("plain_horovod_np2"),
+        "train_two_independent_vs_2x_one": runs.median("independent_np1_x2") / (2 * runs.median("horovod_np1")),
+        "train_horovod_np2_vs_two_independent": runs.median("horovod_np2") / runs.median("independent_np1_x2"),
         **{f"train_knob_{n}_speed": runs.median(f"knob_{n}") / runs.median("real_fp32") for n in knobs},
         **{f"train_knob_{n}_rss": runs.median(f"knob_{n}", "peak_rss_mb") / runs.median("real_fp32", "peak_rss_mb")
            for n in knobs},
         **rss.get("ratios", {}),
     }
     if not o.quick:
-        ratios["train_two_independent_vs_2x_one"] = runs.median("independent_np1_x2") / (2 * runs.median("horovod_np1"))
-        ratios["train_horovod_np2_vs_two_independent"] = runs.median("horovod_np2") / runs.median("independent_np1_x2")
         ratios["train_bf16_vs_fp32_embedding_heavy"] = runs.median("real_bf16") / runs.median("real_fp32")
         ratios["train_vs_tfrs_fit_bf16"] = runs.median("real_bf16") / runs.median("tfrs_fit_bf16")
         ratios["train_tfrs_fit_bf16_vs_fp32"] = runs.median("tfrs_fit_bf16") / runs.median("tfrs_fit_fp32")
@@ -230,7 +234,9 @@ def markdown(r: dict) -> str:
             "independent_np1_x2": "two np=1 runs at once (no exchange), 1 thread each",
             "local_threads2": "local, 2 threads", "ps_2w_2ps": "PS 2 workers (1 thread) + 2 PS",
             "tfrs_fit_fp32": "peer: TFRS tutorial (Keras Embedding per table, data in memory, model.fit)",
-            "tfrs_fit_bf16": "peer: TFRS tutorial, mixed_bfloat16"}
+            "tfrs_fit_bf16": "peer: TFRS tutorial, mixed_bfloat16",
+            "plain_horovod_np2": "peer: horovod.tensorflow.keras DistributedOptimizer (dense gradients) + fit, "
+                                 "np=2, 1 thread each"}
     what.update({f"knob_{k}": f"tuning {v}" for k, v in r["config"]["knobs"].items()})
     c = r["ceiling_gflops"]
     lines = [f"# Training benchmark ({r['rows']:,} generated rows, {r['steps']} steps, median of {r['reps']} runs, "
@@ -243,10 +249,12 @@ def markdown(r: dict) -> str:
              *[row(n, what.get(n, "")) for n in runs if not n.startswith(("rss_", "data_"))], "",
              "## Ratios", "", "| ratio | value |", "|---|---|",
              *[f"| {k} | {v:.3f} |" for k, v in sorted(ratios.items())], ""]
-    same = [n for n in ("real_fp32", "tfrs_fit_fp32", "real_bf16", "tfrs_fit_bf16") if "eval_auc" in runs.get(n, {})]
-    lines += ["## Against the TFRS-tutorial peer: eval AUC after the same examples", "",
-              f"Same config (tables, cross and deep layers, optimizer, batch), same data, {r['steps']} steps each "
-              "(`recpipe.bench.tfrs_peer`).", "", "| run | eval AUC (median) | min–max |", "|---|---|---|",
+    same = [n for n in ("real_fp32", "tfrs_fit_fp32", "real_bf16", "tfrs_fit_bf16", "horovod_np2",
+                        "plain_horovod_np2") if "eval_auc" in runs.get(n, {})]
+    lines += ["## Against the peers: eval AUC after the same steps", "",
+              "Same config (tables, cross and deep layers, optimizer, batch per rank), same data: the TFRS-tutorial "
+              "peer (`recpipe.bench.tfrs_peer`) and plain Horovod (`recpipe.bench.horovod_peer`).", "",
+              "| run | eval AUC (median) | min–max |", "|---|---|---|",
               *[f"| {n} | {runs[n]['eval_auc']['median']:.4f} | {runs[n]['eval_auc']['min']:.4f}–"
                 f"{runs[n]['eval_auc']['max']:.4f} |" for n in same], ""]
     p = r["step_parts"]

@@ -1,6 +1,6 @@
 """`recpipe train` runs for the benchmarks: fresh model dirs, configs derived from a base config,
 repetitions (round-robin over configurations), steady ex/s and peak RSS per run (and eval AUC when
-asked); the TFRS-tutorial peer (recpipe.bench.tfrs_peer) runs in the same round robin."""
+asked); the peers (recpipe.bench.tfrs_peer, recpipe.bench.horovod_peer) run in the same round robin."""
 from __future__ import annotations
 
 import copy
@@ -59,12 +59,22 @@ class TrainRuns:
         return got
 
     @staticmethod
-    def _peer_once(data: str, cfg_path: str, steps: int, precision: str) -> dict:
-        """One run of the TFRS-tutorial peer (recpipe.bench.tfrs_peer) in a fresh process."""
-        _, peak, out = run_measured([sys.executable, "-m", "recpipe.bench.tfrs_peer", data, cfg_path, str(steps),
-                                     precision])
-        r = json.loads(out.strip().splitlines()[-1])
-        return {"rate": r["examples_per_s_steady"], "rss": peak, "auc": r["auc"]}
+    def _peer_once(cmd: list[str]) -> dict:
+        """One run of a peer module in fresh processes. It prints one JSON line per process (under
+        horovodrun prefixed by the rank); every rank must end with the same weights."""
+        _, peak, out = run_measured(cmd)
+        lines = []
+        for line in out.splitlines():
+            try:
+                lines.append(json.loads(line[line.index("{"):]))
+            except ValueError:  # no JSON on this line
+                continue
+        main = next(r for r in lines if "examples_per_s_steady" in r)
+        sums = [r["weights_abs_sum"] for r in lines if "weights_abs_sum" in r]
+        if sums and max(sums) - min(sums) > 1e-6 * max(sums):
+            raise RuntimeError(f"{' '.join(cmd[:8])}...: the ranks ended with different weights ({sums}): "
+                               f"the peer's gradients were not exchanged")
+        return {"rate": main["examples_per_s_steady"], "rss": peak, "auc": main["auc"]}
 
     def _record(self, name: str, got: list[dict], steps: int, flags: tuple, t0: float, **extra) -> dict:
         rates = [g["rate"] for g in got]
@@ -95,8 +105,15 @@ class TrainRuns:
 
     def plan_peer(self, name: str, data: str, cfg_path: str, steps: int, precision: str) -> None:
         """Queue the TFRS-tutorial peer of a config (same model, data in memory, model.fit)."""
-        self.planned.append((name, steps, ("tfrs_peer", precision), 1,
-                             lambda tag: self._peer_once(data, cfg_path, steps, precision)))
+        cmd = [sys.executable, "-m", "recpipe.bench.tfrs_peer", data, cfg_path, str(steps), precision]
+        self.planned.append((name, steps, ("tfrs_peer", precision), 1, lambda tag: self._peer_once(cmd)))
+
+    def plan_horovod_peer(self, name: str, data: str, cfg_path: str, steps: int, np: int) -> None:
+        """Queue the plain-Horovod peer (Horovod's Keras example way, dense gradients) at np ranks."""
+        from trainers.hvd import horovodrun
+        cmd = [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", "--gloo", sys.executable, "-m",
+               "recpipe.bench.horovod_peer", data, cfg_path, str(steps)]
+        self.planned.append((name, steps, ("plain_horovod", f"np={np}"), 1, lambda tag: self._peer_once(cmd)))
 
     def run_planned(self) -> None:
         """Every queued configuration once per repetition, round-robin: a drift of the shared
