@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -28,7 +27,7 @@ import tensorflow as tf
 from features.canonical import LABEL_KEY
 from features.config import Config, load_config
 from features.preprocessed import PreprocessedData
-from recpipe.bench.tfrs_peer import TutorialDCN, check_supported, in_memory
+from recpipe.bench.tfrs_peer import SecondHalfTimer, TutorialDCN, check_supported, in_memory
 from trainers.scoring import ranking_scores
 
 __all__ = ["HorovodTutorialDCN", "legacy_optimizer", "run_rank"]
@@ -52,19 +51,6 @@ def legacy_optimizer(cfg: Config) -> tf.keras.optimizers.Optimizer:
     return {"adagrad": legacy.Adagrad, "adam": legacy.Adam, "sgd": legacy.SGD}[cfg.train.optimizer](lr)
 
 
-class _SecondHalf(tf.keras.callbacks.Callback):
-    def __init__(self):
-        super().__init__()
-        self.seconds = 0.0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self.t0 = time.perf_counter()
-
-    def on_epoch_end(self, epoch, logs=None):
-        if epoch == 1:
-            self.seconds = time.perf_counter() - self.t0
-
-
 def run_rank(data_dir: str, cfg: Config, steps: int) -> dict:
     import horovod.tensorflow.keras as hvd
 
@@ -84,7 +70,7 @@ def run_rank(data_dir: str, cfg: Config, steps: int) -> dict:
     tf.keras.utils.set_random_seed(cfg.train.seed)
     model = HorovodTutorialDCN(cfg, PreprocessedData(data_dir).transform().table_sizes())
     model.compile(optimizer=hvd.DistributedOptimizer(legacy_optimizer(cfg), sparse_as_dense=True))
-    timer = _SecondHalf()
+    timer = SecondHalfTimer()
     model.fit(cached.repeat(), steps_per_epoch=half, epochs=2, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), timer])
     weights = float(sum(np.abs(v.numpy()).sum(dtype=np.float64) for v in model.trainable_variables))

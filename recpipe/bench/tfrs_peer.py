@@ -29,7 +29,7 @@ from trainers.data import make_dataset
 from trainers.optim import optimizer_for, precision_policy
 from trainers.scoring import ranking_scores
 
-__all__ = ["TutorialDCN", "check_supported", "in_memory", "run_peer"]
+__all__ = ["SecondHalfTimer", "TutorialDCN", "check_supported", "in_memory", "run_peer"]
 
 
 def check_supported(cfg: Config) -> None:
@@ -94,7 +94,7 @@ def in_memory(cfg: Config, data_dir: str, split: str) -> dict:
     return {k: tf.concat(v, axis=0) for k, v in columns.items()}
 
 
-class _SecondHalf(tf.keras.callbacks.Callback):
+class SecondHalfTimer(tf.keras.callbacks.Callback):
     """Wall time of the second epoch (model.fit runs two of half the steps each)."""
 
     def __init__(self):
@@ -127,7 +127,7 @@ def run_peer(data_dir: str, cfg: Config, steps: int, precision: str = "fp32") ->
         tf.keras.utils.set_random_seed(cfg.train.seed)
         model = TutorialDCN(cfg, table_rows)
         model.compile(optimizer=optimizer_for(cfg))
-        timer = _SecondHalf()
+        timer = SecondHalfTimer()
         model.fit(ds, steps_per_epoch=half, epochs=2, verbose=0, callbacks=[timer])
     auc = ranking_scores(cfg, model, data_dir, "eval")["auc"]
     return {"examples_per_s_steady": half * batch / timer.seconds, "examples": 2 * half * batch,
