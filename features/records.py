@@ -1,36 +1,16 @@
-"""Training-shard records: one TFRecord record = one column-wise batch of transformed rows.
-
-Each record is a tf.train.Example whose features are serialized TensorProtos, one per column
-(``NAME`` for [n] columns, ``NAME/values`` + ``NAME/row_lengths`` for ragged ones). Writing
-is vectorised (no per-row Example); reading is `tf.io.parse_tensor` + `unbatch`, all in
-tf.data's C++ runtime. The Beam job writes them; trainers.data reads them.
+"""Training-shard records read by TensorFlow: one TFRecord record = one column-wise batch of
+transformed rows, in the layout features.record_codec writes (a tf.train.Example of one serialized
+TensorProto per column: ``NAME``, or ``NAME/values`` + ``NAME/row_lengths`` when ragged). Reading is
+`tf.io.parse_tensor` + `unbatch`, all in tf.data's C++ runtime; trainers.data and the export use it.
 """
 from __future__ import annotations
 
-
-import numpy as np
 import tensorflow as tf
 
 from features.canonical import LABEL_KEY
 from features.config import Config
 
-__all__ = ["encode_batch", "column_specs", "parse_record", "read_single_batch", "count_rows"]
-
-
-def _proto_bytes(arr: np.ndarray) -> bytes:
-    return tf.make_tensor_proto(arr).SerializeToString()
-
-
-def encode_batch(columns: dict[str, tf.Tensor | tf.RaggedTensor | np.ndarray]) -> bytes:
-    feature = {}
-    for name, t in columns.items():
-        if isinstance(t, tf.RaggedTensor):
-            parts = {f"{name}/values": t.flat_values.numpy(), f"{name}/row_lengths": t.row_lengths().numpy()}
-        else:
-            parts = {name: t.numpy() if isinstance(t, tf.Tensor) else np.asarray(t)}
-        for key, arr in parts.items():
-            feature[key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[_proto_bytes(arr)]))
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+__all__ = ["column_specs", "parse_record", "read_single_batch"]
 
 
 def column_specs(cfg: Config) -> dict[str, tuple[tf.DType, bool]]:
@@ -74,18 +54,3 @@ def read_single_batch(cfg: Config, path: str) -> dict:
     if len(records) != 1:
         raise FileNotFoundError(f"{path}: expected one record batch, found {len(records)}")
     return parse_record(cfg)(records[0])
-
-
-def count_rows(paths: list[str]) -> int:
-    """The rows in shard files, from each record's label column only (what is on disk, not what a
-    runner reported)."""
-    if not paths:
-        return 0
-    keys = {LABEL_KEY: tf.io.FixedLenFeature([], tf.string)}
-
-    def rows(serialized: tf.Tensor) -> tf.Tensor:
-        label = tf.io.parse_tensor(tf.io.parse_single_example(serialized, keys)[LABEL_KEY], tf.float32)
-        return tf.cast(tf.size(label), tf.int64)
-
-    ds = tf.data.TFRecordDataset(paths).map(rows, num_parallel_calls=tf.data.AUTOTUNE)
-    return int(ds.reduce(tf.constant(0, tf.int64), lambda total, n: total + n))

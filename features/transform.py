@@ -1,13 +1,13 @@
-"""The feature transform in TensorFlow ops: ONE implementation for Beam, trainer and serving.
+"""The feature transform in TensorFlow ops: the graph the trainer and the serving export run.
 
 `FeatureTransform` maps canonical tensors (see features.canonical) to model inputs:
   sparse  -> int64 IDs [B] (vocabulary + OOV buckets, or FarmHash fingerprint buckets)
   multivalent -> int64 RaggedTensor [B, None]
   dense   -> float32 [B] (fill, optional log1p, z-score or bucket index / num buckets)
 The serving export embeds it in the SavedModel behind `canonicalize_request`, which builds canonical
-tensors from raw request tensors. The Beam job applies `BatchTransform` to whole Arrow record batches:
-the same transform with its vocabulary lookups done by Arrow, tested equal ID for ID and checked
-against the graph by every export's skew check.
+tensors from raw request tensors. The Beam job applies features.batch_transform.BatchTransform to
+whole Arrow record batches: the same transform without TensorFlow, tested equal and checked against
+the graph by every export's skew check.
 """
 from __future__ import annotations
 
@@ -15,17 +15,14 @@ import re
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import tensorflow as tf
 
 from features.artifact import TransformArtifact
+from features.batch_transform import zscore_std
 from features.canonical import CROSS_SEPARATOR, DEFAULT_SEPARATOR
 
-__all__ = ["FeatureTransform", "BatchTransform", "canonical_to_tensors", "canonicalize_request", "request_spec",
+__all__ = ["FeatureTransform", "canonical_to_tensors", "canonicalize_request", "request_spec",
            "request_from_arrow", "example_spec", "request_from_examples", "examples_from_arrow"]
-
-_MIN_STD = 1e-6
-
 
 class FeatureTransform(tf.Module):
     def __init__(self, artifact: TransformArtifact, name: str = "feature_transform"):
@@ -68,8 +65,7 @@ class FeatureTransform(tf.Module):
             return tf.cast(idx, tf.float32) / float(max(len(boundaries), 1))
         if transform == "log_zscore":
             x = tf.math.log1p(tf.maximum(x, 0.0))
-        std = float(stats["std"]) if float(stats["std"]) > _MIN_STD else 1.0
-        return (x - float(stats["mean"])) / std
+        return (x - float(stats["mean"])) / zscore_std(stats)
 
     def __call__(self, canonical: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         """Transforms the features present in `canonical` (all of them, or e.g. a query tower's)."""
@@ -242,59 +238,3 @@ def examples_from_arrow(table: pa.Table, artifact: TransformArtifact) -> list[by
                     value=[x if isinstance(x, bytes) else str(x).encode("utf-8") for x in items]))
         out.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     return out
-
-
-class BatchTransform:
-    """The batch path of the one transform, for the Beam job: canonical Arrow columns -> the same
-    model inputs FeatureTransform makes, with the vocabulary lookups done by Arrow.
-
-    Vocabulary IDs come from `pc.index_in` against the vocabulary; only the tokens it does not know
-    (OOV) and the hashed features go through TensorFlow's FarmHash op, as in the graph; dense
-    features go through FeatureTransform's own TF ops. The strings of in-vocabulary tokens never
-    become Python objects or string tensors, which was most of the job's transform time. Equality with
-    FeatureTransform is tested (tests/test_features.py) and checked again on every export by the skew
-    check, which scores the raw eval sample through the SavedModel's graph against these records.
-    """
-
-    def __init__(self, artifact: TransformArtifact):
-        self._cfg = artifact.config
-        self._graph = FeatureTransform(artifact)
-        self._vocab = {f.name: pa.array(artifact.vocabularies[f.name], pa.string())
-                       for f in self._cfg.features.sparse if f.vocab is not None and f.share_embedding_with is None}
-
-    def _ids(self, owner_name: str, tokens: pa.Array) -> np.ndarray:
-        owner = self._cfg.sparse_by_name[owner_name]
-        if owner.hash_buckets is not None:
-            return tf.strings.to_hash_bucket_fast(_string_tensor(tokens), owner.hash_buckets).numpy()
-        vocab = self._vocab[owner_name]
-        ids = pc.index_in(tokens, value_set=vocab, skip_nulls=True)  # free slots (nulls) match nothing
-        ids = pc.fill_null(ids, -1).to_numpy(zero_copy_only=False).astype(np.int64)
-        oov = ids < 0
-        if oov.any():  # as StaticVocabularyTable: vocabulary size + FarmHash64(token) % oov_buckets
-            unknown = tokens.filter(pa.array(oov))
-            ids[oov] = len(vocab) + tf.strings.to_hash_bucket_fast(_string_tensor(unknown),
-                                                                   owner.vocab.oov_buckets).numpy()
-        return ids
-
-    def __call__(self, columns: dict[str, pa.Array]) -> dict[str, np.ndarray | tf.RaggedTensor]:
-        out: dict = {}
-        for f in self._cfg.features.sparse:
-            if f.name not in columns:
-                continue
-            owner = self._cfg.table_owner(f).name
-            arr = columns[f.name]
-            if pa.types.is_list(arr.type):
-                offsets = arr.offsets.to_numpy().astype(np.int64)
-                values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
-                out[f.name] = tf.RaggedTensor.from_row_splits(self._ids(owner, values), offsets - offsets[0],
-                                                              validate=False)
-            else:
-                out[f.name] = self._ids(owner, arr)
-        dense = {d.name: columns[d.name] for d in self._cfg.features.dense if d.name in columns}
-        if dense:
-            out.update({k: v.numpy() for k, v in self._graph(canonical_to_tensors(dense)).items()})
-        return out
-
-
-def _string_tensor(arr: pa.Array) -> tf.Tensor:
-    return tf.constant(arr.to_numpy(zero_copy_only=False).astype(object), dtype=tf.string, shape=[len(arr)])

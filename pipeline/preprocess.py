@@ -210,7 +210,7 @@ def _check_written(data: PreprocessedData, res: PreprocessResult) -> None:
     that loses written files (a sink step re-run after a worker died) fails the run here instead."""
     import pyarrow.parquet as pq
 
-    from features.records import count_rows
+    from features.record_codec import count_rows
     found = {split: count_rows(data.shard_files(split)) for split in SPLITS}
     found["dead_letter"] = sum(pq.read_metadata(path, filesystem=fs).num_rows
                                for fs, path in map(fsio.resolve, data.dead_letter_files()))

@@ -318,9 +318,8 @@ class WriteEvalSample(beam.PTransform):
             return table
 
         def write_record(record: bytes):
-            import tensorflow as tf
-            with tf.io.TFRecordWriter(record_path) as w:
-                w.write(record)
+            from features.record_codec import write_records
+            write_records(record_path, [record])
 
         sample = (tables | "FirstRows" >> beam.CombineGlobally(_FirstRows(EVAL_SAMPLE_ROWS))
                   | "NonEmpty" >> beam.Filter(lambda t: t is not None and t.num_rows > 0)
@@ -511,8 +510,8 @@ class _Transform(beam.DoFn):
         self._transform, self._key = None, None
 
     def process(self, cols: dict[str, pa.Array], packed: bytes):
-        from features.records import encode_batch
-        from features.transform import BatchTransform
+        from features.batch_transform import BatchTransform
+        from features.record_codec import encode_batch
         key = (len(packed), hash(packed))
         if key != self._key:  # built once per worker, not per bundle
             self._transform, self._key = BatchTransform(pickle.loads(packed)), key

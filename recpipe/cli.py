@@ -28,7 +28,8 @@ from trainers.options import RunOptions
 __all__ = ["main", "build_parser", "quiet_startup"]
 
 # commands that never import TensorFlow (and `daily ready`, the sensor's probe)
-NO_TENSORFLOW = ("generate", "criteo-to-parquet", "instacart-to-parquet", "movielens-to-parquet", "cluster")
+NO_TENSORFLOW = ("preprocess", "generate", "criteo-to-parquet", "instacart-to-parquet", "movielens-to-parquet",
+                 "cluster")
 
 
 def _say(msg: str) -> None:

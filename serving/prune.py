@@ -27,7 +27,8 @@ from features.artifact import TransformArtifact
 from features.canonical import canonicalize
 from features.days import day_number
 from features.errors import RecpipeError
-from features.transform import BatchTransform
+from features.batch_transform import BatchTransform
+from features.record_codec import Ragged
 
 __all__ = ["PruneError", "Pruning", "prune_vocabularies", "prune_model", "pruned_records"]
 
@@ -105,7 +106,7 @@ def prune_model(model: tf.keras.Model, rows: dict[str, np.ndarray]) -> int:
 
 
 def _flat(x) -> np.ndarray:
-    x = x.flat_values if isinstance(x, tf.RaggedTensor) else x
+    x = x.flat_values if isinstance(x, (tf.RaggedTensor, Ragged)) else x
     return np.asarray(x.numpy() if hasattr(x, "numpy") else x, np.int64)
 
 
@@ -131,4 +132,12 @@ def pruned_records(pruning: Pruning, sample: pa.Table, beam_records: dict) -> di
     for name, value in beam_records.items():
         if name not in records:
             records[name] = value
-    return {k: (v if isinstance(v, (tf.Tensor, tf.RaggedTensor)) else tf.constant(v)) for k, v in records.items()}
+    return {k: _tensor(v) for k, v in records.items()}
+
+
+def _tensor(v) -> tf.Tensor | tf.RaggedTensor:
+    if isinstance(v, (tf.Tensor, tf.RaggedTensor)):
+        return v
+    if isinstance(v, Ragged):
+        return tf.RaggedTensor.from_row_lengths(v.values, v.row_lengths, validate=False)
+    return tf.constant(v)

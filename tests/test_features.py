@@ -10,9 +10,11 @@ from features.artifact import TransformArtifact
 from features.canonical import (LABEL_KEY, SchemaError, canonicalize, check_schema, dense_prenorm, numeric,
                                 validate_batch)
 from features.config import parse_config
-from features.records import encode_batch, parse_record
-from features.transform import (BatchTransform, FeatureTransform, canonical_to_tensors, canonicalize_request,
-                                request_spec)
+from features.batch_transform import BatchTransform
+from features.hashing import hash_buckets
+from features.record_codec import Ragged, RecordError, count_rows, encode_batch, read_records, write_records
+from features.records import parse_record
+from features.transform import FeatureTransform, canonical_to_tensors, canonicalize_request, request_spec
 
 
 def _cfg():
@@ -164,15 +166,52 @@ def test_record_round_trip():
     cfg = _cfg()
     cols = {
         "a": tf.constant([1, 2, 3], tf.int64), "n": tf.constant([4, 5, 6], tf.int64),
-        "a_x_n": tf.constant([7, 8, 9], tf.int64), "tags": tf.ragged.constant([[1], [], [2, 3]], tf.int64), "lst": tf.ragged.constant([[], [], [9]], tf.int64),
-        "x": tf.constant([0.5, 1.5, 2.5]), "z": tf.constant([0.0, 0.0, 1.0]), "b": tf.constant([1.0, 0.0, 0.5]),
+        "a_x_n": np.array([7, 8, 1 << 62]), "tags": Ragged(np.array([1, 2, 3]), np.array([1, 0, 2])),
+        "lst": Ragged(np.array([9]), np.array([0, 0, 1])),
+        "x": tf.constant([0.5, 1.5, 2.5]), "z": np.array([0.0, 0.0, -1e30], np.float32), "b": np.zeros(3, np.float32),
         LABEL_KEY: np.array([1, 0, 1], np.float32),
     }
     back = parse_record(cfg)(tf.constant(encode_batch(cols)))
-    assert back["tags"].to_list() == [[1], [], [2, 3]]
+    assert back["tags"].to_list() == [[1], [], [2, 3]] == cols["tags"].to_list()
     assert back["lst"].to_list() == [[], [], [9]]
-    assert back["a"].numpy().tolist() == [1, 2, 3]
+    assert back["a"].numpy().tolist() == [1, 2, 3] and back["a_x_n"].numpy().tolist() == [7, 8, 1 << 62]
+    assert back["z"].numpy().tolist() == [0.0, 0.0, float(np.float32(-1e30))]
     assert back[LABEL_KEY].numpy().tolist() == [1.0, 0.0, 1.0]
+    empty = parse_record(cfg)(tf.constant(encode_batch({k: (Ragged(np.zeros(0, np.int64), np.zeros(0, np.int64))
+                                                             if isinstance(v, Ragged) else np.asarray(v)[:0])
+                                                         for k, v in cols.items()})))
+    assert empty[LABEL_KEY].shape == [0] and empty["tags"].to_list() == []
+    with pytest.raises(TypeError, match="1-D float32 or int64"):
+        encode_batch({"a": np.zeros(3, np.float64)})
+
+
+def test_record_files_are_tfrecord_both_ways(tmp_path):
+    """Files written without TF read in tf.data, TF's files read here; both CRCs are checked."""
+    records = [encode_batch({LABEL_KEY: np.ones(n, np.float32)}) for n in (3, 0, 70_000)]
+    ours, theirs = str(tmp_path / "ours.tfrecord"), str(tmp_path / "theirs.tfrecord")
+    write_records(ours, records)
+    with tf.io.TFRecordWriter(theirs) as w:
+        for r in records:
+            w.write(r)
+    assert [r.numpy() for r in tf.data.TFRecordDataset(ours)] == records
+    assert list(read_records(theirs)) == records
+    assert count_rows([ours, theirs]) == 2 * 70_003
+    data = bytearray(open(ours, "rb").read())
+    data[40] ^= 1  # a flipped bit in the first record's data
+    (tmp_path / "bad.tfrecord").write_bytes(bytes(data))
+    with pytest.raises(RecordError, match="bad.tfrecord: record data fails its CRC"):
+        count_rows([str(tmp_path / "bad.tfrecord")])
+    (tmp_path / "cut.tfrecord").write_bytes(open(ours, "rb").read()[:-10])
+    with pytest.raises(RecordError, match="cut.tfrecord: truncated record"):
+        count_rows([str(tmp_path / "cut.tfrecord")])
+
+
+def test_hash_buckets_are_tfs_farmhash_buckets():
+    tokens = ["", "a", "ü", "日本語", "a b", "x" * 17, "y" * 33, "z" * 65, "q" * 300, "\x1f", "12345678901234567890"]
+    for buckets in (1, 7, 1 << 20, (1 << 63) - 1):
+        want = tf.strings.to_hash_bucket_fast(tokens, buckets).numpy()
+        np.testing.assert_array_equal(hash_buckets(pa.array(tokens), buckets), want)
+    assert hash_buckets(pa.array([], pa.string()), 3).shape == (0,)
 
 
 def test_artifact_round_trip(tmp_path):
@@ -187,7 +226,8 @@ def test_artifact_round_trip(tmp_path):
 
 @pytest.mark.parametrize("free_slots", [False, True])
 def test_batch_transform_equals_the_graph_transform(free_slots):
-    """The Beam job's Arrow path (BatchTransform) gives exactly FeatureTransform's IDs and values:
+    """The Beam job's path without TF (BatchTransform) gives exactly FeatureTransform's IDs, and its
+    dense values to float32 rounding (numpy's and Eigen's log1p round apart in the last bit):
     in-vocabulary, OOV buckets, hashed, shared and multivalent features, dense transforms, on a
     batch with many distinct tokens (unicode, empty strings and an empty vocabulary included), also
     when the vocabulary has free slots (evicted values: they map to OOV, and no token maps to the slot)."""
@@ -229,6 +269,10 @@ def test_batch_transform_equals_the_graph_transform(free_slots):
         got = batch[k]
         if isinstance(want, tf.RaggedTensor):
             assert got.to_list() == want.to_list(), k
+        elif want.dtype == tf.float32:
+            assert got.dtype == np.float32, k
+            # log1p's last bit, scaled by the z-score (no ulp bound: a value near the mean cancels)
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-6, atol=1e-6, err_msg=k)
         else:
             assert got.dtype == want.numpy().dtype, k
             np.testing.assert_array_equal(got, want.numpy(), err_msg=k)

@@ -19,7 +19,7 @@ from features.artifact import TransformArtifact
 from features.canonical import LABEL_KEY, canonicalize
 from features.config import VocabSpec, config_to_dict, parse_config
 from features.days import day_name, day_number
-from features.transform import BatchTransform
+from features.batch_transform import BatchTransform
 from pipeline.analysis import select_vocabulary
 from pipeline.lifecycle import VocabState, advance_vocabulary
 from pipeline.preprocess import PreprocessError, run_preprocess

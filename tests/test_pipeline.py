@@ -133,6 +133,21 @@ def test_preprocess_outputs_and_accounting(preprocessed, small_cfg):
     assert not [d for d in os.listdir(os.path.dirname(out)) if ".staging-" in d]
 
 
+def test_the_beam_job_never_loads_tensorflow(tmp_path, small_log, small_cfg_path):
+    """`recpipe preprocess` (and the DoFns it runs) work without TensorFlow: hashing, dense transforms,
+    record encoding and the row check are Arrow/numpy/farmhash, so no worker pays TF's start-up."""
+    import subprocess
+    import sys
+    code = ("import sys; from recpipe.cli import main; "
+            f"rc = main(['preprocess', '--config', {small_cfg_path!r}, '--input', {small_log!r}, "
+            f"'--output', {str(tmp_path / 'out')!r}]); "
+            "print('tensorflow loaded' if any(m.split('.')[0] == 'tensorflow' for m in sys.modules) else 'no tf'); "
+            "sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "rows in = 6000" in proc.stdout and proc.stdout.strip().endswith("no tf"), proc.stdout
+
+
 def test_written_files_must_hold_the_counted_rows(tmp_path, preprocessed):
     """The last check before publishing reads what is on disk: a lost shard fails the run, naming the split."""
     import shutil

@@ -1,5 +1,5 @@
 """The single-process preprocessing baseline: the SAME per-batch functions as the Beam job
-(validate_batch, canonicalize, value counts, FeatureTransform, encode_batch) in a plain loop over
+(validate_batch, canonicalize, value counts, BatchTransform, encode_batch) in a plain loop over
 pyarrow record batches, in one process, with no Beam runner; so `preprocess_beam_vs_pyarrow` is
 what Beam's orchestration costs. It writes the same artifact and shards (no dead letter, no eval sample).
 """
@@ -10,13 +10,12 @@ import os
 
 import numpy as np
 import pyarrow as pa
-import tensorflow as tf
 
 from features.artifact import TransformArtifact
 from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, numeric, validate_batch
 from features.preprocessed import SPLITS, PreprocessedData
-from features.records import encode_batch
-from features.transform import BatchTransform
+from features.batch_transform import BatchTransform
+from features.record_codec import encode_batch, frame_record
 from pipeline.analysis import (add_moments, batch_moments, boundaries_from_quantiles, merge_count_tables,
                                moment_stats, select_vocabulary_table, split_cutoffs_by_row,
                                split_cutoffs_from_histogram, token_count_tables, ts_histogram)
@@ -90,7 +89,7 @@ def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65
     n = {"in": 0, "train": 0, "validation": 0, "eval": 0, "dead": 0}
     for s in SPLITS:
         os.makedirs(data.split_dir(s), exist_ok=True)
-    writers = {s: tf.io.TFRecordWriter(f"{data.shard_prefix(s)}-0.tfrecord") for s in SPLITS}
+    writers = {s: open(f"{data.shard_prefix(s)}-0.tfrecord", "wb") for s in SPLITS}
     for b in batches(cfg.raw_columns()):
         n["in"] += b.table.num_rows
         g, bad = good(b)
@@ -103,7 +102,7 @@ def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65
                 cols = canonicalize(g.table.filter(pa.array(mask)), cfg)
                 out = transform({k: v for k, v in cols.items() if k != LABEL_KEY})
                 out[LABEL_KEY] = cols[LABEL_KEY].to_numpy(zero_copy_only=False)
-                writers[s].write(encode_batch(out))
+                writers[s].write(frame_record(encode_batch(out)))
                 n[s] += int(mask.sum())
     for w in writers.values():
         w.close()
