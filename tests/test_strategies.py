@@ -126,6 +126,16 @@ def test_horovod_dense_sparse_gradients(tmp_path, preprocessed):
     assert state["sparse_gradients"] == "dense" and state["ranks"] == 2
 
 
+def test_every_rank_gets_the_launchers_input_flags(tmp_path):
+    """A rank is a `recpipe train` of its own: what the launcher was told about input reaches it."""
+    from trainers.hvd import _rank_command
+    opts = TrainOptions("DATA", str(tmp_path), None, run=RunOptions(strategy="horovod", np=2), warm_start="OLD",
+                        synthetic_input=True)
+    cmd = _rank_command(opts)
+    assert "--synthetic-input" in cmd and cmd[cmd.index("--warm-start") + 1] == "OLD"
+    assert "--synthetic-input" not in _rank_command(TrainOptions("DATA", str(tmp_path), None))
+
+
 def test_advisor_traffic_model():
     from trainers.advisor import predict
     # dense-heavy (50M dense, few embedding rows touched): ring-allreduce wins

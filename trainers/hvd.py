@@ -32,7 +32,7 @@ import tensorflow as tf
 from features.artifact import TransformArtifact
 from features.config import Config
 from features.preprocessed import PreprocessedData
-from trainers.data import make_dataset
+from trainers.data import make_dataset, synthetic_dataset
 from trainers.errors import TrainError
 from trainers.gradients import accumulated_gradients
 from trainers.health import check_loss
@@ -80,7 +80,8 @@ def _rank_command(opts: TrainOptions) -> list[str]:
     """What every rank runs: this `recpipe train` with the config this launcher resolved."""
     cmd = [sys.executable, "-m", "recpipe.cli", "train", "--data", opts.data_dir, "--model-dir", opts.model_dir,
            "--config", ModelDir(opts.model_dir).config_path, *run_flags(opts.run), "--strategy", "horovod"]
-    return cmd + (["--warm-start", opts.warm_start] if opts.warm_start else [])
+    return (cmd + (["--warm-start", opts.warm_start] if opts.warm_start else [])
+            + (["--synthetic-input"] if opts.synthetic_input else []))
 
 
 def _supervise(start: Callable[[dict], list[subprocess.Popen]], say: Callable[[str], None]) -> list[tuple]:
@@ -279,7 +280,8 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
         events = os.environ.get(EVENTS_ENV) if rank == 0 else None
         reporter = Reporter(say if rank == 0 else (lambda _: None), total, start, cfg.train.batch_size * size,
                             ranks=size, events_path=events)
-        validator = validator_for(cfg, artifact, opts.data_dir, model_dir, reporter.note) if rank == 0 else None
+        validator = (validator_for(cfg, artifact, opts.data_dir, model_dir, reporter.note)
+                     if rank == 0 and not opts.synthetic_input else None)
         if start:
             reporter.note(f"train: resuming from {manager.latest_checkpoint} at step {start}")
         elif opts.warm_start:
@@ -292,8 +294,13 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
             return TrainState.unchanged(start, "horovod", opts.run.precision, cfg.train.batch_size, opts.data_dir)
         step = _step_function(cfg, model, optimizer)
         ctx = tf.distribute.InputContext(num_input_pipelines=size, input_pipeline_id=rank)
-        it = iter(make_dataset(cfg, opts.data_dir, "train", cfg.train.batch_size, training=True,
-                               input_context=ctx, seed=cfg.train.seed + start + rank))
+        seed = cfg.train.seed + start + rank
+        if opts.synthetic_input:  # benchmarks: each rank's own random batch from memory, no shard parsing
+            sizes = {f.name: artifact.id_space_size(f) for f in cfg.features.sparse}
+            it = iter(synthetic_dataset(cfg, sizes, cfg.train.batch_size, seed))
+        else:
+            it = iter(make_dataset(cfg, opts.data_dir, "train", cfg.train.batch_size, training=True,
+                                   input_context=ctx, seed=seed))
         writer = tf.summary.create_file_writer(os.path.join(model_dir.logs_dir, "train")) if rank == 0 else None
         every = min(cfg.train.checkpoint_every, total - start)
         auc = next((m for m in model.metrics if m.name == "auc"), None)

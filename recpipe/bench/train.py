@@ -118,6 +118,9 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
     runs.plan("horovod_np2", pre, default, steps, "--strategy", "horovod", "--np", "2", "--threads", "1",
               auc=True)
     runs.plan_horovod_peer("plain_horovod_np2", pre, default, steps, 2)  # Horovod's Keras example way
+    if not o.quick:  # what parsing shards costs the ranks (the peer holds its data in memory)
+        runs.plan("horovod_np2_synthetic", pre, default, steps, "--strategy", "horovod", "--np", "2", "--threads",
+                  "1", "--synthetic-input")
     # the same one-thread rank twice at once, nothing exchanged: this box's 2-process ceiling
     runs.plan("independent_np1_x2", pre, default, steps, "--strategy", "horovod", "--np", "1",
               "--threads", "1", copies=2)
@@ -168,6 +171,8 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
         ratios["train_tfrs_fit_bf16_vs_fp32"] = runs.median("tfrs_fit_bf16") / runs.median("tfrs_fit_fp32")
         ratios["train_bf16_vs_fp32_dense_synthetic"] = (runs.median("dense_bf16_synthetic") /
                                                         runs.median("dense_fp32_synthetic"))
+        ratios["train_horovod_np2_real_vs_synthetic_input"] = (runs.median("horovod_np2") /
+                                                               runs.median("horovod_np2_synthetic"))
     if quality:
         ratios["train_dcn_vs_logistic_auc"] = quality["local"]["auc"] / quality["logistic"]["auc"]
     return {
@@ -231,6 +236,7 @@ def markdown(r: dict) -> str:
             "real_bf16": "mixed_bfloat16", "dense_fp32": "dense-heavy DCN-v2", "dense_bf16": "dense-heavy, bf16",
             "dense_fp32_synthetic": "dense-heavy, synthetic input", "dense_bf16_synthetic": "dense-heavy, bf16, synthetic",
             "horovod_np1": "Horovod np=1, 1 thread", "horovod_np2": "Horovod np=2, 1 thread each",
+            "horovod_np2_synthetic": "Horovod np=2, 1 thread each, synthetic in-memory batch",
             "independent_np1_x2": "two np=1 runs at once (no exchange), 1 thread each",
             "local_threads2": "local, 2 threads", "ps_2w_2ps": "PS 2 workers (1 thread) + 2 PS",
             "tfrs_fit_fp32": "peer: TFRS tutorial (Keras Embedding per table, data in memory, model.fit)",
