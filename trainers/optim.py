@@ -13,13 +13,14 @@ __all__ = ["PRECISION_POLICIES", "optimizer_for", "precision_policy"]
 PRECISION_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
-def optimizer_for(cfg: Config, precision: str = "fp32", loss_scale: bool = False) -> tf.keras.optimizers.Optimizer:
+def optimizer_for(cfg: Config, precision: str = "fp32", loss_scale: bool = False,
+                  legacy: bool = False) -> tf.keras.optimizers.Optimizer:
     """train.optimizer at train.learning_rate; with loss_scale and fp16, wrapped for loss scaling
-    (Keras' compile wraps it itself; a custom loop asks for it)."""
+    (Keras' compile wraps it itself; a custom loop asks for it). legacy: the pre-2.11 Keras optimizer
+    (what Horovod 0.28's Keras DistributedOptimizer wraps)."""
     lr = cfg.train.learning_rate
-    opt = {"adagrad": lambda: tf.keras.optimizers.Adagrad(lr),
-           "adam": lambda: tf.keras.optimizers.Adam(lr),
-           "sgd": lambda: tf.keras.optimizers.SGD(lr)}[cfg.train.optimizer]()
+    kinds = tf.keras.optimizers.legacy if legacy else tf.keras.optimizers
+    opt = {"adagrad": kinds.Adagrad, "adam": kinds.Adam, "sgd": kinds.SGD}[cfg.train.optimizer](lr)
     if loss_scale and precision == "fp16":
         opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
     return opt

@@ -28,9 +28,10 @@ from features.canonical import LABEL_KEY
 from features.config import Config, load_config
 from features.preprocessed import PreprocessedData
 from recpipe.bench.tfrs_peer import SecondHalfTimer, TutorialDCN, check_supported, in_memory
+from trainers.optim import optimizer_for
 from trainers.scoring import ranking_scores
 
-__all__ = ["HorovodTutorialDCN", "legacy_optimizer", "run_rank"]
+__all__ = ["HorovodTutorialDCN", "run_rank"]
 
 
 class HorovodTutorialDCN(TutorialDCN):
@@ -42,13 +43,6 @@ class HorovodTutorialDCN(TutorialDCN):
             total = loss + sum(self.losses)
         self.optimizer.minimize(total, self.trainable_variables, tape=tape)
         return {**{m.name: m.result() for m in self.metrics}, "loss": loss}
-
-
-def legacy_optimizer(cfg: Config) -> tf.keras.optimizers.Optimizer:
-    """train.optimizer at train.learning_rate, as the legacy Keras optimizer Horovod 0.28 wraps."""
-    lr = cfg.train.learning_rate
-    legacy = tf.keras.optimizers.legacy
-    return {"adagrad": legacy.Adagrad, "adam": legacy.Adam, "sgd": legacy.SGD}[cfg.train.optimizer](lr)
 
 
 def run_rank(data_dir: str, cfg: Config, steps: int) -> dict:
@@ -69,7 +63,7 @@ def run_rank(data_dir: str, cfg: Config, steps: int) -> dict:
         pass
     tf.keras.utils.set_random_seed(cfg.train.seed)
     model = HorovodTutorialDCN(cfg, PreprocessedData(data_dir).transform().table_sizes())
-    model.compile(optimizer=hvd.DistributedOptimizer(legacy_optimizer(cfg), sparse_as_dense=True))
+    model.compile(optimizer=hvd.DistributedOptimizer(optimizer_for(cfg, legacy=True), sparse_as_dense=True))
     timer = SecondHalfTimer()
     model.fit(cached.repeat(), steps_per_epoch=half, epochs=2, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), timer])
