@@ -24,6 +24,7 @@ from features.canonical import CROSS_SEPARATOR, DEFAULT_SEPARATOR
 __all__ = ["FeatureTransform", "canonical_to_tensors", "canonicalize_request", "request_spec",
            "request_from_arrow", "example_spec", "request_from_examples", "examples_from_arrow"]
 
+
 class FeatureTransform(tf.Module):
     def __init__(self, artifact: TransformArtifact, name: str = "feature_transform"):
         super().__init__(name=name)
