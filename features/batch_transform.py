@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from features.artifact import TransformArtifact
-from features.canonical import dense_prenorm
+from features.canonical import dense_prenorm, list_parts
 from features.hashing import hash_buckets
 from features.record_codec import Ragged
 
@@ -67,9 +67,8 @@ class BatchTransform:
             owner = self._cfg.table_owner(f).name
             arr = columns[f.name]
             if pa.types.is_list(arr.type):
-                offsets = arr.offsets.to_numpy().astype(np.int64)
-                values = arr.values.slice(offsets[0], offsets[-1] - offsets[0])
-                out[f.name] = Ragged(self._ids(owner, values), np.diff(offsets))
+                values, splits = list_parts(arr)
+                out[f.name] = Ragged(self._ids(owner, values), np.diff(splits))
             else:
                 out[f.name] = self._ids(owner, arr)
         for d in self._cfg.features.dense:

@@ -20,7 +20,7 @@ from features.config import Config, SparseFeature
 from features.errors import RecpipeError
 
 __all__ = ["LABEL_KEY", "SchemaError", "raw_kind", "check_schema", "validate_batch", "canonicalize",
-           "as_string", "dense_prenorm", "numeric", "DEFAULT_SEPARATOR", "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
+           "as_string", "list_parts", "dense_prenorm", "numeric", "DEFAULT_SEPARATOR", "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
 
 LABEL_KEY = "target.label"  # not a valid feature name, so it cannot collide
 DEFAULT_SEPARATOR = "|"
@@ -224,6 +224,14 @@ def as_string(arr: pa.Array | pa.ChunkedArray) -> pa.Array:
             arr = pc.cast(arr, pa.int64())
         arr = pc.cast(arr, pa.string())
     return pc.cast(arr, pa.string())
+
+
+def list_parts(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
+    """A canonical list column as (its rows' items, flat; row splits from 0), for a ragged tensor or
+    the batch transform's Ragged IDs."""
+    offsets = arr.offsets.to_numpy().astype(np.int64)
+    values = arr.values.slice(offsets[0], offsets[-1] - offsets[0]) if len(arr) else arr.values.slice(0, 0)
+    return values, offsets - offsets[0]
 
 
 def _tokens(arr: pa.Array, f: SparseFeature) -> pa.Array:

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from features.artifact import TransformArtifact
 from features.batch_transform import zscore_std
-from features.canonical import CROSS_SEPARATOR, DEFAULT_SEPARATOR
+from features.canonical import CROSS_SEPARATOR, DEFAULT_SEPARATOR, list_parts
 
 __all__ = ["FeatureTransform", "canonical_to_tensors", "canonicalize_request", "request_spec",
            "request_from_arrow", "example_spec", "request_from_examples", "examples_from_arrow"]
@@ -91,11 +91,10 @@ def canonical_to_tensors(columns: dict[str, pa.Array]) -> dict[str, tf.Tensor]:
     out: dict[str, tf.Tensor] = {}
     for name, arr in columns.items():
         if pa.types.is_list(arr.type):
-            offsets = arr.offsets.to_numpy().astype(np.int64)
-            values = arr.values.slice(offsets[0], offsets[-1] - offsets[0]) if len(arr) else arr.values.slice(0, 0)
+            values, splits = list_parts(arr)
             flat = tf.constant(values.to_numpy(zero_copy_only=False).astype(object), dtype=tf.string,
                                shape=[len(values)])
-            out[name] = tf.RaggedTensor.from_row_splits(flat, offsets - offsets[0], validate=False)
+            out[name] = tf.RaggedTensor.from_row_splits(flat, splits, validate=False)
         elif pa.types.is_string(arr.type):
             out[name] = tf.constant(arr.to_numpy(zero_copy_only=False).astype(object), dtype=tf.string,
                                     shape=[len(arr)])
