@@ -26,64 +26,93 @@ __all__ = ["FeatureTransform", "canonical_to_tensors", "canonicalize_request", "
 
 
 class FeatureTransform(tf.Module):
+    """The graph is vectorised across features, because a serving call's time is mostly TF's per-op
+    cost, not arithmetic: every single-valued sparse feature of a call is looked up, hashed and
+    mapped in one [B, K] pass (one table over every vocabulary, keyed "<owner index>\\x1f<value>";
+    tf.fingerprint is the FarmHash64 that to_hash_bucket_fast takes modulo its bucket count), each
+    multivalent feature in one pass of its flat values, and every dense feature in one [B, D] pass."""
+
     def __init__(self, artifact: TransformArtifact, name: str = "feature_transform"):
         super().__init__(name=name)
-        self._cfg = artifact.config
-        self._stats = artifact.dense_stats
-        self._tables: dict[str, tf.lookup.StaticHashTable] = {}
-        self._slots: dict[str, int] = {}
-        for f in self._cfg.features.sparse:
-            if f.vocab is None or f.share_embedding_with is not None:
-                continue
-            values = artifact.vocabularies[f.name]
-            self._slots[f.name] = len(values)
-            ids = [i for i, v in enumerate(values) if v is not None]  # a None is a free slot: it maps no value
-            if not ids:  # nothing reached min_count: every token is OOV (a table cannot be empty)
-                continue
-            init = tf.lookup.KeyValueTensorInitializer(
-                tf.constant([values[i] for i in ids], dtype=tf.string, shape=[len(ids)]),
-                tf.constant(ids, dtype=tf.int64, shape=[len(ids)]))
-            self._tables[f.name] = tf.lookup.StaticHashTable(init, default_value=-1)
+        cfg = self._cfg = artifact.config
+        stats = artifact.dense_stats
+        owners = [f for f in cfg.features.sparse if f.share_embedding_with is None]
+        self._owner_index = {f.name: i for i, f in enumerate(owners)}
+        self._prefix = [f"{i}{CROSS_SEPARATOR}" for i in range(len(owners))]
+        # OOV ID of a token: slots + FarmHash64 % buckets (vocabularies; their free slots count), else the hash bucket
+        self._slots = [0 if f.vocab is None else len(artifact.vocabularies[f.name]) for f in owners]
+        self._buckets = [f.hash_buckets if f.vocab is None else f.vocab.oov_buckets for f in owners]
+        keys: list[str] = []
+        ids: list[int] = []
+        for i, f in enumerate(owners):
+            if f.vocab is not None:  # a None value is a free slot: it maps no value
+                kept = [(j, v) for j, v in enumerate(artifact.vocabularies[f.name]) if v is not None]
+                keys += [self._prefix[i] + v for _, v in kept]
+                ids += [j for j, _ in kept]
+        self._table = None if not keys else tf.lookup.StaticHashTable(  # empty: every token is OOV
+            tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.string, shape=[len(keys)]),
+                                                tf.constant(ids, tf.int64, shape=[len(ids)])), default_value=-1)
+        dense = cfg.features.dense
+        self._dense_fill = [float(d.fill) for d in dense]
+        self._dense_log = [d.transform == "log_zscore" for d in dense]
+        self._dense_mean = [0.0 if d.transform == "bucketize" else float(stats[d.name]["mean"]) for d in dense]
+        self._dense_std = [1.0 if d.transform == "bucketize" else zscore_std(stats[d.name]) for d in dense]
+        self._boundaries = {d.name: [float(b) for b in stats[d.name]["boundaries"]]
+                            for d in dense if d.transform == "bucketize"}
 
-    def _ids(self, owner_name: str, tokens: tf.Tensor) -> tf.Tensor:
-        """Vocabulary IDs, and for OOV tokens slots + FarmHash64(token) % oov_buckets (what TF's
-        StaticVocabularyTable does, with the slot count, free slots included, as the vocabulary size)."""
-        owner = self._cfg.sparse_by_name[owner_name]
-        if owner.hash_buckets is not None:
-            return tf.strings.to_hash_bucket_fast(tokens, owner.hash_buckets)
-        oov = self._slots[owner_name] + tf.strings.to_hash_bucket_fast(tokens, owner.vocab.oov_buckets)
-        if owner_name not in self._tables:
+    def _ids(self, owners: list[int], tokens: tf.Tensor) -> tf.Tensor:
+        """IDs of tokens [N, K], column k read by owner table owners[k]: the vocabulary ID, else
+        slots + FarmHash64(token) % buckets (what TF's StaticVocabularyTable does, with the slot
+        count, free slots included, as the vocabulary size); a hashed feature has 0 slots."""
+        pick = lambda values, dtype: tf.constant([values[i] for i in owners], dtype)  # noqa: E731
+        fingerprint = tf.bitcast(tf.fingerprint(tf.reshape(tokens, [-1])), tf.uint64)  # [N*K, 8] bytes -> [N*K]
+        bucket = tf.math.floormod(tf.reshape(fingerprint, tf.shape(tokens)), pick(self._buckets, tf.uint64))
+        oov = pick(self._slots, tf.int64) + tf.cast(bucket, tf.int64)
+        if self._table is None:
             return oov
-        ids = self._tables[owner_name].lookup(tokens)
-        return tf.where(ids >= 0, ids, oov)
+        keys = tf.strings.join([tf.broadcast_to(pick(self._prefix, tf.string), tf.shape(tokens)), tokens])
+        found = self._table.lookup(keys)
+        return tf.where(found >= 0, found, oov)
 
-    def _dense(self, name: str, transform: str, fill: float, x: tf.Tensor) -> tf.Tensor:
-        x = tf.where(tf.math.is_nan(x), tf.constant(fill, tf.float32), x)
-        stats = self._stats[name]
-        if transform == "bucketize":
-            boundaries = [float(b) for b in stats["boundaries"]]
-            idx = tf.raw_ops.Bucketize(input=x, boundaries=boundaries)
-            return tf.cast(idx, tf.float32) / float(max(len(boundaries), 1))
-        if transform == "log_zscore":
-            x = tf.math.log1p(tf.maximum(x, 0.0))
-        return (x - float(stats["mean"])) / zscore_std(stats)
+    def _dense(self, columns: list[int], x: tf.Tensor) -> list[tf.Tensor]:
+        """Dense features [B, D] (column k is dense feature columns[k]) -> D tensors [B]."""
+        dense = self._cfg.features.dense
+        pick = lambda values, dtype: tf.constant([values[i] for i in columns], dtype)  # noqa: E731
+        x = tf.where(tf.math.is_nan(x), pick(self._dense_fill, tf.float32), x)
+        filled = x
+        if any(self._dense_log[i] for i in columns):
+            x = tf.where(pick(self._dense_log, tf.bool), tf.math.log1p(tf.maximum(x, 0.0)), x)
+        out = tf.unstack((x - pick(self._dense_mean, tf.float32)) / pick(self._dense_std, tf.float32),
+                         num=len(columns), axis=1)
+        for k, i in enumerate(columns):
+            if dense[i].transform == "bucketize":
+                boundaries = self._boundaries[dense[i].name]
+                idx = tf.raw_ops.Bucketize(input=filled[:, k], boundaries=boundaries)
+                out[k] = tf.cast(idx, tf.float32) / float(max(len(boundaries), 1))
+        return out
 
     def __call__(self, canonical: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         """Transforms the features present in `canonical` (all of them, or e.g. a query tower's)."""
         out: dict[str, tf.Tensor] = {}
+        single: list[tuple[str, int]] = []
         for f in self._cfg.features.sparse:
             if f.name not in canonical:
                 continue
-            owner = self._cfg.table_owner(f).name
+            owner = self._owner_index[self._cfg.table_owner(f).name]
             x = canonical[f.name]
             if isinstance(x, tf.RaggedTensor):
-                out[f.name] = x.with_flat_values(self._ids(owner, x.flat_values))
+                out[f.name] = x.with_flat_values(self._ids([owner], x.flat_values[:, None])[:, 0])
             else:
-                out[f.name] = self._ids(owner, x)
-        for d in self._cfg.features.dense:
-            if d.name in canonical:
-                out[d.name] = self._dense(d.name, d.transform, d.fill, canonical[d.name])
-        return out
+                single.append((f.name, owner))
+        if single:
+            ids = self._ids([o for _, o in single], tf.stack([canonical[n] for n, _ in single], axis=1))
+            out.update(zip([n for n, _ in single], tf.unstack(ids, num=len(single), axis=1)))
+        columns = [i for i, d in enumerate(self._cfg.features.dense) if d.name in canonical]
+        if columns:
+            x = tf.stack([canonical[self._cfg.features.dense[i].name] for i in columns], axis=1)
+            out.update(zip([self._cfg.features.dense[i].name for i in columns], self._dense(columns, x)))
+        order = [f.name for f in (*self._cfg.features.sparse, *self._cfg.features.dense)]
+        return {name: out[name] for name in order if name in out}
 
 
 def canonical_to_tensors(columns: dict[str, pa.Array]) -> dict[str, tf.Tensor]:

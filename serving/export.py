@@ -233,7 +233,7 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
     retrieval export prunes when its candidate index is a vocabulary: the pruned candidates leave the
     index (a value unseen for D days is not recommended) and pruned query values map to OOV."""
     md = ModelDir(model_dir)
-    cfg, artifact, model = md.load_trained()
+    cfg, artifact, model = md.load_trained(serving=True)
     data = _eval_sample(md, data_dir)
     sample = pq.read_table(data.eval_sample_parquet)
     preprocessed = read_single_batch(cfg, data.eval_sample_records)

@@ -90,8 +90,24 @@ class LoadedVersion:
             raise RequestError("empty batch")
         return out
 
+    def _tensors(self, columns: dict[str, np.ndarray]) -> dict[str, tf.Tensor]:
+        """One tensor per input, made by one conversion per dtype: the columns of a dtype are stacked
+        and unstacked by one op, because each eager conversion costs tens of microseconds (with 42
+        inputs, about 2 ms of a one-row call here, more than the graph itself)."""
+        by_dtype: dict[tf.DType, list[str]] = {}
+        for name in columns:
+            by_dtype.setdefault(self.inputs[name].dtype, []).append(name)
+        tensors: dict[str, tf.Tensor] = {}
+        for dtype, names in by_dtype.items():
+            if len(names) == 1:
+                tensors[names[0]] = tf.constant(columns[names[0]], dtype=dtype)
+                continue
+            stacked = tf.constant(np.stack([columns[n] for n in names], axis=1), dtype=dtype)
+            tensors.update(zip(names, tf.unstack(stacked, num=len(names), axis=1)))
+        return tensors
+
     def run(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        tensors = {k: tf.constant(v, dtype=self.inputs[k].dtype) for k, v in columns.items()}
+        tensors = self._tensors(columns)
         if self._flat_order is not None:
             out = self.fn._call_flat([tensors[k] for k in self._flat_order], self.fn.captured_inputs)  # noqa: SLF001
         else:

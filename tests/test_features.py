@@ -282,6 +282,36 @@ def test_batch_transform_equals_the_graph_transform(free_slots):
         assert batch["a"][np.asarray(cols["a"].to_pylist()) == "t0"].min() >= 51
 
 
+def test_the_graph_transform_costs_the_same_ops_for_2_or_20_features():
+    """A serving call's time is mostly TF's per-op cost: the transform handles every single-valued
+    sparse feature in one [B, K] pass and every dense one in one [B, D] pass, so its op count does
+    not grow with the number of features."""
+    def ops(k: int) -> int:
+        cfg = parse_config({"name": "t", "features": {
+            "sparse": [{"name": f"s{i}", "column": f"s{i}", "vocab": {"min_count": 1, "oov_buckets": 3}}
+                       for i in range(k)] + [{"name": f"h{i}", "column": f"h{i}", "hash_buckets": 7 + i}
+                                             for i in range(k)],
+            "dense": [{"name": f"d{i}", "column": f"d{i}", "transform": "log_zscore" if i % 2 else "zscore"}
+                      for i in range(k)]}})
+        raw = pa.table({"label": [0], **{f"s{i}": ["v"] for i in range(k)}, **{f"h{i}": ["v"] for i in range(k)},
+                        **{f"d{i}": [1.0] for i in range(k)}})
+        art = TransformArtifact(config=cfg, raw_schema=check_schema(raw.schema, cfg, "mem"),
+                                vocabularies={f"s{i}": ["v", f"w{i}"] for i in range(k)},
+                                vocab_counts={f"s{i}": [1, 1] for i in range(k)},
+                                dense_stats={f"d{i}": {"mean": 0.5, "std": 2.0} for i in range(k)})
+        ft = FeatureTransform(art)
+        spec = {**{f"s{i}": tf.TensorSpec([None], tf.string) for i in range(k)},
+                **{f"h{i}": tf.TensorSpec([None], tf.string) for i in range(k)},
+                **{f"d{i}": tf.TensorSpec([None], tf.float32) for i in range(k)}}
+        graph = tf.function(ft.__call__).get_concrete_function(spec).graph
+        out = ft({n: tf.constant(["v", "w1", "x"]) if n[0] != "d" else tf.constant([1.0, float("nan"), 3.0])
+                  for n in spec})
+        assert out["s1"].numpy().tolist()[:2] == [0, 1] and out["s1"].numpy()[2] >= 2
+        return sum(op.type not in ("Placeholder", "Identity") for op in graph.get_operations())
+
+    assert ops(20) <= ops(2) + 4
+
+
 def test_cross_config_checks():
     from features.config import ConfigError
     base = {"name": "t", "features": {"sparse": [{"name": "a", "column": "a", "hash_buckets": 9},

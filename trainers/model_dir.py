@@ -178,12 +178,19 @@ class ModelDir:
         return ckpt, tf.train.CheckpointManager(ckpt, self.checkpoints_dir, max_to_keep=MAX_CHECKPOINTS)
 
     # ------------------------------------------------------------ reading side
-    def load_trained(self) -> tuple[Config, TransformArtifact, tf.keras.Model]:
+    def load_trained(self, serving: bool = False) -> tuple[Config, TransformArtifact, tf.keras.Model]:
         """Rebuild the model (fp32, no optimizer: evaluation and export need only the weights) and
-        restore the best weights on validation, else the latest checkpoint."""
+        restore the best weights on validation, else the latest checkpoint. serving: built for
+        requests of a few rows, without unique-then-gather ID dedup (tuning.dedup_ids): it adds three
+        ops per table to every call and saves nothing when the rows repeat no ID (the weights and the
+        scores are the same either way)."""
         cfg = self.config()
         artifact = self.transform()
-        model = build_model(cfg, artifact)
+        built = cfg
+        if serving:
+            built = dataclasses.replace(cfg, train=dataclasses.replace(
+                cfg.train, tuning=dataclasses.replace(cfg.train.tuning, dedup_ids=False)))
+        model = build_model(built, artifact)
         latest = self.latest_checkpoint()
         if latest is None:
             raise TrainError(f"{self.root}: no checkpoint found (run `recpipe train`)")
