@@ -232,6 +232,16 @@ def _why(key: str, found: dict) -> str:
                 f"thread handoff {b['handoff']:.1f}, JSON parse {b['parse']:.2f}, validation {b['validate']:.2f}. "
                 f"The server, its Python threads and the load generator share 2 cores: the same SavedModel called "
                 f"in-process by 8 threads has a p99 of {inproc['p99_ms']:.1f} ms on this machine today.")
+    if key == "serve_qps_vs_inprocess" and serve.get("batching_on", {}).get("8", {}).get("breakdown_ms"):
+        b, on, off = serve["batching_on"]["8"]["breakdown_ms"], serve["batching_on"]["8"], serve["batching_off"]["8"]
+        inproc = serve["in_process"]["8"]
+        return (f"at concurrency 8 the server answers {on['qps']:,.0f} QPS with batching ({off['qps']:,.0f} without) "
+                f"where 8 threads calling the signature in-process with ready-made tensors reach {inproc['qps']:,.0f}. "
+                f"Per request the server adds what the in-process call skips: HTTP and waitress' dispatch (transport "
+                f"{b['transport']:.1f} ms, shared with the load generator's threads), JSON parse {b['parse']:.2f}, "
+                f"validation {b['validate']:.2f}, building the input tensors, the batch wait {b['queue']:.1f} and "
+                f"the thread handoff {b['handoff']:.1f} ms, all Python on the same 2 cores as the model: the "
+                f"cheaper the model call, the larger that fixed share.")
     if key == "train_real_vs_synthetic_input" and "real_fp32" in runs:
         return ("parsing and re-batching the shards runs on the same 2 cores as the training step, so the real "
                 "input path takes CPU time the synthetic in-memory batch does not.")
