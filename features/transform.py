@@ -25,11 +25,28 @@ __all__ = ["FeatureTransform", "canonical_to_tensors", "canonicalize_request", "
            "request_from_arrow", "example_spec", "request_from_examples", "examples_from_arrow"]
 
 
+_KEY_SEPARATOR = "\x1f"  # vocabulary table keys "<owner index>\x1f<value>": an index holds no separator
+_BYTE_SHIFTS = [8 * i for i in range(8)]
+
+
+def _per_column(values: list, columns: list[int], dtype: tf.DType) -> tf.Tensor:
+    """[K] constant of values[columns[k]]: one parameter per column, broadcast over [B, K]."""
+    return tf.constant([values[i] for i in columns], dtype)
+
+
+def _fingerprint64(tokens: tf.Tensor) -> tf.Tensor:
+    """FarmHash Fingerprint64 of every string, uint64 of tokens' shape: what to_hash_bucket_fast takes
+    modulo its bucket count. tf.fingerprint gives 8 little-endian bytes per string; they are assembled
+    arithmetically, so the graph means the same on a host of either byte order."""
+    parts = tf.cast(tf.fingerprint(tf.reshape(tokens, [-1])), tf.uint64)
+    return tf.reshape(tf.reduce_sum(tf.bitwise.left_shift(parts, _BYTE_SHIFTS), axis=1), tf.shape(tokens))
+
+
 class FeatureTransform(tf.Module):
     """The graph is vectorised across features, because a serving call's time is mostly TF's per-op
     cost, not arithmetic: every single-valued sparse feature of a call is looked up, hashed and
-    mapped in one [B, K] pass (one table over every vocabulary, keyed "<owner index>\\x1f<value>";
-    tf.fingerprint is the FarmHash64 that to_hash_bucket_fast takes modulo its bucket count), each
+    mapped in one [B, K] pass (one table over every vocabulary, keyed by owner and value; OOV buckets
+    from _fingerprint64 modulo a per-column bucket count), each
     multivalent feature in one pass of its flat values, and every dense feature in one [B, D] pass."""
 
     def __init__(self, artifact: TransformArtifact, name: str = "feature_transform"):
@@ -38,7 +55,7 @@ class FeatureTransform(tf.Module):
         stats = artifact.dense_stats
         owners = [f for f in cfg.features.sparse if f.share_embedding_with is None]
         self._owner_index = {f.name: i for i, f in enumerate(owners)}
-        self._prefix = [f"{i}{CROSS_SEPARATOR}" for i in range(len(owners))]
+        self._prefix = [f"{i}{_KEY_SEPARATOR}" for i in range(len(owners))]
         # OOV ID of a token: slots + FarmHash64 % buckets (vocabularies; their free slots count), else the hash bucket
         self._slots = [0 if f.vocab is None else len(artifact.vocabularies[f.name]) for f in owners]
         self._buckets = [f.hash_buckets if f.vocab is None else f.vocab.oov_buckets for f in owners]
@@ -64,26 +81,24 @@ class FeatureTransform(tf.Module):
         """IDs of tokens [N, K], column k read by owner table owners[k]: the vocabulary ID, else
         slots + FarmHash64(token) % buckets (what TF's StaticVocabularyTable does, with the slot
         count, free slots included, as the vocabulary size); a hashed feature has 0 slots."""
-        pick = lambda values, dtype: tf.constant([values[i] for i in owners], dtype)  # noqa: E731
-        fingerprint = tf.bitcast(tf.fingerprint(tf.reshape(tokens, [-1])), tf.uint64)  # [N*K, 8] bytes -> [N*K]
-        bucket = tf.math.floormod(tf.reshape(fingerprint, tf.shape(tokens)), pick(self._buckets, tf.uint64))
-        oov = pick(self._slots, tf.int64) + tf.cast(bucket, tf.int64)
+        bucket = tf.math.floormod(_fingerprint64(tokens), _per_column(self._buckets, owners, tf.uint64))
+        oov = _per_column(self._slots, owners, tf.int64) + tf.cast(bucket, tf.int64)
         if self._table is None:
             return oov
-        keys = tf.strings.join([tf.broadcast_to(pick(self._prefix, tf.string), tf.shape(tokens)), tokens])
+        prefixes = tf.broadcast_to(_per_column(self._prefix, owners, tf.string), tf.shape(tokens))
+        keys = tf.strings.join([prefixes, tokens])
         found = self._table.lookup(keys)
         return tf.where(found >= 0, found, oov)
 
     def _dense(self, columns: list[int], x: tf.Tensor) -> list[tf.Tensor]:
         """Dense features [B, D] (column k is dense feature columns[k]) -> D tensors [B]."""
         dense = self._cfg.features.dense
-        pick = lambda values, dtype: tf.constant([values[i] for i in columns], dtype)  # noqa: E731
-        x = tf.where(tf.math.is_nan(x), pick(self._dense_fill, tf.float32), x)
+        x = tf.where(tf.math.is_nan(x), _per_column(self._dense_fill, columns, tf.float32), x)
         filled = x
         if any(self._dense_log[i] for i in columns):
-            x = tf.where(pick(self._dense_log, tf.bool), tf.math.log1p(tf.maximum(x, 0.0)), x)
-        out = tf.unstack((x - pick(self._dense_mean, tf.float32)) / pick(self._dense_std, tf.float32),
-                         num=len(columns), axis=1)
+            x = tf.where(_per_column(self._dense_log, columns, tf.bool), tf.math.log1p(tf.maximum(x, 0.0)), x)
+        mean = _per_column(self._dense_mean, columns, tf.float32)
+        out = tf.unstack((x - mean) / _per_column(self._dense_std, columns, tf.float32), num=len(columns), axis=1)
         for k, i in enumerate(columns):
             if dense[i].transform == "bucketize":
                 boundaries = self._boundaries[dense[i].name]
