@@ -14,7 +14,7 @@ import yaml
 from conftest import IN_MEMORY
 from features.config import ConfigError, parse_config
 from pipeline.preprocess import run_preprocess
-from trainers.candidates import ranks
+from trainers.candidates import has_history, ranks
 from trainers.evaluate import evaluate
 from trainers.options import TrainOptions
 from trainers.train import train
@@ -90,6 +90,9 @@ def test_ranks_without_and_with_already_seen_candidates():
     assert ranks(scores, truth, seen, queries).tolist() == [0, 2]
     assert ranks(scores, truth, seen, np.array([0, 5, 5])).tolist() == [0, 3, 1]  # an unknown query saw nothing
     assert ranks(scores, truth, seen, np.array([0, -1, -1])).tolist() == [0, 3, 1]  # an OOV key (-1) neither
+    # query 2 is a row of the matrix without a click; 5 is beyond it; -1 is OOV: all cold-start
+    seen = sp.csr_matrix(np.array([[1, 1, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0]], dtype=np.float32))
+    assert has_history(seen, np.array([0, 1, 2, 5, -1, 1])).tolist() == [True, True, False, False, False, True]
 
 
 def _baskets_log(path, seed: int = 0) -> None:
@@ -127,6 +130,10 @@ def test_two_towers_with_a_multivalent_candidate_attribute_beat_popularity_and_b
     assert m["candidates"] == 40 and m["examples"] == 180  # 60 users x the 3 items of their last basket
     new = m["seen_excluded"]["examples"]
     assert 0 < new < 180 and b["most_popular"]["seen_excluded"]["examples"] == new
+    # every user clicked in earlier baskets: no cold-start row, and the with-history metrics are the whole split's
+    assert m["with_history"]["examples"] == 180 and m["without_history"] == {"examples": 0}
+    assert m["with_history"]["recall_at_10"] == m["recall_at_10"]
+    assert b["most_popular"]["with_history"]["recall_at_10"] == b["most_popular"]["recall_at_10"]
     # the query's group is learnable: popularity ranks the other group's hits too
     assert m["recall_at_10"] > b["most_popular"]["recall_at_10"] + 0.1, m
     assert b["cooccurrence"]["seen_excluded"]["recall_at_10"] > b["most_popular"]["seen_excluded"]["recall_at_10"]

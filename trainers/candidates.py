@@ -20,7 +20,7 @@ from features.preprocessed import PreprocessedData
 from trainers.data import make_dataset
 from trainers.metrics import rank_of_true
 
-__all__ = ["Candidates", "Clicks", "read_clicks", "ranks", "query_key_feature"]
+__all__ = ["Candidates", "Clicks", "read_clicks", "ranks", "has_history", "query_key_feature"]
 
 
 def query_key_feature(cfg: Config) -> Optional[str]:
@@ -113,6 +113,19 @@ def read_clicks(cfg: Config, data_dir: str, splits: tuple[str, ...], batch_size:
     return candidates, clicks
 
 
+def _known(seen: sp.csr_matrix, queries: np.ndarray) -> np.ndarray:
+    """Which query keys are rows of `seen` (-1, an OOV key, and keys beyond it have no history)."""
+    return (queries >= 0) & (queries < seen.shape[0])
+
+
+def has_history(seen: sp.csr_matrix, queries: np.ndarray) -> np.ndarray:
+    """Which rows' queries clicked anything in `seen` (query x candidate): the others are cold-start."""
+    known = _known(seen, queries)
+    out = np.zeros(len(queries), dtype=bool)
+    out[known] = np.diff(seen.indptr)[queries[known]] > 0
+    return out
+
+
 def ranks(scores: np.ndarray, truth: np.ndarray, seen: Optional[sp.csr_matrix] = None,
           queries: Optional[np.ndarray] = None) -> np.ndarray:
     """0-based rank of each row's true candidate among all (ties against it). With `seen` (query x
@@ -122,7 +135,7 @@ def ranks(scores: np.ndarray, truth: np.ndarray, seen: Optional[sp.csr_matrix] =
     if seen is None:
         return rank_of_true(scores, truth)
     mask = np.zeros(scores.shape, dtype=bool)
-    inside = np.flatnonzero((queries >= 0) & (queries < seen.shape[0]))
+    inside = np.flatnonzero(_known(seen, queries))
     if len(inside):
         known = seen[queries[inside]].toarray().astype(bool)
         mask[inside, :known.shape[1]] = known

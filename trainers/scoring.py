@@ -14,7 +14,7 @@ import tensorflow as tf
 from features.canonical import LABEL_KEY
 from features.artifact import TransformArtifact
 from features.config import Config, SliceSpec
-from trainers.candidates import Candidates, Clicks, ranks, read_clicks
+from trainers.candidates import Candidates, Clicks, has_history, ranks, read_clicks
 from trainers.data import make_dataset
 from trainers.errors import TrainError
 from trainers.slices import ranking_slices, retrieval_slices, slice_labels, slice_name
@@ -97,7 +97,8 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
     """Brute force: score each clicked row's query against ALL candidates of `clicks`
     (retrieval_clicks(cfg, data_dir, split) when not given); with a query key (trainers.candidates),
     also `seen_excluded`: only candidates new to the query (not clicked in the splits before this
-    one) recommended, scored on the rows that clicked a new one."""
+    one) recommended, scored on the rows that clicked a new one, and `with_history` / `without_history`:
+    the rows whose query clicked something in those splits, and the cold-start rest."""
     candidates, clicks = clicks or retrieval_clicks(cfg, data_dir, split)
     multivalent = {n for n in cfg.model.candidate_features if cfg.sparse_by_name[n].multivalent}
     cand_fn = tf.function(model.candidate_embedding, reduce_retracing=True)
@@ -105,7 +106,7 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
     cand = np.concatenate([cand_fn(candidates.batch(c.start, c.stop, multivalent)).numpy()
                            for c in _chunks(len(candidates.ids), batch_size)])
     seen, scored = _seen(clicks, split), clicks[split]  # the split's clicked rows, in the order read below
-    plain, excluded, done = [], [], 0
+    plain, excluded, history, done = [], [], [], 0
     kept: dict[str, list] = {f: [] for f in (slices.features() if slices else [])}
     for batch in make_dataset(cfg, data_dir, split, batch_size, training=False):
         clicked = batch[LABEL_KEY].numpy() > 0.5
@@ -119,6 +120,7 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
         plain.append(ranks(scores, scored.candidate[rows]))
         if seen is not None:
             excluded.append(ranks(scores, scored.candidate[rows], seen, scored.query[rows]))
+            history.append(has_history(seen, scored.query[rows]))
     if not plain:
         raise TrainError(f"{data_dir}/{split}: no clicked rows to score retrieval on")
     out = {**_rank_metrics(np.concatenate(plain), ks), "examples": int(sum(map(len, plain))),
@@ -126,6 +128,7 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
     if seen is not None:
         r = np.concatenate(excluded)
         out["seen_excluded"] = {**_rank_metrics(r, ks), "examples": int(len(r))}
+        _history_split(out, plain, history, ks)
     if slices:
         all_ranks = np.concatenate(plain)
         out["slices"] = slices.table(cfg, kept, lambda labels, order: retrieval_slices(labels, order, all_ranks))
@@ -143,6 +146,14 @@ def _seen(clicks: dict[str, Clicks], split: str) -> sp.csr_matrix | None:
     return merged.matrix(n_queries, n_candidates)
 
 
+def _history_split(out: dict, plain: list[np.ndarray], with_history: list[np.ndarray], ks: tuple[int, ...]) -> None:
+    """out["with_history"] / out["without_history"]: the rank metrics of the rows whose query has
+    clicks in the splits before, and of the others (a cold-start query has only its attributes)."""
+    r, h = np.concatenate(plain), np.concatenate(with_history)
+    for key, mask in (("with_history", h), ("without_history", ~h)):
+        out[key] = {**(_rank_metrics(r[mask], ks) if mask.any() else {}), "examples": int(mask.sum())}
+
+
 def _rank_metrics(ranks: np.ndarray, ks: tuple[int, ...]) -> dict:
     out: dict = {}
     for k in ks:
@@ -154,17 +165,19 @@ def _rank_metrics(ranks: np.ndarray, ks: tuple[int, ...]) -> dict:
 def _scored(score_rows, clicks: Clicks, seen: sp.csr_matrix | None, ks: tuple[int, ...], chunk: int = 1024) -> dict:
     """Rank metrics of a scorer (rows of query keys -> [n, candidates] scores) on `clicks`, plain and,
     with `seen`, with each query's already-clicked candidates removed."""
-    plain, excluded = [], []
+    plain, excluded, history = [], [], []
     for c in _chunks(len(clicks.candidate), chunk):
         queries = clicks.query[c] if clicks.query is not None else None
         scores = score_rows(queries, c.stop - c.start)
         plain.append(ranks(scores, clicks.candidate[c]))
         if seen is not None:
             excluded.append(ranks(scores, clicks.candidate[c], seen, queries))
+            history.append(has_history(seen, queries))
     out = _rank_metrics(np.concatenate(plain), ks) if plain else {}
     if seen is not None and excluded:
         r = np.concatenate(excluded)
         out["seen_excluded"] = {**_rank_metrics(r, ks), "examples": int(len(r))}
+        _history_split(out, plain, history, ks)
     return out
 
 

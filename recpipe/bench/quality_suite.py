@@ -102,7 +102,8 @@ def _ranking(work: str, say: Callable[[str], None], name: str, cfg_path: str, lo
 def _retrieval(work: str, say: Callable[[str], None], name: str, cfg_path: str, log: str, seed_list: list[int],
                steps: int | None) -> dict:
     """The config's two towers over seeds against the most-popular and co-occurrence baselines, recall@10
-    over every candidate, and again on the rows whose candidate is new to the user (`new_*`)."""
+    over every candidate, again on the rows whose candidate is new to the user (`new_*`), and on the
+    rows whose user clicked anything before the split (`history_*`; the rest are cold-start users)."""
     with open(cfg_path) as fh:
         cfg = yaml.safe_load(fh)
     data = preprocess_once(cfg_path, log, os.path.join(work, f"{name}_pre"))
@@ -111,18 +112,24 @@ def _retrieval(work: str, say: Callable[[str], None], name: str, cfg_path: str, 
     def stats(key: str, values: list[float]) -> dict:
         return {f"{key}_mean": statistics.fmean(values),
                 f"{key}_sd": statistics.pstdev(values) if len(values) > 1 else 0.0}
+    def history(r: dict) -> float:  # recall@10 on the rows whose user clicked before (nan: no such row)
+        return r["with_history"].get("recall_at_10", float("nan"))
     two_tower = {**stats("recall_at_10", [r["recall_at_10"] for r in runs]),
                  **stats("new_recall_at_10", [r["seen_excluded"]["recall_at_10"] for r in runs]),
+                 **stats("history_recall_at_10", [history(r) for r in runs]),
                  "runs": [{**{k: r[k] for k in ("recall_at_10", "recall_at_100", "ndcg_at_10", "best_step",
                                                 "stopped_early_at")},
-                           "new_recall_at_10": r["seen_excluded"]["recall_at_10"]} for r in runs]}
+                           "new_recall_at_10": r["seen_excluded"]["recall_at_10"],
+                           "history_recall_at_10": history(r)} for r in runs]}
     b = runs[0]["baselines"]  # deterministic: the same for every seed
     out = {"two_tower": two_tower, "examples": runs[0]["examples"],
-           "new_examples": runs[0]["seen_excluded"]["examples"], "candidates": runs[0]["candidates"],
+           "new_examples": runs[0]["seen_excluded"]["examples"],
+           "history_examples": runs[0]["with_history"]["examples"], "candidates": runs[0]["candidates"],
            "config": cfg_path}
     for baseline in ("most_popular", "cooccurrence"):
         out[baseline] = {"recall_at_10": b[baseline]["recall_at_10"], "recall_at_100": b[baseline]["recall_at_100"],
-                         "new_recall_at_10": b[baseline]["seen_excluded"]["recall_at_10"]}
+                         "new_recall_at_10": b[baseline]["seen_excluded"]["recall_at_10"],
+                         "history_recall_at_10": history(b[baseline])}
     say(f"bench quality: {name} two towers recall@10 {two_tower['recall_at_10_mean']:.4f} ± "
         f"{two_tower['recall_at_10_sd']:.4f} over {len(runs)} seed(s); most popular "
         f"{out['most_popular']['recall_at_10']:.4f}, co-occurrence {out['cooccurrence']['recall_at_10']:.4f}")
@@ -191,12 +198,15 @@ def markdown(r: dict) -> str:
         lines += [f"## {name} (retrieval)", "",
                   f"{_SOURCES.get(name, name)}: {i['examples']} clicked eval rows ranked against all "
                   f"{i['candidates']} candidates; \"new only\": the {i['new_examples']} rows whose candidate the user "
-                  f"had not clicked before, with the user's earlier candidates removed.", "",
-                  "| model | recall@10 | recall@10, new only |", "|---|---|---|",
+                  f"had not clicked before, with the user's earlier candidates removed; \"users with history\": "
+                  f"the {i['history_examples']} rows whose user clicked anything before the eval split (the others "
+                  f"are cold-start users, known by their attributes only).", "",
+                  "| model | recall@10 | recall@10, new only | recall@10, users with history |", "|---|---|---|---|",
                   f"| two towers (the config) | {t['recall_at_10_mean']:.4f} ± {t['recall_at_10_sd']:.4f} | "
-                  f"{t['new_recall_at_10_mean']:.4f} ± {t['new_recall_at_10_sd']:.4f} |",
-                  *[f"| {b.replace('_', ' ')} | {i[b]['recall_at_10']:.4f} | {i[b]['new_recall_at_10']:.4f} |"
-                    for b in ("most_popular", "cooccurrence")], ""]
+                  f"{t['new_recall_at_10_mean']:.4f} ± {t['new_recall_at_10_sd']:.4f} | "
+                  f"{t['history_recall_at_10_mean']:.4f} ± {t['history_recall_at_10_sd']:.4f} |",
+                  *[f"| {b.replace('_', ' ')} | {i[b]['recall_at_10']:.4f} | {i[b]['new_recall_at_10']:.4f} | "
+                    f"{i[b]['history_recall_at_10']:.4f} |" for b in ("most_popular", "cooccurrence")], ""]
     lines += ["| ratio | value |", "|---|---|",
               *[f"| {k} | {v:.2f} |" for k, v in sorted(r["ratios"].items())], "",
               "Ratios: `*_margin_over_spread_*`: the config's eval AUC margin over the baseline ÷ the combined sd; "
