@@ -112,6 +112,7 @@ def _retrieval(work: str, say: Callable[[str], None], name: str, cfg_path: str, 
     def stats(key: str, values: list[float]) -> dict:
         return {f"{key}_mean": statistics.fmean(values),
                 f"{key}_sd": statistics.pstdev(values) if len(values) > 1 else 0.0}
+
     def history(r: dict) -> float:  # recall@10 on the rows whose user clicked before (nan: no such row)
         return r["with_history"].get("recall_at_10", float("nan"))
     two_tower = {**stats("recall_at_10", [r["recall_at_10"] for r in runs]),
