@@ -123,14 +123,14 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
             history.append(has_history(seen, scored.query[rows]))
     if not plain:
         raise TrainError(f"{data_dir}/{split}: no clicked rows to score retrieval on")
-    out = {**_rank_metrics(np.concatenate(plain), ks), "examples": int(sum(map(len, plain))),
+    all_ranks = np.concatenate(plain)
+    out = {**_rank_metrics(all_ranks, ks), "examples": int(len(all_ranks)),
            "candidates": int(len(candidates.ids))}
     if seen is not None:
         r = np.concatenate(excluded)
         out["seen_excluded"] = {**_rank_metrics(r, ks), "examples": int(len(r))}
-        _history_split(out, plain, history, ks)
+        _history_split(out, all_ranks, np.concatenate(history), ks)
     if slices:
-        all_ranks = np.concatenate(plain)
         out["slices"] = slices.table(cfg, kept, lambda labels, order: retrieval_slices(labels, order, all_ranks))
     return out
 
@@ -146,12 +146,11 @@ def _seen(clicks: dict[str, Clicks], split: str) -> sp.csr_matrix | None:
     return merged.matrix(n_queries, n_candidates)
 
 
-def _history_split(out: dict, plain: list[np.ndarray], with_history: list[np.ndarray], ks: tuple[int, ...]) -> None:
+def _history_split(out: dict, all_ranks: np.ndarray, with_history: np.ndarray, ks: tuple[int, ...]) -> None:
     """out["with_history"] / out["without_history"]: the rank metrics of the rows whose query has
     clicks in the splits before, and of the others (a cold-start query has only its attributes)."""
-    r, h = np.concatenate(plain), np.concatenate(with_history)
-    for key, mask in (("with_history", h), ("without_history", ~h)):
-        out[key] = {**(_rank_metrics(r[mask], ks) if mask.any() else {}), "examples": int(mask.sum())}
+    for key, mask in (("with_history", with_history), ("without_history", ~with_history)):
+        out[key] = {**(_rank_metrics(all_ranks[mask], ks) if mask.any() else {}), "examples": int(mask.sum())}
 
 
 def _rank_metrics(ranks: np.ndarray, ks: tuple[int, ...]) -> dict:
@@ -173,11 +172,14 @@ def _scored(score_rows, clicks: Clicks, seen: sp.csr_matrix | None, ks: tuple[in
         if seen is not None:
             excluded.append(ranks(scores, clicks.candidate[c], seen, queries))
             history.append(has_history(seen, queries))
-    out = _rank_metrics(np.concatenate(plain), ks) if plain else {}
-    if seen is not None and excluded:
+    if not plain:
+        return {}
+    all_ranks = np.concatenate(plain)
+    out = _rank_metrics(all_ranks, ks)
+    if seen is not None:
         r = np.concatenate(excluded)
         out["seen_excluded"] = {**_rank_metrics(r, ks), "examples": int(len(r))}
-        _history_split(out, plain, history, ks)
+        _history_split(out, all_ranks, np.concatenate(history), ks)
     return out
 
 
