@@ -12,6 +12,7 @@ the graph by every export's skew check.
 from __future__ import annotations
 
 import re
+import zlib
 
 import numpy as np
 import pyarrow as pa
@@ -21,7 +22,7 @@ from features.artifact import TransformArtifact
 from features.batch_transform import zscore_std
 from features.canonical import CROSS_SEPARATOR, DEFAULT_SEPARATOR, list_parts
 
-__all__ = ["FeatureTransform", "canonical_to_tensors", "canonicalize_request", "request_spec",
+__all__ = ["FeatureTransform", "PackedVocabularies", "canonical_to_tensors", "canonicalize_request", "request_spec",
            "request_from_arrow", "example_spec", "request_from_examples", "examples_from_arrow"]
 
 
@@ -42,6 +43,31 @@ def _fingerprint64(tokens: tf.Tensor) -> tf.Tensor:
     return tf.reshape(tf.reduce_sum(tf.bitwise.left_shift(parts, _BYTE_SHIFTS), axis=1), tf.shape(tokens))
 
 
+class PackedVocabularies(tf.lookup.KeyValueTensorInitializer):
+    """The initializer of the one vocabulary table: keys "<prefix><value>", values the IDs. Stored in
+    the SavedModel as zlib-compressed serialized tensors of the values (without their owner's prefix)
+    and of the ID deltas (mostly 1), unpacked by the initializer's own graph at load: a fifth to a
+    seventh of the bytes of a key and an ID constant per value."""
+
+    def __init__(self, prefixes: list[str], kept: list[list[tuple[int, str]]]):
+        # the base's (key, value dtype) only: the keys and IDs are built by initialize()
+        super(tf.lookup.KeyValueTensorInitializer, self).__init__(tf.string, tf.int64)
+        self._name = "packed_vocabularies"
+        ids = np.array([j for owner in kept for j, _ in owner], np.int64)
+        self._packed_values = tf.constant(zlib.compress(
+            tf.make_tensor_proto([v for owner in kept for _, v in owner], tf.string).SerializeToString(), 9))
+        self._packed_deltas = tf.constant(zlib.compress(
+            tf.make_tensor_proto(np.diff(ids, prepend=0)).SerializeToString(), 9))
+        self._prefixes = tf.constant(prefixes, tf.string)
+        self._counts = tf.constant([len(owner) for owner in kept], tf.int64)
+
+    def initialize(self, table):
+        values = tf.io.parse_tensor(tf.io.decode_compressed(self._packed_values, "ZLIB"), tf.string)
+        keys = tf.strings.join([tf.repeat(self._prefixes, self._counts), values])
+        ids = tf.cumsum(tf.io.parse_tensor(tf.io.decode_compressed(self._packed_deltas, "ZLIB"), tf.int64))
+        return tf.raw_ops.LookupTableImportV2(table_handle=table.resource_handle, keys=keys, values=ids)
+
+
 class FeatureTransform(tf.Module):
     """The graph is vectorised across features, because a serving call's time is mostly TF's per-op
     cost, not arithmetic: every single-valued sparse feature of a call is looked up, hashed and
@@ -59,16 +85,10 @@ class FeatureTransform(tf.Module):
         # OOV ID of a token: slots + FarmHash64 % buckets (vocabularies; their free slots count), else the hash bucket
         self._slots = [0 if f.vocab is None else len(artifact.vocabularies[f.name]) for f in owners]
         self._buckets = [f.hash_buckets if f.vocab is None else f.vocab.oov_buckets for f in owners]
-        keys: list[str] = []
-        ids: list[int] = []
-        for i, f in enumerate(owners):
-            if f.vocab is not None:  # a None value is a free slot: it maps no value
-                kept = [(j, v) for j, v in enumerate(artifact.vocabularies[f.name]) if v is not None]
-                keys += [self._prefix[i] + v for _, v in kept]
-                ids += [j for j, _ in kept]
-        self._table = None if not keys else tf.lookup.StaticHashTable(  # empty: every token is OOV
-            tf.lookup.KeyValueTensorInitializer(tf.constant(keys, tf.string, shape=[len(keys)]),
-                                                tf.constant(ids, tf.int64, shape=[len(ids)])), default_value=-1)
+        kept = [[(j, v) for j, v in enumerate(artifact.vocabularies[f.name]) if v is not None]  # None: a free slot
+                if f.vocab is not None else [] for f in owners]
+        self._table = None if not any(kept) else tf.lookup.StaticHashTable(  # empty: every token is OOV
+            PackedVocabularies(self._prefix, kept), default_value=-1)
         dense = cfg.features.dense
         self._dense_fill = [float(d.fill) for d in dense]
         self._dense_log = [d.transform == "log_zscore" for d in dense]
@@ -229,35 +249,57 @@ def example_spec(artifact: TransformArtifact) -> dict[str, tf.io.RaggedFeature]:
     return spec
 
 
-def _one_value(column: str, values: tf.RaggedTensor, default) -> tf.Tensor:
-    check = tf.debugging.assert_less_equal(values.row_lengths(), tf.constant(1, values.row_splits.dtype),
-                                           message=f"feature {column!r} takes at most one value per example")
+def _one_value_each(columns: list[str], values: list[tf.RaggedTensor], default) -> list[tf.Tensor]:
+    """[B] per column from parsed [B, None] columns of one dtype: the value, or `default` where absent.
+    One pass over all K columns (their flat values and row splits concatenated, one check, one
+    gather), so the op count does not grow with K. More than one value in a row is an error naming
+    every column that has one."""
+    k = len(columns)
+    flat = tf.concat([v.flat_values for v in values], axis=0)
+    if flat.dtype != tf.string and isinstance(default, str):
+        flat = tf.strings.as_string(flat)
+    flat = tf.concat([flat, tf.constant([default], flat.dtype)], axis=0)  # the last item: the default
+    splits = tf.cast(tf.reshape(tf.concat([v.row_splits for v in values], axis=0), [k, -1]), tf.int64)  # [K, B+1]
+    lengths = splits[:, 1:] - splits[:, :-1]
+    several = tf.reduce_any(lengths > 1, axis=1)
+    named = tf.strings.reduce_join(tf.boolean_mask(tf.constant([repr(c) for c in columns]), several), separator=", ")
+    message = tf.strings.join(["each of these features takes at most one value per example: ", named])
+    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(several)), [message])
+    starts = splits[:, :-1] + tf.expand_dims(tf.cumsum(splits[:, -1], exclusive=True), 1)  # into flat
     with tf.control_dependencies([check]):
-        return values.to_tensor(default_value=default, shape=[None, 1])[:, 0]
+        at = tf.where(lengths > 0, starts, tf.shape(flat, out_type=tf.int64)[0] - 1)
+    return tf.unstack(tf.gather(flat, at), num=k, axis=0)
 
 
 def request_from_examples(parsed: dict[str, tf.RaggedTensor], artifact: TransformArtifact) -> dict[str, tf.Tensor]:
     """Parsed Examples (example_spec) -> the raw request tensors canonicalize_request takes: ID
     columns as strings ("" when absent, as a null in the log), list columns joined by the feature's
-    separator, dense values as float32 (NaN when absent)."""
+    separator, dense values as float32 (NaN when absent). The single-valued columns of each dtype
+    are densified together (_one_value_each)."""
     cfg = artifact.config
     out: dict[str, tf.Tensor] = {}
+    single: dict[tf.DType, list[str]] = {}  # parsed dtype -> its single-valued columns
     for f in cfg.column_sparse:
         values = parsed[f.column]
-        if values.dtype != tf.string:
-            values = tf.strings.as_string(values)
         if f.multivalent and artifact.raw_schema[f.column].startswith("list"):
+            if values.dtype != tf.string:
+                values = tf.strings.as_string(values)
             sep = f.separator or DEFAULT_SEPARATOR
             clash = tf.reduce_any(tf.strings.regex_full_match(values.flat_values, f".*{re.escape(sep)}.*"))
             check = tf.debugging.assert_equal(clash, False, message=f"feature {f.column!r}: a list item contains "
                                                                    f"the separator {sep!r}")
             with tf.control_dependencies([check]):
                 out[f.column] = tf.strings.reduce_join(values, axis=1, separator=sep)
-        else:
-            out[f.column] = _one_value(f.column, values, "")
+        elif f.column not in out:
+            out[f.column] = None  # filled below, in the column order of the config
+            single.setdefault(values.dtype, []).append(f.column)
     for d in cfg.features.dense:
         if d.column not in out:
-            out[d.column] = _one_value(d.column, parsed[d.column], float("nan"))
+            out[d.column] = None
+            single.setdefault(tf.float32, []).append(d.column)
+    for dtype, columns in single.items():  # ID columns become strings, "" when absent; dense ones NaN
+        default = float("nan") if dtype == tf.float32 else ""
+        out.update(zip(columns, _one_value_each(columns, [parsed[c] for c in columns], default)))
     return out
 
 

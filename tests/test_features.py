@@ -282,24 +282,33 @@ def test_batch_transform_equals_the_graph_transform(free_slots):
         assert batch["a"][np.asarray(cols["a"].to_pylist()) == "t0"].min() >= 51
 
 
+def _wide_artifact(k: int, vocab_size: int = 2) -> TransformArtifact:
+    """k vocabulary, k hashed and k dense features, one column each."""
+    cfg = parse_config({"name": "t", "features": {
+        "sparse": [{"name": f"s{i}", "column": f"s{i}", "vocab": {"min_count": 1, "oov_buckets": 3}}
+                   for i in range(k)] + [{"name": f"h{i}", "column": f"h{i}", "hash_buckets": 7 + i}
+                                         for i in range(k)],
+        "dense": [{"name": f"d{i}", "column": f"d{i}", "transform": "log_zscore" if i % 2 else "zscore"}
+                  for i in range(k)]}})
+    raw = pa.table({"label": [0], **{f"s{i}": ["v"] for i in range(k)}, **{f"h{i}": ["v"] for i in range(k)},
+                    **{f"d{i}": [1.0] for i in range(k)}})
+    vocab = ["v", *(f"w{j}" for j in range(1, vocab_size))]
+    return TransformArtifact(config=cfg, raw_schema=check_schema(raw.schema, cfg, "mem"),
+                             vocabularies={f"s{i}": vocab for i in range(k)},
+                             vocab_counts={f"s{i}": [1] * vocab_size for i in range(k)},
+                             dense_stats={f"d{i}": {"mean": 0.5, "std": 2.0} for i in range(k)})
+
+
+def _ops(graph) -> int:
+    return sum(op.type not in ("Placeholder", "Identity") for op in graph.get_operations())
+
+
 def test_the_graph_transform_costs_the_same_ops_for_2_or_20_features():
     """A serving call's time is mostly TF's per-op cost: the transform handles every single-valued
     sparse feature in one [B, K] pass and every dense one in one [B, D] pass, so its op count does
     not grow with the number of features."""
     def ops(k: int) -> int:
-        cfg = parse_config({"name": "t", "features": {
-            "sparse": [{"name": f"s{i}", "column": f"s{i}", "vocab": {"min_count": 1, "oov_buckets": 3}}
-                       for i in range(k)] + [{"name": f"h{i}", "column": f"h{i}", "hash_buckets": 7 + i}
-                                             for i in range(k)],
-            "dense": [{"name": f"d{i}", "column": f"d{i}", "transform": "log_zscore" if i % 2 else "zscore"}
-                      for i in range(k)]}})
-        raw = pa.table({"label": [0], **{f"s{i}": ["v"] for i in range(k)}, **{f"h{i}": ["v"] for i in range(k)},
-                        **{f"d{i}": [1.0] for i in range(k)}})
-        art = TransformArtifact(config=cfg, raw_schema=check_schema(raw.schema, cfg, "mem"),
-                                vocabularies={f"s{i}": ["v", f"w{i}"] for i in range(k)},
-                                vocab_counts={f"s{i}": [1, 1] for i in range(k)},
-                                dense_stats={f"d{i}": {"mean": 0.5, "std": 2.0} for i in range(k)})
-        ft = FeatureTransform(art)
+        ft = FeatureTransform(_wide_artifact(k))
         spec = {**{f"s{i}": tf.TensorSpec([None], tf.string) for i in range(k)},
                 **{f"h{i}": tf.TensorSpec([None], tf.string) for i in range(k)},
                 **{f"d{i}": tf.TensorSpec([None], tf.float32) for i in range(k)}}
@@ -307,9 +316,59 @@ def test_the_graph_transform_costs_the_same_ops_for_2_or_20_features():
         out = ft({n: tf.constant(["v", "w1", "x"]) if n[0] != "d" else tf.constant([1.0, float("nan"), 3.0])
                   for n in spec})
         assert out["s1"].numpy().tolist()[:2] == [0, 1] and out["s1"].numpy()[2] >= 2
-        return sum(op.type not in ("Placeholder", "Identity") for op in graph.get_operations())
+        return _ops(graph)
 
     assert ops(20) <= ops(2) + 4
+
+
+def test_tf_example_requests_cost_the_same_ops_for_2_or_20_columns():
+    """predict_examples' parsing densifies the single-valued columns of each dtype together, so its
+    op count does not grow with the columns either; absent values become "" / NaN, and a second value
+    is an error naming every column that has one."""
+    from features.transform import example_spec, request_from_examples
+
+    def parse(art, serialized):
+        return request_from_examples(tf.io.parse_example(serialized, example_spec(art)), art)
+
+    def ops(k: int) -> int:
+        art = _wide_artifact(k)
+        graph = tf.function(lambda s: parse(art, s)).get_concrete_function(tf.TensorSpec([None], tf.string)).graph
+        return _ops(graph)
+
+    assert ops(20) <= ops(2)
+    art = _wide_artifact(3)
+    one = tf.train.Example(features=tf.train.Features(feature={
+        "s1": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"w1"])),
+        "d2": tf.train.Feature(float_list=tf.train.FloatList(value=[2.5]))}))
+    out = parse(art, [one.SerializeToString(), b""])
+    assert out["s1"].numpy().tolist() == [b"w1", b""] and out["s0"].numpy().tolist() == [b"", b""]
+    assert out["d2"].numpy()[0] == 2.5 and np.isnan(out["d2"].numpy()[1]) and np.isnan(out["d0"].numpy()).all()
+    two = tf.train.Example(features=tf.train.Features(feature={
+        name: tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"a", b"b"])) for name in ("s0", "h2")}))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="at most one value per example: 's0', 'h2'"):
+        parse(art, [one.SerializeToString(), two.SerializeToString()])
+
+
+def test_saved_vocabularies_are_packed_and_reloaded(tmp_path):
+    """The vocabulary table's keys and IDs are stored compressed (PackedVocabularies) and rebuilt
+    by the SavedModel's own initializer at load: the loaded graph maps every value as before."""
+    art = _wide_artifact(4, vocab_size=5_000)
+    art.vocabularies["s2"] = [None if j % 7 == 3 else v for j, v in enumerate(art.vocabularies["s2"])]  # freed
+    module = tf.Module()
+    module.transform = FeatureTransform(art)
+    spec = {f"s{i}": tf.TensorSpec([None], tf.string) for i in range(4)}
+    module.f = tf.function(lambda x: module.transform(x), input_signature=[spec])
+    tf.saved_model.save(module, str(tmp_path / "m"))
+    plain_bytes = 4 * 5_000 * (len("0\x1fw1234") + 2 + 8)  # a string key and an int64 ID per value
+    assert (tmp_path / "m" / "saved_model.pb").stat().st_size < plain_bytes / 3
+    loaded = tf.saved_model.load(str(tmp_path / "m"))
+    tokens = tf.constant(["v", "w1", "w3", "w12", "w4999", "nope"])
+    out = loaded.f({f"s{i}": tokens for i in range(4)})
+    assert out["s0"].numpy().tolist()[:5] == [0, 1, 3, 12, 4999] and out["s0"].numpy()[5] >= 5_000
+    assert out["s2"].numpy().tolist()[:2] == [0, 1] and out["s2"].numpy()[2] >= 5_000  # w3 was freed: OOV
+    assert out["s2"].numpy().tolist()[3:5] == [12, 4999]
+    direct = module.transform({f"s{i}": tokens for i in range(4)})
+    assert all(out[k].numpy().tolist() == direct[k].numpy().tolist() for k in spec)
 
 
 def test_cross_config_checks():
