@@ -1,8 +1,10 @@
 """Serving benchmark: QPS and latency percentiles of `recpipe serve` (REST, single-row requests) at
 several concurrencies, batching off and on, against the same SavedModel called in-process.
 
-The server runs in its own process; the load comes from this one over keep-alive connections.
-Both share this machine's cores, so the in-process figure is the ceiling here.
+The servers (batching off, batching on) run in their own processes for the whole bench; the load
+comes from this one over keep-alive connections. Every level is measured round-robin with the
+in-process calls (repetition by repetition), so ratios between modes compare runs made under the
+same machine load. Server and load share this machine's cores.
 
 Where the time goes: around each server level the bench scrapes the server's own Prometheus metrics
 (`recpipe_stage_seconds`, serving.metrics) and reports the mean milliseconds per request of each
@@ -128,51 +130,74 @@ def breakdown(before: dict, after: dict, client_mean_ms: float) -> dict:
     return ms
 
 
-def _repeat(measure: Callable[[], dict], reps: int) -> dict:
-    runs = sorted((measure() for _ in range(reps)), key=lambda r: r["qps"])
-    return {**runs[len(runs) // 2], "qps_reps": summary([r["qps"] for r in runs]),
-            "p99_ms_reps": summary([r["p99_ms"] for r in runs])}
+def _median_run(runs: list[dict]) -> dict:
+    """The median run by QPS, with the min/median/max of QPS and p99 over the runs."""
+    ordered = sorted(runs, key=lambda r: r["qps"])
+    return {**ordered[len(ordered) // 2], "qps_reps": summary([r["qps"] for r in ordered]),
+            "p99_ms_reps": summary([r["p99_ms"] for r in ordered])}
+
+
+SERVER_MODES = {"batching_off": [], "batching_on": ["--max-batch-rows", "64", "--batch-timeout-ms"]}
 
 
 def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callable[[str], None],
                 concurrencies=(1, 8, 32), seconds: float = 4.0, batch_timeout_ms: float = 1.0, reps: int = 3) -> dict:
-    """QPS and latency percentiles per mode and concurrency; each level is measured `reps` times and
-    reported as the median rep (by QPS) with the min/median/max of QPS and p99 over the reps."""
+    """QPS and latency percentiles per mode and concurrency. Both servers run for the whole bench and
+    the levels are measured round-robin (each repetition: every concurrency, every mode, in-process
+    included), so a ratio between modes compares runs made under the same machine load; each level
+    is reported as its median repetition by QPS, with the min/median/max of QPS and p99."""
     newest = ExportBase(export_base).versions()[-1]
     lv = load_version(newest.path, newest.version)
     one = [parse_predict_body({"instances": [r]}, lv.inputs)[0] for r in rows]
     tensors = [{k: tf.constant(v, dtype=lv.inputs[k].dtype) for k, v in c.items()} for c in one]
     counter = iter(range(10**12))
-    results: dict = {"in_process": {}, "batching_off": {}, "batching_on": {}}
-    for c in concurrencies:
-        say(f"bench serve: in-process, concurrency {c}")
-        results["in_process"][str(c)] = _repeat(lambda: _load(lambda: lv.fn(**tensors[next(counter) % len(tensors)]),
-                                                              c, seconds), reps)
-    for mode, extra in (("batching_off", []), ("batching_on", ["--max-batch-rows", "64", "--batch-timeout-ms",
-                                                           str(batch_timeout_ms)])):
-        port = free_port()
-        proc = start_server(export_base, model_name, port, free_port(), *extra, quiet=True)
-        try:
+    body = json.dumps({"instances": [rows[0]]}).encode()
+    servers: dict[str, tuple] = {}
+    try:
+        for mode, extra in SERVER_MODES.items():
+            port = free_port()
+            args = [*extra, str(batch_timeout_ms)] if extra else []
+            servers[mode] = (port, start_server(export_base, model_name, port, free_port(), *args, quiet=True))
+        for port, proc in servers.values():
             wait_healthy(port, proc)
-            bodies = [json.dumps({"instances": [r]}).encode() for r in rows]
+        calls = {"in_process": lambda: lv.fn(**tensors[next(counter) % len(tensors)]),
+                 **{mode: _http_caller(port, f"/v1/models/{model_name}:predict", body)
+                    for mode, (port, _) in servers.items()}}
+        runs: dict = {mode: {c: [] for c in concurrencies} for mode in calls}
+        stages: dict = {mode: {c: {} for c in concurrencies} for mode in servers}
+        for rep in range(reps):
             for c in concurrencies:
-                say(f"bench serve: {mode}, concurrency {c}")
-                callers = _http_caller(port, f"/v1/models/{model_name}:predict", bodies[0])
-                _load(callers, c, min(0.5, seconds / 2))  # warm up connections
-                runs: list[dict] = []
-                before = scrape_stages(port)
-                results[mode][str(c)] = _repeat(lambda: runs.append(_load(callers, c, seconds)) or runs[-1], reps)
-                client_ms = sum(r["mean_ms"] * r["requests"] for r in runs) / max(sum(r["requests"] for r in runs), 1)
-                results[mode][str(c)]["breakdown_ms"] = breakdown(before, scrape_stages(port), client_ms)
-        finally:
+                say(f"bench serve: repetition {rep + 1}/{reps}, concurrency {c}")
+                for mode, call in calls.items():
+                    _load(call, c, min(0.5, seconds / 2))  # warm up the level's threads and connections
+                    before = scrape_stages(servers[mode][0]) if mode in servers else None
+                    runs[mode][c].append(_load(call, c, seconds))
+                    if before is not None:
+                        _add_stages(stages[mode][c], before, scrape_stages(servers[mode][0]))
+    finally:
+        for _, proc in servers.values():
             stop_server(proc, timeout=30)
+    results: dict = {mode: {str(c): _median_run(runs[mode][c]) for c in concurrencies} for mode in calls}
+    for mode in servers:
+        for c in concurrencies:
+            done = runs[mode][c]
+            client_ms = sum(r["mean_ms"] * r["requests"] for r in done) / max(sum(r["requests"] for r in done), 1)
+            results[mode][str(c)]["breakdown_ms"] = breakdown({}, stages[mode][c], client_ms)
     results["settings"] = {"max_batch_rows": 64, "batch_timeout_ms": batch_timeout_ms, "seconds_per_level": seconds,
-                           "request_rows": 1, "reps": reps}
+                           "request_rows": 1, "reps": reps, "order": "round-robin: repetition, concurrency, mode"}
     best8 = max(results["batching_off"]["8"]["qps"], results["batching_on"]["8"]["qps"])
     results["ratios"] = {"serve_qps_vs_inprocess": best8 / results["in_process"]["8"]["qps"],
                          "serve_p99_ms_c8": min(results["batching_off"]["8"]["p99_ms"],
                                                 results["batching_on"]["8"]["p99_ms"])}
     return results
+
+
+def _add_stages(total: dict, before: dict, after: dict) -> None:
+    """Add the (seconds, count) each stage gained between two scrapes to `total`."""
+    for key, (sec, count) in after.items():
+        was = before.get(key, (0.0, 0.0))
+        have = total.get(key, (0.0, 0.0))
+        total[key] = (have[0] + sec - was[0], have[1] + count - was[1])
 
 
 def markdown(results: dict) -> str:
