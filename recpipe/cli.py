@@ -363,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--prune-unseen-days", type=int, metavar="D",
                    help="serve only the vocabulary values seen in the transform's last D days (its day included); "
                         "the others map to OOV and their embedding rows are left out (retrieval: also left out of "
-                        "the candidate index, which must be a vocabulary)")
+                        "the candidate index)")
     x.set_defaults(fn=cmd_export)
 
     s = sub.add_parser("serve", help="serve MODEL_BASE/<version>/ over TF Serving's REST and gRPC APIs")

@@ -37,7 +37,7 @@ from features.preprocessed import PreprocessedData
 from features.records import read_single_batch
 from features.transform import (FeatureTransform, canonicalize_request, example_spec, examples_from_arrow,
                                 request_from_arrow, request_from_examples, request_spec)
-from serving.prune import prune_model, prune_vocabularies, pruned_records
+from serving.prune import Pruning, prune_model, prune_vocabularies, pruned_candidates, pruned_records
 from serving.quantize import quantize_model
 from serving.version import EXAMPLES_SIGNATURE, TEMP_PREFIX, ExportBase, ExportedVersion, ExportMeta
 from trainers.candidates import read_clicks
@@ -78,11 +78,12 @@ def index_is_vocabulary(cfg) -> bool:
     return len(names) == 1 and cfg.table_owner(cfg.sparse_by_name[names[0]]).vocab is not None
 
 
-def _candidate_index(cfg, artifact: TransformArtifact, model: tf.keras.Model, data_dir: str
-                     ) -> tuple[np.ndarray, list[str]]:
+def _candidate_index(cfg, artifact: TransformArtifact, model: tf.keras.Model, data_dir: str,
+                     pruning: Optional[Pruning] = None) -> tuple[np.ndarray, list[str]]:
     """Candidate embeddings [U, d] and their labels: every vocabulary value of a single vocabulary
     candidate feature; else every candidate seen in the data, one per ID of the first candidate feature
-    (its other features, multivalent ones too, from its first row), labelled by that ID's value."""
+    (its other features, multivalent ones too, from its first row), labelled by that ID's value.
+    artifact: the served one (pruned, with `pruning`: the data's candidates are then pruned too)."""
     names = list(cfg.model.candidate_features)
     owner = cfg.table_owner(cfg.sparse_by_name[names[0]])
     if index_is_vocabulary(cfg):
@@ -92,6 +93,8 @@ def _candidate_index(cfg, artifact: TransformArtifact, model: tf.keras.Model, da
                               for i in range(0, len(ids), 8192)])
         return emb, [values[i] for i in ids.tolist()]
     candidates, _ = read_clicks(cfg, data_dir, ("train", "validation", "eval"))
+    if pruning is not None:
+        candidates = pruned_candidates(pruning, names, candidates)
     multivalent = {n for n in names if cfg.sparse_by_name[n].multivalent}
     emb = np.concatenate([model.candidate_embedding(candidates.batch(i, i + 8192, multivalent)).numpy()
                           for i in range(0, len(candidates.ids), 8192)])
@@ -101,9 +104,9 @@ def _candidate_index(cfg, artifact: TransformArtifact, model: tf.keras.Model, da
 
 
 def _retrieval_module(cfg, artifact: TransformArtifact, model: tf.keras.Model, data_dir: str,
-                      top_k: int) -> tuple[tf.Module, dict]:
+                      top_k: int, pruning: Optional[Pruning] = None) -> tuple[tf.Module, dict]:
     """cfg: the TRAINING config (its model section names the towers' features)."""
-    emb, labels = _candidate_index(cfg, artifact, model, data_dir)
+    emb, labels = _candidate_index(cfg, artifact, model, data_dir, pruning)
     module = tf.Module()
     module.transform = FeatureTransform(artifact)
     module.weights = list(model.variables)  # as in _ranking_module
@@ -229,9 +232,10 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
     compares against the trained model with the same stored weights, so it stays exact.
     prune_unseen_days: serve only the vocabulary values seen in the artifact's last D days
     (serving.prune); the others map to OOV, and the skew check's reference is the eval sample
-    transformed with the pruned vocabularies, itself checked against the Beam job's records. A
-    retrieval export prunes when its candidate index is a vocabulary: the pruned candidates leave the
-    index (a value unseen for D days is not recommended) and pruned query values map to OOV."""
+    transformed with the pruned vocabularies, itself checked against the Beam job's records. In a
+    retrieval export the pruned candidates leave the index (a value unseen for D days is not
+    recommended), whether the index is a vocabulary or read from the data (serving.prune's
+    pruned_candidates), and pruned query values map to OOV."""
     md = ModelDir(model_dir)
     cfg, artifact, model = md.load_trained(serving=True)
     data = _eval_sample(md, data_dir)
@@ -239,10 +243,6 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
     preprocessed = read_single_batch(cfg, data.eval_sample_records)
     pruning = None
     if prune_unseen_days is not None:
-        if cfg.model.task == "retrieval" and not index_is_vocabulary(cfg):
-            raise ExportError(f"--prune-unseen-days: this retrieval export's candidate index is read from the data "
-                              f"by trained ID (candidate features {', '.join(cfg.model.candidate_features)}); "
-                              f"pruning needs an index that is one candidate feature's vocabulary")
         pruning = prune_vocabularies(artifact, prune_unseen_days)
         prune_model(model, pruning.rows)
         artifact, preprocessed = pruning.artifact, pruned_records(pruning, sample, preprocessed)
@@ -262,7 +262,7 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
                              version)
     try:
         if cfg.model.task == "retrieval":
-            module, signatures = _retrieval_module(cfg, artifact, model, data.root, top_k)
+            module, signatures = _retrieval_module(cfg, artifact, model, data.root, top_k, pruning)
             compare, output, direct = "query_embedding", "query_embedding", model.query_embedding
         else:
             module, signatures = _ranking_module(artifact, model)

@@ -13,6 +13,9 @@ holding only the kept rows, in the new order. `pruned_records(...)` transforms t
 raw rows with the pruned vocabularies (the batch path of the one transform) as the skew check's
 reference, and first checks them against the Beam job's own records: every kept value's ID must be
 the Beam job's ID renumbered, and every pruned one must land in an OOV bucket.
+`pruned_candidates(...)` does the same for a retrieval index read from the data by trained ID:
+a candidate whose own value was pruned leaves the index, and the others' attribute IDs are
+renumbered (a pruned attribute value becomes its OOV bucket, as the served graph maps it).
 """
 from __future__ import annotations
 
@@ -28,9 +31,11 @@ from features.canonical import canonicalize
 from features.days import day_number
 from features.errors import RecpipeError
 from features.batch_transform import BatchTransform
+from features.hashing import hash_buckets
 from features.record_codec import Ragged
+from trainers.candidates import Candidates
 
-__all__ = ["PruneError", "Pruning", "prune_vocabularies", "prune_model", "pruned_records"]
+__all__ = ["PruneError", "Pruning", "prune_vocabularies", "prune_model", "pruned_records", "pruned_candidates"]
 
 class PruneError(RecpipeError, ValueError):
     pass
@@ -39,6 +44,7 @@ class PruneError(RecpipeError, ValueError):
 @dataclass(frozen=True)
 class Pruning:
     artifact: TransformArtifact     # what the served graph uses: the compacted vocabularies
+    original: TransformArtifact     # what the model was trained with
     rows: dict[str, np.ndarray]     # table -> the trained table's rows the served table keeps, in order
     id_map: dict[str, np.ndarray]   # table -> trained ID -> served ID (-1: pruned, now an OOV token)
     report: dict                    # per table: slots, kept, pruned, free; the cut-off day
@@ -74,7 +80,7 @@ def prune_vocabularies(artifact: TransformArtifact, unseen_days: int) -> Pruning
         report["tables"][name] = {"slots": slots, "kept": len(keep), "pruned": live - len(keep),
                                   "free_slots_dropped": slots - live, "rows_before": slots + oov,
                                   "rows_after": len(keep) + oov}
-    return Pruning(pruned, rows, id_map, report)
+    return Pruning(pruned, artifact, rows, id_map, report)
 
 
 def prune_model(model: tf.keras.Model, rows: dict[str, np.ndarray]) -> int:
@@ -141,3 +147,41 @@ def _tensor(v) -> tf.Tensor | tf.RaggedTensor:
     if isinstance(v, Ragged):
         return tf.RaggedTensor.from_row_lengths(v.values, v.row_lengths, validate=False)
     return tf.constant(v)
+
+
+def served_ids(pruning: Pruning, table: str, ids: np.ndarray) -> np.ndarray:
+    """Trained IDs of `table` -> the IDs the pruned served graph gives the same values: kept values
+    and OOV buckets renumbered, a pruned value in its OOV bucket (FarmHash64 % buckets after the
+    kept values)."""
+    ids = np.asarray(ids, np.int64)
+    if table not in pruning.id_map:
+        return ids
+    out = pruning.id_map[table][ids]
+    gone = np.flatnonzero(out < 0)
+    if len(gone):
+        values = pa.array([pruning.original.vocabularies[table][i] for i in ids[gone].tolist()], pa.string())
+        buckets = pruning.original.config.sparse_by_name[table].vocab.oov_buckets
+        out[gone] = len(pruning.artifact.vocabularies[table]) + hash_buckets(values, buckets)
+    return out
+
+
+def pruned_candidates(pruning: Pruning, candidate_features: list[str], candidates: Candidates) -> Candidates:
+    """A retrieval index read from the data (by trained ID of its first candidate feature, attributes
+    from the candidate's first row) as the pruned export serves it: the candidates whose first
+    feature's value was pruned are left out (not recommended), and every kept candidate's features
+    are renumbered with served_ids."""
+    cfg = pruning.original.config
+    tables = {n: cfg.table_owner(cfg.sparse_by_name[n]).name for n in candidate_features}
+    first = candidate_features[0]
+    keep = np.flatnonzero(pruning.id_map[tables[first]][candidates.ids] >= 0) if tables[first] in pruning.id_map \
+        else np.arange(len(candidates.ids))
+    features = {}
+    for name, values in candidates.features.items():
+        kept = [values[i] for i in keep.tolist()]
+        if cfg.sparse_by_name[name].multivalent:  # an ID array per candidate
+            lengths = [len(v) for v in kept]
+            flat = np.concatenate(kept).astype(np.int64) if kept else np.zeros(0, np.int64)
+            features[name] = np.split(served_ids(pruning, tables[name], flat), np.cumsum(lengths)[:-1])
+        else:
+            features[name] = served_ids(pruning, tables[name], np.asarray(kept, np.int64)).tolist()
+    return Candidates(ids=served_ids(pruning, tables[first], candidates.ids[keep]), features=features)

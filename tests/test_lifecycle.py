@@ -206,8 +206,9 @@ def test_pruned_export_maps_unseen_values_to_oov_and_passes_the_skew_check(tmp_p
 
 def test_pruned_retrieval_export_leaves_stale_candidates_out_of_the_index(tmp_path, four_days):
     """Two towers over the same four days: the day-4 export with --prune-unseen-days 1 recommends only
-    the items seen on day 4 (a, b), and its skew check passes; an index read from the data refuses."""
-    from serving.export import ExportError, export_model
+    the items seen on day 4 (a, b), and its skew check passes; so does an index read from the data
+    (two candidate features), whose kept candidates are scored as the pruned model scores them."""
+    from serving.export import export_model
     from serving.registry import load_version
     from trainers.options import TrainOptions
     from trainers.train import train
@@ -236,5 +237,44 @@ def test_pruned_retrieval_export_leaves_stale_candidates_out_of_the_index(tmp_pa
     (tmp_path / "two.yaml").write_text(yaml.safe_dump(d))
     train(TrainOptions(data_dir=prev, model_dir=str(tmp_path / "m2"), config_path=str(tmp_path / "two.yaml")),
           say=lambda _: None)
-    with pytest.raises(ExportError, match="read from the data by trained ID"):
-        export_model(str(tmp_path / "m2"), str(tmp_path / "e2"), prune_unseen_days=1)
+    pruned = load_version(export_model(str(tmp_path / "m2"), str(tmp_path / "e2"), version=1,
+                                       prune_unseen_days=1), 1)
+    assert ExportBase(str(tmp_path / "e2")).versions()[0].skew_report()["passed"]
+    full = load_version(export_model(str(tmp_path / "m2"), str(tmp_path / "e3"), version=1), 1)
+
+    def scored(lv):
+        out = lv.fn(user=tf.constant(["u0"]))
+        return dict(zip([c.decode() for c in out["candidates"].numpy()[0]], out["scores"].numpy()[0].tolist()))
+    # day 4's data holds a, b and OOV items, none pruned: the same candidates with the same scores, though
+    # b's ID moved from 3 to 1 (the pruned index is renumbered with the pruned tables)
+    want, got = scored(full), scored(pruned)
+    assert {"a", "b"} <= set(got) and {"c", "d"}.isdisjoint(got)
+    assert {k for k in want if not k.isdigit()} == {k for k in got if not k.isdigit()}
+    for label in ("a", "b"):
+        assert abs(want[label] - got[label]) < 1e-5, (label, want, got)
+
+
+def test_pruned_candidates_leave_the_index_and_attributes_are_renumbered():
+    """pruned_candidates: a candidate whose own value was pruned leaves the index; the kept ones' IDs
+    and attribute IDs (multivalent too) are the pruned graph's, a pruned attribute value its OOV bucket."""
+    from serving.prune import pruned_candidates
+    from trainers.candidates import Candidates
+    cfg = parse_config({"name": "c", "label": {"column": "label"}, "features": {"sparse": [
+        {"name": "item", "column": "item", "vocab": {"min_count": 1, "oov_buckets": 2}},
+        {"name": "tags", "column": "tags", "multivalent": True, "vocab": {"min_count": 1, "oov_buckets": 3}},
+        {"name": "user", "column": "user", "hash_buckets": 4}]},
+        "model": {"task": "retrieval", "type": "two_tower", "query_features": ["user"],
+                  "candidate_features": ["item", "tags"]}})
+    day = day_number("2026-01-04")
+    art = TransformArtifact(config=cfg, raw_schema={"item": "string", "tags": "list<string>", "user": "string",
+                                                               "label": "int"},
+                            vocabularies={"item": ["a", "d", "c", "b"], "tags": ["x", "y", "z"]},
+                            vocab_counts={"item": [1] * 4, "tags": [1] * 3}, dense_stats={}, day="2026-01-04",
+                            vocab_last_seen={"item": [day, day - 1, day - 1, day], "tags": [day, day - 2, day]})
+    pruning = prune_vocabularies(art, 1)  # kept: items a, b (-> 0, 1); tags x, z (-> 0, 1)
+    candidates = Candidates(ids=np.array([0, 1, 3, 5]), features={
+        "item": [0, 1, 3, 5], "tags": [np.array([0, 1]), np.array([2]), np.array([1, 2]), np.array([], np.int64)]})
+    out = pruned_candidates(pruning, ["item", "tags"], candidates)
+    y_bucket = 2 + int(tf.strings.to_hash_bucket_fast(["y"], 3).numpy()[0])  # y pruned: 2 kept tags + its bucket
+    assert out.ids.tolist() == [0, 1, 3] and out.features["item"] == [0, 1, 3]  # d left; OOV row 5 -> 3
+    assert [t.tolist() for t in out.features["tags"]] == [[0, y_bucket], [y_bucket, 1], []]  # z: 2 -> 1
