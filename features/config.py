@@ -164,6 +164,10 @@ class TrainSpec:
     # Horovod embedding gradients: allgather the IndexedSlices, or densify and allreduce. Measured
     # np=2, 1 thread each: 10.8k vs 6.7k ex/s with a 1M-row table, 17.9k vs 16.4k with 50k rows.
     sparse_gradients: Literal["allgather", "dense"] = "allgather"
+    # Horovod: a step's gradients exchanged in this many grouped collectives (dense ones in one grouped
+    # allreduce, embedding rows in one grouped allgather per group), or one collective per tensor (0,
+    # Horovod's default). Measured np=2, 1 thread each, 3 round-robin runs: 21.3k vs 20.2k ex/s.
+    gradient_groups: int = 1
     # L2 on the embedding rows a batch looks up (mean over the batch of each feature's squared norm): the
     # regularisation sparse tables need, as rows of rare IDs are updated rarely (not weight decay on the table)
     embedding_l2: float = 0.0
@@ -426,6 +430,7 @@ def _validate(cfg: Config) -> Config:
     _positive(t.steps, "train.steps")
     _positive(t.checkpoint_every, "train.checkpoint_every")
     _positive(t.embedding_l2, "train.embedding_l2", allow_zero=True)
+    _positive(t.gradient_groups, "train.gradient_groups", allow_zero=True)
     _positive(t.early_stopping.patience, "train.early_stopping.patience", allow_zero=True)
     k = t.tuning
     _positive(k.grad_accum_steps, "train.tuning.grad_accum_steps")

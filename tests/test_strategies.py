@@ -112,10 +112,15 @@ def test_horovod_two_ranks_rank0_writes_and_resumes(tmp_path, preprocessed, smal
 
 
 def test_horovod_dense_sparse_gradients(tmp_path, preprocessed):
+    """Densified embedding gradients, accumulated over 2 micro-batches and exchanged in 2 grouped
+    allreduces (the other run: allgathered rows, one grouped exchange through the tape); every
+    Horovod run ends with its ranks' weights checked equal."""
     import yaml
     from conftest import small_config_dict
     d = small_config_dict()
     d["train"]["sparse_gradients"] = "dense"
+    d["train"]["gradient_groups"] = 2
+    d["train"].setdefault("tuning", {})["grad_accum_steps"] = 2
     path = tmp_path / "dense.yaml"
     path.write_text(yaml.safe_dump(d))
     r = train(TrainOptions(preprocessed[0], str(tmp_path / "m"), str(path),
@@ -123,7 +128,7 @@ def test_horovod_dense_sparse_gradients(tmp_path, preprocessed):
               say=lambda _: None)
     assert r.steps_done == 20
     state = __import__("json").load(open(tmp_path / "m" / "train_state.json"))
-    assert state["sparse_gradients"] == "dense" and state["ranks"] == 2
+    assert state["sparse_gradients"] == "dense" and state["gradient_groups"] == 2 and state["ranks"] == 2
 
 
 def test_every_rank_gets_the_launchers_input_flags(tmp_path):
@@ -164,3 +169,15 @@ def test_advise_probe_and_cli(tmp_path, preprocessed, small_cfg, small_cfg_path)
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "advise: -> " in out.stdout and json.loads(Path(tmp_path / "a.json").read_text())["workers"] == 8
+
+
+def test_a_dead_ranks_own_error_reaches_the_launchers_message(tmp_path):
+    """The launcher names why a rank died: the rank's last error line, not horovodrun's."""
+    from trainers.hvd import rank_died
+    output = ["recpipe train: error: Horovod ranks ended with different weights (sums ...)",
+              "Traceback (most recent call last):", "RuntimeError: Horovod detected that one or more processes exited "
+              "with non-zero status, thus causing the job to be terminated."]
+    e = rank_died(TrainOptions(str(tmp_path), str(tmp_path / "m"), None), 1, 1, output=output)
+    assert "rank 1 died (exit code 1: Horovod ranks ended with different weights (sums ...))" in str(e)
+    assert "one or more" not in str(e) and "a rerun starts over" in str(e)
+    assert "exit code 1)" in str(rank_died(TrainOptions(str(tmp_path), str(tmp_path / "m"), None), 1, 1))

@@ -8,8 +8,9 @@ holding the host's address). Where ssh exists, `horovodrun -H ... recpipe train 
 works too. Each rank
 reads its own part of the shards (InputContext), uses `batch_size` rows per step (the effective
 batch is N x batch_size, as in Horovod's examples), and averages gradients with
-DistributedGradientTape; initial state is broadcast from rank 0. Sparse embedding gradients are
-allgathered as IndexedSlices or densified and allreduced (train.sparse_gradients). Only rank 0
+DistributedGradientTape, in train.gradient_groups grouped collectives per step; initial state is
+broadcast from rank 0, and at the end every rank's weights are checked equal. Sparse embedding
+gradients are allgathered as IndexedSlices or densified and allreduced (train.sparse_gradients). Only rank 0
 writes checkpoints, TensorBoard events, train_state.json and the progress events the launcher shows.
 """
 from __future__ import annotations
@@ -98,10 +99,11 @@ def _supervise(start: Callable[[dict], list[subprocess.Popen]], say: Callable[[s
         tails: list[list[str]] = [[] for _ in procs]
 
         def drain(i: int, proc: subprocess.Popen) -> None:
-            for line in proc.stdout:  # kept for error messages only (the last lines, and any line naming a
-                text = line.split(">:", 1)[-1].rstrip("\n")  # dead rank); progress comes as events
-                tails[i] = [t for t in tails[i] if _DIED.search(t)][:1] + \
-                    [t for t in tails[i] if not _DIED.search(t)][-19:] + [text]
+            for line in proc.stdout:  # kept for error messages only (the last lines, the first line naming a
+                text = line.split(">:", 1)[-1].rstrip("\n")  # dead rank, the last exception a rank raised);
+                old = tails[i]                                  # progress comes as events
+                tails[i] = ([t for t in old if _DIED.search(t)][:1] + [t for t in old if _is_cause(t)][-1:]
+                            + [t for t in old if not _DIED.search(t) and not _is_cause(t)][-19:] + [text])
 
         readers = [threading.Thread(target=drain, args=(i, p), daemon=True) for i, p in enumerate(procs)]
         for r in readers:
@@ -139,11 +141,23 @@ def how_it_ended(code: int) -> str:
     return f"exit code {code}"
 
 
-def rank_died(opts: TrainOptions, rank: int, code: int, where: str = "") -> TrainError:
+# what a rank prints when it fails: the CLI's "recpipe train: error: ...", or a traceback's last line
+_RAISED = re.compile(r"^\s*(?:recpipe [\w-]+: error: |(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception): )(.+)")
+
+
+def _is_cause(line: str) -> bool:
+    """A failure line a rank printed (not horovodrun's own 'one or more processes exited')."""
+    return bool(_RAISED.match(line)) and "one or more processes exited" not in line
+
+
+def rank_died(opts: TrainOptions, rank: int, code: int, where: str = "", output: list[str] = ()) -> TrainError:
+    """output: the rank's (or horovodrun's) last lines; the last exception line among them is the cause."""
     step = ModelDir(opts.model_dir).latest_step()
     resume = (f"the last checkpoint is step {step} in {ModelDir(opts.model_dir).checkpoints_dir}; rerun the same "
               f"command to resume from it" if step else "no checkpoint was written yet; a rerun starts over")
-    return TrainError(f"horovod rank {rank}{where} died ({how_it_ended(code)}), so the job stopped: {resume}")
+    cause = next((_RAISED.match(line)[1].strip() for line in reversed(output) if _is_cause(line)), None)
+    return TrainError(f"horovod rank {rank}{where} died ({how_it_ended(code)}"
+                      f"{': ' + cause if cause else ''}), so the job stopped: {resume}")
 
 
 def launch(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
@@ -157,7 +171,7 @@ def launch(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
     if rc != 0:
         died = next((m for m in map(_DIED.search, tail) if m), None)  # horovodrun names the first rank to fail
         if died:
-            raise rank_died(opts, int(died[1]), int(died[2]))
+            raise rank_died(opts, int(died[1]), int(died[2]), output=tail)
         raise TrainError(f"horovodrun exited with {rc}: " + " | ".join(t for t in tail if t)[-800:])
     return _written_state(opts)
 
@@ -195,10 +209,11 @@ def launch_on_host(opts: TrainOptions, total: int, say: Callable[[str], None]) -
     finally:
         if server is not None:
             server.shutdown()
-    failed = sorted((order, slot.rank, rc) for slot, (rc, _, order) in zip(mine, results) if order is not None)
+    failed = sorted((order, slot.rank, rc, tail) for slot, (rc, tail, order) in zip(mine, results)
+                    if order is not None)
     if failed:
-        _, rank, rc = failed[0]
-        raise rank_died(opts, rank, rc, f" on {me}")
+        _, rank, rc, tail = failed[0]
+        raise rank_died(opts, rank, rc, f" on {me}", tail)
     if any(slot.rank == 0 for slot in mine):
         return _written_state(opts)
     say(f"train: ranks on {me} finished; rank 0 on {hosts[0].hostname} wrote the model dir")
@@ -332,14 +347,27 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
                     total = done
                     break
         reporter.close()
+        _check_ranks_agree(model, hvd)
         overall, steady = reporter.rates(total)
         state = TrainState(total, total - start, start, overall, steady, loss, "horovod", opts.run.precision,
                            cfg.train.batch_size, ranks=size, sparse_gradients=cfg.train.sparse_gradients,
+                           gradient_groups=cfg.train.gradient_groups,
                            data_dir=PreprocessedData(opts.data_dir).root,
                            best_step=validator.history.best_step if validator is not None else None)
         if rank == 0:
             model_dir.write_state(state)
         return state
+
+
+def _check_ranks_agree(model: tf.keras.Model, hvd) -> None:
+    """Every rank must end with the same weights (a missed or mis-grouped exchange lets them drift
+    apart without any error): the ranks' float64 sums of their trainable weights are allgathered and
+    must be equal."""
+    total = tf.add_n([tf.reduce_sum(tf.cast(v, tf.float64)) for v in model.trainable_variables])
+    sums = hvd.allgather(tf.reshape(total, [1]), name="weights_checksum").numpy()
+    if sums.max() - sums.min() > 1e-9 * max(1.0, float(abs(sums).max())):
+        raise TrainError(f"Horovod ranks ended with different weights (sums of trainable weights per rank: "
+                         f"{', '.join(f'{x:.9g}' for x in sums)}); the gradient exchange did not keep them in sync")
 
 
 def _step_function(cfg: Config, model: tf.keras.Model, optimizer) -> Callable:
@@ -350,22 +378,34 @@ def _step_function(cfg: Config, model: tf.keras.Model, optimizer) -> Callable:
     sparse_as_dense = cfg.train.sparse_gradients == "dense"
     scaled = isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
     accum = cfg.train.tuning.grad_accum_steps
+    groups = cfg.train.gradient_groups or None  # None: one collective per tensor
 
-    def reduce(g):
-        if sparse_as_dense and isinstance(g, tf.IndexedSlices):
-            g = tf.convert_to_tensor(g)
-        return hvd.allreduce(g, op=hvd.Average)  # IndexedSlices: allgathered
+    def reduce(grads: list) -> list:
+        """Average over the ranks (IndexedSlices are allgathered), one collective per tensor or
+        `groups` grouped ones."""
+        grads = [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices) else g for g in grads]
+        present = [i for i, g in enumerate(grads) if g is not None]
+        out = list(grads)
+        if groups is None:
+            for i in present:
+                out[i] = hvd.allreduce(grads[i], op=hvd.Average)
+            return out
+        for part in (present[k::groups] for k in range(min(groups, len(present)))):
+            out_part = hvd.grouped_allreduce([grads[i] for i in part], op=hvd.Average)
+            for i, g in zip(part, out_part):
+                out[i] = g
+        return out
 
     @tf.function(reduce_retracing=True)
     def step(batch):
         if accum > 1:  # accumulate locally over the micro-batches, then ONE exchange per step
             grads, loss = accumulated_gradients(model, batch, accum, optimizer if scaled else None)
-            grads = [None if g is None else reduce(g) for g in grads]
+            grads = reduce(grads)
         else:
             with tf.GradientTape() as tape:
                 loss = model.compute_loss(batch, training=True)
                 target = optimizer.get_scaled_loss(loss) if scaled else loss
-            tape = hvd.DistributedGradientTape(tape, sparse_as_dense=sparse_as_dense)
+            tape = hvd.DistributedGradientTape(tape, sparse_as_dense=sparse_as_dense, groups=groups)
             grads = tape.gradient(target, model.trainable_variables)
             if scaled:
                 grads = optimizer.get_unscaled_gradients(grads)
