@@ -172,12 +172,19 @@ def test_advise_probe_and_cli(tmp_path, preprocessed, small_cfg, small_cfg_path)
 
 
 def test_a_dead_ranks_own_error_reaches_the_launchers_message(tmp_path):
-    """The launcher names why a rank died: the rank's last error line, not horovodrun's."""
+    """The launcher names why a rank died: that rank's own last error line, not horovodrun's and not
+    another rank's (a collective failing because this rank was killed)."""
     from trainers.hvd import rank_died
-    output = ["recpipe train: error: Horovod ranks ended with different weights (sums ...)",
+    opts = TrainOptions(str(tmp_path), str(tmp_path / "m"), None)
+    output = ["[1]<stderr>:recpipe train: error: Horovod ranks ended with different weights (sums ...)",
+              "[0]<stderr>:tensorflow.python.framework.errors_impl.UnknownError: Gloo: connection closed by peer",
               "Traceback (most recent call last):", "RuntimeError: Horovod detected that one or more processes exited "
               "with non-zero status, thus causing the job to be terminated."]
-    e = rank_died(TrainOptions(str(tmp_path), str(tmp_path / "m"), None), 1, 1, output=output)
-    assert "rank 1 died (exit code 1: Horovod ranks ended with different weights (sums ...))" in str(e)
-    assert "one or more" not in str(e) and "a rerun starts over" in str(e)
-    assert "exit code 1)" in str(rank_died(TrainOptions(str(tmp_path), str(tmp_path / "m"), None), 1, 1))
+    e = str(rank_died(opts, 1, 1, output=output))
+    assert "rank 1 died (exit code 1: Horovod ranks ended with different weights (sums ...))" in e
+    assert "one or more" not in e and "Gloo" not in e and "a rerun starts over" in e
+    assert "rank 0 died (killed by SIGKILL: UnknownError: Gloo: connection closed by peer)" in str(
+        rank_died(opts, 0, -9, output=output))
+    assert "died (killed by SIGKILL)," in str(rank_died(opts, 2, -9, output=output))  # rank 2 printed nothing
+    own = ["recpipe train: error: a rank started by --hosts prints without a prefix"]
+    assert "exit code 1: a rank started by --hosts prints without a prefix)" in str(rank_died(opts, 3, 1, output=own))

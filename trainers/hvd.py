@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import Callable
+from typing import Callable, Optional
 
 import tensorflow as tf
 
@@ -100,10 +100,11 @@ def _supervise(start: Callable[[dict], list[subprocess.Popen]], say: Callable[[s
 
         def drain(i: int, proc: subprocess.Popen) -> None:
             for line in proc.stdout:  # kept for error messages only (the last lines, the first line naming a
-                text = line.split(">:", 1)[-1].rstrip("\n")  # dead rank, the last exception a rank raised);
-                old = tails[i]                                  # progress comes as events
-                tails[i] = ([t for t in old if _DIED.search(t)][:1] + [t for t in old if _is_cause(t)][-1:]
-                            + [t for t in old if not _DIED.search(t) and not _is_cause(t)][-19:] + [text])
+                raw = line.rstrip("\n")  # dead rank, each rank's last failure line, with its "[rank]<stderr>:"
+                old = tails[i]            # prefix); progress comes as events
+                tails[i] = ([t for t in old if _DIED.search(t)][:1] + _last_failures(old)
+                            + [t for t in old if not _DIED.search(t) and not _failure(t)][-19:]
+                            + [raw if _failure(raw) else raw.split(">:", 1)[-1]])
 
         readers = [threading.Thread(target=drain, args=(i, p), daemon=True) for i, p in enumerate(procs)]
         for r in readers:
@@ -141,23 +142,44 @@ def how_it_ended(code: int) -> str:
     return f"exit code {code}"
 
 
-# what a rank prints when it fails: the CLI's "recpipe train: error: ...", or a traceback's last line
-_RAISED = re.compile(r"^\s*(?:recpipe [\w-]+: error: |(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception): )(.+)")
+# what a rank prints when it fails: the CLI's "recpipe train: error: ...", or a traceback's last line;
+# under horovodrun each line starts with "[rank]<stdout>:" or "[rank]<stderr>:"
+_RANK_PREFIX = re.compile(r"^\[(\d+)\]<std(?:out|err)>:")
+_CLI_ERROR = re.compile(r"^\s*recpipe [\w-]+: error: (.+)")
+_RAISED = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception): .+)")  # module path dropped
 
 
-def _is_cause(line: str) -> bool:
-    """A failure line a rank printed (not horovodrun's own 'one or more processes exited')."""
-    return bool(_RAISED.match(line)) and "one or more processes exited" not in line
+def _failure(line: str) -> tuple[Optional[int], str] | None:
+    """(rank or None when the line has no horovodrun prefix, message) of a failure line a rank printed;
+    None for any other line, horovodrun's own 'one or more processes exited' included."""
+    prefix = _RANK_PREFIX.match(line)
+    rest = line[prefix.end():] if prefix else line
+    m = _CLI_ERROR.match(rest) or _RAISED.match(rest)
+    if m is None or "one or more processes exited" in line:
+        return None
+    return (int(prefix[1]) if prefix else None), m[1].strip()
+
+
+def _last_failures(lines: list[str]) -> list[str]:
+    """Each rank's last failure line."""
+    last = {}
+    for line in lines:
+        found = _failure(line)
+        if found:
+            last[found[0]] = line
+    return list(last.values())
 
 
 def rank_died(opts: TrainOptions, rank: int, code: int, where: str = "", output: list[str] = ()) -> TrainError:
-    """output: the rank's (or horovodrun's) last lines; the last exception line among them is the cause."""
+    """output: the last lines of the rank's own process, or of horovodrun's (then each prefixed by its
+    rank): the rank's last failure line there, if any, is given as the cause. Another rank's error
+    (e.g. a collective failing because this rank was killed) is not."""
     step = ModelDir(opts.model_dir).latest_step()
     resume = (f"the last checkpoint is step {step} in {ModelDir(opts.model_dir).checkpoints_dir}; rerun the same "
               f"command to resume from it" if step else "no checkpoint was written yet; a rerun starts over")
-    cause = next((_RAISED.match(line)[1].strip() for line in reversed(output) if _is_cause(line)), None)
+    causes = [f[1] for f in map(_failure, output) if f is not None and f[0] in (None, rank)]
     return TrainError(f"horovod rank {rank}{where} died ({how_it_ended(code)}"
-                      f"{': ' + cause if cause else ''}), so the job stopped: {resume}")
+                      f"{': ' + causes[-1] if causes else ''}), so the job stopped: {resume}")
 
 
 def launch(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
