@@ -8,7 +8,7 @@ holding the host's address). Where ssh exists, `horovodrun -H ... recpipe train 
 works too. Each rank
 reads its own part of the shards (InputContext), uses `batch_size` rows per step (the effective
 batch is N x batch_size, as in Horovod's examples), and averages gradients with
-DistributedGradientTape, in train.gradient_groups grouped collectives per step; initial state is
+Horovod's collectives, in train.gradient_groups grouped ones per step; initial state is
 broadcast from rank 0, and at the end every rank's weights are checked equal. Sparse embedding
 gradients are allgathered as IndexedSlices or densified and allreduced (train.sparse_gradients). Only rank 0
 writes checkpoints, TensorBoard events, train_state.json and the progress events the launcher shows.
@@ -403,19 +403,19 @@ def _step_function(cfg: Config, model: tf.keras.Model, optimizer) -> Callable:
     groups = cfg.train.gradient_groups or None  # None: one collective per tensor
 
     def reduce(grads: list) -> list:
-        """Average over the ranks (IndexedSlices are allgathered), one collective per tensor or
-        `groups` grouped ones."""
+        """Average over the ranks (IndexedSlices are allgathered), one collective per tensor or, per
+        kind (dense tensors, IndexedSlices), `groups` grouped ones. The kinds are grouped apart:
+        Horovod 0.28.1's grouped_allreduce mis-pairs the IndexedSlices of a mixed list with the list's
+        first tensors (AttributeError: no dense_shape) unless every IndexedSlices comes first."""
         grads = [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices) else g for g in grads]
-        present = [i for i, g in enumerate(grads) if g is not None]
         out = list(grads)
         if groups is None:
-            for i in present:
-                out[i] = hvd.allreduce(grads[i], op=hvd.Average)
-            return out
-        for part in (present[k::groups] for k in range(min(groups, len(present)))):
-            out_part = hvd.grouped_allreduce([grads[i] for i in part], op=hvd.Average)
-            for i, g in zip(part, out_part):
-                out[i] = g
+            return [None if g is None else hvd.allreduce(g, op=hvd.Average) for g in grads]
+        for sparse in (False, True):
+            kind = [i for i, g in enumerate(grads) if g is not None and isinstance(g, tf.IndexedSlices) == sparse]
+            for part in (kind[k::groups] for k in range(min(groups, len(kind)))):
+                for i, g in zip(part, hvd.grouped_allreduce([grads[i] for i in part], op=hvd.Average)):
+                    out[i] = g
         return out
 
     @tf.function(reduce_retracing=True)
@@ -427,8 +427,7 @@ def _step_function(cfg: Config, model: tf.keras.Model, optimizer) -> Callable:
             with tf.GradientTape() as tape:
                 loss = model.compute_loss(batch, training=True)
                 target = optimizer.get_scaled_loss(loss) if scaled else loss
-            tape = hvd.DistributedGradientTape(tape, sparse_as_dense=sparse_as_dense, groups=groups)
-            grads = tape.gradient(target, model.trainable_variables)
+            grads = reduce(tape.gradient(target, model.trainable_variables))
             if scaled:
                 grads = optimizer.get_unscaled_gradients(grads)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
