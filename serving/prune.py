@@ -149,7 +149,7 @@ def _tensor(v) -> tf.Tensor | tf.RaggedTensor:
     return tf.constant(v)
 
 
-def served_ids(pruning: Pruning, table: str, ids: np.ndarray) -> np.ndarray:
+def _served_ids(pruning: Pruning, table: str, ids: np.ndarray) -> np.ndarray:
     """Trained IDs of `table` -> the IDs the pruned served graph gives the same values: kept values
     and OOV buckets renumbered, a pruned value in its OOV bucket (FarmHash64 % buckets after the
     kept values)."""
@@ -169,7 +169,7 @@ def pruned_candidates(pruning: Pruning, candidate_features: list[str], candidate
     """A retrieval index read from the data (by trained ID of its first candidate feature, attributes
     from the candidate's first row) as the pruned export serves it: the candidates whose first
     feature's value was pruned are left out (not recommended), and every kept candidate's features
-    are renumbered with served_ids."""
+    are renumbered with _served_ids."""
     cfg = pruning.original.config
     tables = {n: cfg.table_owner(cfg.sparse_by_name[n]).name for n in candidate_features}
     first = candidate_features[0]
@@ -181,7 +181,7 @@ def pruned_candidates(pruning: Pruning, candidate_features: list[str], candidate
         if cfg.sparse_by_name[name].multivalent:  # an ID array per candidate
             lengths = [len(v) for v in kept]
             flat = np.concatenate(kept).astype(np.int64) if kept else np.zeros(0, np.int64)
-            features[name] = np.split(served_ids(pruning, tables[name], flat), np.cumsum(lengths)[:-1])
+            features[name] = np.split(_served_ids(pruning, tables[name], flat), np.cumsum(lengths)[:-1])
         else:
-            features[name] = served_ids(pruning, tables[name], np.asarray(kept, np.int64)).tolist()
-    return Candidates(ids=served_ids(pruning, tables[first], candidates.ids[keep]), features=features)
+            features[name] = _served_ids(pruning, tables[name], np.asarray(kept, np.int64)).tolist()
+    return Candidates(ids=_served_ids(pruning, tables[first], candidates.ids[keep]), features=features)
