@@ -46,8 +46,8 @@ def _fingerprint64(tokens: tf.Tensor) -> tf.Tensor:
 class PackedVocabularies(tf.lookup.KeyValueTensorInitializer):
     """The initializer of the one vocabulary table: keys "<prefix><value>", values the IDs. Stored in
     the SavedModel as zlib-compressed serialized tensors of the values (without their owner's prefix)
-    and of the ID deltas (mostly 1), unpacked by the initializer's own graph at load: a fifth to a
-    seventh of the bytes of a key and an ID constant per value."""
+    and of the ID deltas (mostly 1), unpacked by the initializer's own graph at load: a quarter to a
+    sixth of the bytes of a key and an ID constant per value (Criteo sample 135 -> 36 KB)."""
 
     def __init__(self, prefixes: list[str], kept: list[list[tuple[int, str]]]):
         # the base's (key, value dtype) only: the keys and IDs are built by initialize()
