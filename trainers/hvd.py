@@ -408,9 +408,9 @@ def _step_function(cfg: Config, model: tf.keras.Model, optimizer) -> Callable:
         Horovod 0.28.1's grouped_allreduce mis-pairs the IndexedSlices of a mixed list with the list's
         first tensors (AttributeError: no dense_shape) unless every IndexedSlices comes first."""
         grads = [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices) else g for g in grads]
-        out = list(grads)
         if groups is None:
             return [None if g is None else hvd.allreduce(g, op=hvd.Average) for g in grads]
+        out = list(grads)
         for sparse in (False, True):
             kind = [i for i, g in enumerate(grads) if g is not None and isinstance(g, tf.IndexedSlices) == sparse]
             for part in (kind[k::groups] for k in range(min(groups, len(kind)))):
