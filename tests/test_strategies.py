@@ -6,6 +6,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from trainers.evaluate import evaluate
 from trainers.options import RunOptions, TrainOptions
 from trainers.train import train
@@ -111,14 +113,33 @@ def test_horovod_two_ranks_rank0_writes_and_resumes(tmp_path, preprocessed, smal
     assert hvd_auc > 0.6 and abs(hvd_auc - local_auc) < 0.08, (hvd_auc, local_auc)
 
 
-def test_horovod_dense_sparse_gradients(tmp_path, preprocessed):
-    """Densified embedding gradients, accumulated over 2 micro-batches and exchanged in 2 grouped
-    allreduces (the other run: allgathered rows, one grouped exchange through the tape); every
-    Horovod run ends with its ranks' weights checked equal."""
+def test_auto_sparse_gradients_densify_only_tables_a_dense_allreduce_moves_less_of():
+    """sparse_gradients auto: per table, from static shapes (every rank decides alike)."""
+    import tensorflow as tf
+
+    from trainers.hvd import _exchange_dense
+
+    def auto(rows, width=16, ranks=2, batch=1024):
+        return _exchange_dense("auto", tf.TensorShape([rows, width]), ranks, batch)
+
+    # np=2: a ring allreduce moves rows x width per rank, the allgather up to min(rows, batch) x (width + 1)
+    assert auto(6) and auto(503) and auto(1_024) and auto(1_088)  # 1,088 x 16 = 1,024 x 17
+    assert not auto(1_089) and not auto(2_003) and not auto(50_000)
+    assert auto(4_000, ranks=8) and not auto(5_000, ranks=8)  # 2 x 4,352 x 16 = 8 x 1,024 x 17
+    assert not auto(1_000, batch=100) and auto(100, batch=100)
+    assert _exchange_dense("dense", tf.TensorShape([50_000, 16]), 2, 1_024)
+    assert not _exchange_dense("allgather", tf.TensorShape([6, 16]), 2, 1_024)
+
+
+@pytest.mark.parametrize("mode", ["dense", "auto"])
+def test_horovod_dense_sparse_gradients(tmp_path, preprocessed, mode):
+    """Densified embedding gradients (every table, or per table: auto), accumulated over 2 micro-batches
+    and exchanged in 2 grouped allreduces (the other run: allgathered rows, one grouped exchange
+    through the tape); every Horovod run ends with its ranks' weights checked equal."""
     import yaml
     from conftest import small_config_dict
     d = small_config_dict()
-    d["train"]["sparse_gradients"] = "dense"
+    d["train"]["sparse_gradients"] = mode
     d["train"]["gradient_groups"] = 2
     d["train"].setdefault("tuning", {})["grad_accum_steps"] = 2
     path = tmp_path / "dense.yaml"
@@ -128,7 +149,7 @@ def test_horovod_dense_sparse_gradients(tmp_path, preprocessed):
               say=lambda _: None)
     assert r.steps_done == 20
     state = __import__("json").load(open(tmp_path / "m" / "train_state.json"))
-    assert state["sparse_gradients"] == "dense" and state["gradient_groups"] == 2 and state["ranks"] == 2
+    assert state["sparse_gradients"] == mode and state["gradient_groups"] == 2 and state["ranks"] == 2
 
 
 def test_every_rank_gets_the_launchers_input_flags(tmp_path):

@@ -392,12 +392,27 @@ def _check_ranks_agree(model: tf.keras.Model, hvd) -> None:
                          f"{', '.join(f'{x:.9g}' for x in sums)}); the gradient exchange did not keep them in sync")
 
 
+def _exchange_dense(mode: str, shape: tf.TensorShape, ranks: int, batch_rows: int) -> bool:
+    """Whether a variable's IndexedSlices gradient is densified and allreduced rather than allgathered.
+    dense / allgather: every table alike. auto: per table, dense when a ring allreduce of the whole
+    table moves no more values than allgathering its rows would at most: a rank sends 2(n-1)/n x
+    rows x width values in the ring, and receives (n-1) x u x (width + 1) (rows and their IDs) in the
+    allgather, u <= min(rows, batch_rows) distinct rows per rank. Small tables go dense, large ones
+    stay sparse; the rule reads only static shapes, so every rank decides alike."""
+    if mode != "auto" or shape.rank != 2:
+        return mode == "dense"
+    rows, width = int(shape[0]), int(shape[1])
+    return 2 * rows * width <= ranks * min(rows, batch_rows) * (width + 1)
+
+
 def _step_function(cfg: Config, model: tf.keras.Model, optimizer) -> Callable:
     """One synchronous step: local gradients (accumulated over micro-batches if configured), one
-    exchange (allreduce; IndexedSlices allgathered unless train.sparse_gradients is dense), apply."""
+    exchange (allreduce; IndexedSlices allgathered or densified per train.sparse_gradients), apply."""
     import horovod.tensorflow as hvd
 
-    sparse_as_dense = cfg.train.sparse_gradients == "dense"
+    rows_per_rank = cfg.train.batch_size
+    as_dense = [_exchange_dense(cfg.train.sparse_gradients, v.shape, hvd.size(), rows_per_rank)
+                for v in model.trainable_variables]
     scaled = isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
     accum = cfg.train.tuning.grad_accum_steps
     groups = cfg.train.gradient_groups or None  # None: one collective per tensor
@@ -407,7 +422,8 @@ def _step_function(cfg: Config, model: tf.keras.Model, optimizer) -> Callable:
         kind (dense tensors, IndexedSlices), `groups` grouped ones. The kinds are grouped apart:
         Horovod 0.28.1's grouped_allreduce mis-pairs the IndexedSlices of a mixed list with the list's
         first tensors (AttributeError: no dense_shape) unless every IndexedSlices comes first."""
-        grads = [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices) else g for g in grads]
+        grads = [tf.convert_to_tensor(g) if dense and isinstance(g, tf.IndexedSlices) else g
+                 for g, dense in zip(grads, as_dense)]
         if groups is None:
             return [None if g is None else hvd.allreduce(g, op=hvd.Average) for g in grads]
         out = list(grads)

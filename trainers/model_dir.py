@@ -48,7 +48,7 @@ class TrainState:
     precision: str
     batch_size: int                     # per replica / rank
     ranks: int = 1                      # Horovod ranks (1 otherwise)
-    sparse_gradients: Optional[str] = None  # Horovod: allgather | dense
+    sparse_gradients: Optional[str] = None  # Horovod: auto | allgather | dense
     gradient_groups: Optional[int] = None   # Horovod: grouped collectives per step (0: one per tensor)
     data_dir: str = ""
     best_step: Optional[int] = None     # the checkpoint kept by validation (None: no validation split)
