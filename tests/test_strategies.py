@@ -133,9 +133,10 @@ def test_auto_sparse_gradients_densify_only_tables_a_dense_allreduce_moves_less_
 
 @pytest.mark.parametrize("mode", ["dense", "auto"])
 def test_horovod_dense_sparse_gradients(tmp_path, preprocessed, mode):
-    """Densified embedding gradients (every table, or per table: auto), accumulated over 2 micro-batches
-    and exchanged in 2 grouped allreduces (the other run: allgathered rows, one grouped exchange
-    through the tape); every Horovod run ends with its ranks' weights checked equal."""
+    """Densified embedding gradients (every table, or per table: auto, where the C tables of a few values go
+    dense and user_id's 1,000 rows are allgathered), accumulated over 2 micro-batches and exchanged in
+    2 grouped collectives per kind (the other runs: the default auto through the tape, one grouped
+    exchange); every Horovod run ends with its ranks' weights checked equal."""
     import yaml
     from conftest import small_config_dict
     d = small_config_dict()

@@ -410,9 +410,8 @@ def _step_function(cfg: Config, model: tf.keras.Model, optimizer) -> Callable:
     exchange (allreduce; IndexedSlices allgathered or densified per train.sparse_gradients), apply."""
     import horovod.tensorflow as hvd
 
-    rows_per_rank = cfg.train.batch_size
-    as_dense = [_exchange_dense(cfg.train.sparse_gradients, v.shape, hvd.size(), rows_per_rank)
-                for v in model.trainable_variables]
+    as_dense = [_exchange_dense(cfg.train.sparse_gradients, v.shape, hvd.size(), cfg.train.batch_size)
+                for v in model.trainable_variables]  # batch_size: rows per rank
     scaled = isinstance(optimizer, tf.keras.mixed_precision.LossScaleOptimizer)
     accum = cfg.train.tuning.grad_accum_steps
     groups = cfg.train.gradient_groups or None  # None: one collective per tensor
