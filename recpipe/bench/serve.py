@@ -18,6 +18,7 @@ import glob
 import http.client
 import json
 import os
+import shutil
 import threading
 import time
 from typing import Callable, Optional
@@ -245,9 +246,12 @@ def run_serve_bench(work: str, cfg_path: str, rows: int, steps: int, reps: int, 
         run_preprocess(cfg, log, pre, say=say)
     else:
         log, pre = data
-    train(TrainOptions(pre, os.path.join(work, "model"), cfg_path, run=RunOptions(steps=steps)), say=say)
-    export_model(os.path.join(work, "model"), os.path.join(work, "export"), version=1)
+    model, export = os.path.join(work, "model"), os.path.join(work, "export")
+    for done in (model, export):  # a rerun in the same workdir trains and exports afresh
+        shutil.rmtree(done, ignore_errors=True)
+    train(TrainOptions(pre, model, cfg_path, run=RunOptions(steps=steps)), say=say)
+    export_model(model, export, version=1)
     columns = sorted({f.column for f in [*cfg.column_sparse, *cfg.features.dense]})
     request_rows, _ = rest_rows(sorted(glob.glob(os.path.join(log, "*", "*.parquet")))[-1], columns, 64)
-    return bench_serve(os.path.join(work, "export"), cfg.name, request_rows, say, concurrencies=concurrencies,
+    return bench_serve(export, cfg.name, request_rows, say, concurrencies=concurrencies,
                        seconds=seconds, reps=reps)
