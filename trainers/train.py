@@ -124,6 +124,9 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
             model = build_model(cfg, artifact)
             model.compile(optimizer=optimizer_for(cfg), steps_per_execution=cfg.train.tuning.steps_per_execution)
             model(dummy_batch(cfg))  # create every variable, so restore checks them all
+            # and the optimizer's slots too: created inside the first step, they would make tf.function
+            # trace the train step twice (once creating them, once without)
+            model.optimizer.build(model.trainable_variables)
         ckpt, manager = model_dir.checkpoint(model)
         start = 0
         if manager.latest_checkpoint:
