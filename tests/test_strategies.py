@@ -122,11 +122,13 @@ def test_auto_sparse_gradients_densify_only_tables_a_dense_allreduce_moves_less_
     def auto(rows, width=16, ranks=2, batch=1024):
         return _exchange_dense("auto", tf.TensorShape([rows, width]), ranks, batch)
 
-    # np=2: a ring allreduce moves rows x width per rank, the allgather up to min(rows, batch) x (width + 1)
-    assert auto(6) and auto(503) and auto(1_024) and auto(1_088)  # 1,088 x 16 = 1,024 x 17
-    assert not auto(1_089) and not auto(2_003) and not auto(50_000)
-    assert auto(4_000, ranks=8) and not auto(5_000, ranks=8)  # 2 x 4,352 x 16 = 8 x 1,024 x 17
+    # np=2: a ring allreduce moves rows x width x 4 bytes per rank, the allgather up to min(rows, batch) rows
+    # of width x 4 bytes + an 8-byte ID
+    assert auto(6) and auto(503) and auto(1_024) and auto(1_152)  # 1,152 x 64 = 1,024 x 72
+    assert not auto(1_153) and not auto(2_003) and not auto(50_000)
+    assert auto(4_608, ranks=8) and not auto(4_609, ranks=8)  # 2/8 x 4,608 x 64 = 1,024 x 72
     assert not auto(1_000, batch=100) and auto(100, batch=100)
+    assert not auto(6, ranks=1) and not auto(50_000, ranks=1)  # one rank: 2 x rows x 64 > rows x 72
     assert _exchange_dense("dense", tf.TensorShape([50_000, 16]), 2, 1_024)
     assert not _exchange_dense("allgather", tf.TensorShape([6, 16]), 2, 1_024)
 
@@ -175,6 +177,25 @@ def test_advisor_traffic_model():
     assert ps < ar
 
 
+def test_advisor_counts_the_tables_auto_allreduces_whole():
+    """The advisor's Horovod bytes follow train.sparse_gradients: with auto, a small table goes whole into
+    the ring (as the trainer exchanges it) instead of N-1 ranks' rows into the allgather."""
+    from trainers.advisor import TableTraffic, Traffic, link_bytes
+    small, big = TableTraffic(500, 16, 400, 1_024), TableTraffic(1_000_000, 16, 1_000, 1_024)
+    t = Traffic(1_000, 500 * 16 + 1_000_000 * 16, 1_024, 1_400, 2_048, 1_400 * 72, 2_048 * 72, (small, big))
+    n = 512
+    auto, ps = link_bytes(t, n, 128, "auto")
+    assert auto == pytest.approx(2 * (n - 1) / n * (4_000 + 500 * 64) + (n - 1) * 1_000 * 72)
+    gathered, ps_too = link_bytes(t, n, 128, "allgather")
+    assert gathered == pytest.approx(2 * (n - 1) / n * 4_000 + (n - 1) * 1_400 * 72) and gathered > 1.3 * auto
+    assert ps == ps_too == pytest.approx(4 * (4_000 + 1_400 * 72))  # PS moves touched rows either way
+    dense, _ = link_bytes(t, n, 128, "dense")
+    assert dense == pytest.approx(2 * (n - 1) / n * (4_000 + (500 + 1_000_000) * 64))
+    assert link_bytes(t, n, 128, "auto", dedup=False)[0] == pytest.approx(
+        2 * (n - 1) / n * (4_000 + 500 * 64) + (n - 1) * 1_024 * 72)
+    assert t.dense_tables(n) == [True, False] and t.dense_tables(2, "allgather") == [False, False]
+
+
 def test_advise_probe_and_cli(tmp_path, preprocessed, small_cfg, small_cfg_path):
     import json
 
@@ -183,6 +204,7 @@ def test_advise_probe_and_cli(tmp_path, preprocessed, small_cfg, small_cfg_path)
     art = TransformArtifact.read(os.path.join(preprocessed[0], "transform"))
     advice = advise(small_cfg, art, preprocessed[0], workers=2, ps_tasks=2)
     assert advice.strategy in ("ps", "horovod") and advice.step_compute_s > 0 and advice.unique_rows_per_batch > 0
+    assert advice.sparse_gradients == "auto" and 0 < advice.dense_tables <= advice.tables == len(art.table_sizes())
     assert advice.sparse_params == sum(t * 8 for t in art.table_sizes().values())  # all dims are 8 here
     tiny = advise(small_cfg, art, preprocessed[0], workers=2, ps_tasks=2, worker_memory_bytes=1000)
     assert tiny.strategy == "ps" and "must be sharded" in tiny.reason

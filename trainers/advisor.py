@@ -4,8 +4,10 @@ Inputs: dense and sparse (embedding) parameter counts of the model built on the 
 time of a local training step; the embedding rows a batch touches, counted per table as the ID dedup
 sends them (unique IDs, float32 rows + int64 IDs). Per-step time of one worker, for N workers, M PS
 tasks and a link bandwidth B (full duplex: what a host sends and receives travel at once):
-  allreduce: compute + [2(N-1)/N x dense bytes (ring allreduce) + (N-1) x row bytes (allgather of the
-             other ranks' embedding gradients)] / B + overhead
+  allreduce: compute + [2(N-1)/N x ring-allreduced bytes + (N-1) x allgathered bytes] / B + overhead,
+             as train.sparse_gradients exchanges them: the dense gradients, and each embedding table
+             either whole (densified, ring-allreduced) or as its touched rows + IDs (allgathered);
+             `auto` picks per table by allreduces_table(), the rule the Horovod trainer itself runs
   PS:        compute + max(worker link: dense + row bytes, PS link: N/M x that) / B + overhead, where each
              direction carries one of pull (weights, looked-up rows) and push (their gradients).
 `overhead` is per-step time that is neither compute nor bytes over bandwidth: the CPU communication
@@ -28,7 +30,8 @@ from trainers.layers import ids_by_table
 from trainers.models import build_model, dummy_batch
 from trainers.optim import optimizer_for
 
-__all__ = ["Advice", "Overheads", "Traffic", "advise", "link_bytes", "predict", "step_times", "traffic"]
+__all__ = ["Advice", "Overheads", "TableTraffic", "Traffic", "advise", "allreduces_table", "link_bytes", "predict",
+           "step_times", "traffic"]
 
 BYTES = 4     # float32 parameters and gradients
 ID_BYTES = 8  # int64 row IDs travelling with sparse gradients
@@ -41,6 +44,28 @@ class Overheads:
     ps_s: float = 0.0
 
 
+def allreduces_table(rows: int, dim: int, workers: int, batch_rows: int) -> bool:
+    """`train.sparse_gradients: auto`, for one embedding table: its gradient is densified and
+    ring-allreduced when that puts no more bytes on a rank's link than allgathering its rows can:
+    2(N-1)/N x rows x dim x 4 against (N-1) x u x (dim x 4 + 8), u <= min(rows, batch_rows) distinct
+    rows per rank, each with its int64 ID. Compared divided by N-1, so it decides at N = 1 too. Static
+    shapes only: every rank decides alike. Small tables go dense, large ones stay sparse."""
+    return 2 / max(workers, 1) * rows * dim * BYTES <= min(rows, batch_rows) * (dim * BYTES + ID_BYTES)
+
+
+@dataclass(frozen=True)
+class TableTraffic:
+    """One embedding table and the rows a batch touches in it."""
+    rows: int
+    dim: int
+    unique: int        # distinct rows (what ID dedup sends)
+    occurrences: int   # every looked-up row
+
+    def row_bytes(self, dedup: bool = True) -> float:
+        """The touched rows as a sparse gradient: float32 rows + int64 IDs."""
+        return (self.unique if dedup else self.occurrences) * (self.dim * BYTES + ID_BYTES)
+
+
 @dataclass(frozen=True)
 class Traffic:
     """What one worker's step exchanges, from the model and a real batch."""
@@ -51,50 +76,73 @@ class Traffic:
     rows_occurrences: float     # every looked-up row (without dedup)
     row_bytes_unique: float     # float32 rows + int64 IDs
     row_bytes_occurrences: float
+    tables: tuple[TableTraffic, ...] = ()
 
     @property
     def dense_bytes(self) -> float:
         return self.dense_params * BYTES
+
+    def row_bytes(self, dedup: bool = True) -> float:
+        return self.row_bytes_unique if dedup else self.row_bytes_occurrences
+
+    def dense_tables(self, workers: int, sparse_gradients: str = "auto") -> list[bool]:
+        """Per table, whether Horovod at `workers` ranks densifies and allreduces its gradient."""
+        return [sparse_gradients == "dense" or (sparse_gradients == "auto" and
+                                                allreduces_table(t.rows, t.dim, workers, self.batch_size))
+                for t in self.tables]
+
+    def horovod_bytes(self, workers: int, sparse_gradients: str = "auto", dedup: bool = True) -> tuple[float, float]:
+        """(ring-allreduced, allgathered) bytes of one rank's step: the dense gradients and the
+        densified tables whole; the other tables' touched rows with their IDs."""
+        reduced, gathered = self.dense_bytes, 0.0
+        for t, dense in zip(self.tables, self.dense_tables(workers, sparse_gradients)):
+            if dense:
+                reduced += t.rows * t.dim * BYTES
+            else:
+                gathered += t.row_bytes(dedup)
+        return reduced, gathered
 
 
 def traffic(model: tf.keras.Model, batch: dict) -> Traffic:
     tables, features = model.embeddings.table_specs, model.embeddings.feature_specs
     sparse = sum(t["rows"] * t["dim"] for t in tables.values())
     total = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
-    unique = occurrences = unique_bytes = occurrence_bytes = 0.0
-    for table, named in ids_by_table(features, batch).items():
-        ids = np.concatenate([flat.numpy() for _, flat in named])
-        per_row = tables[table]["dim"] * BYTES + ID_BYTES
-        u = len(np.unique(ids))
-        unique, occurrences = unique + u, occurrences + len(ids)
-        unique_bytes, occurrence_bytes = unique_bytes + u * per_row, occurrence_bytes + len(ids) * per_row
-    return Traffic(total - sparse, sparse, int(next(iter(batch.values())).shape[0]), unique, occurrences,
-                   unique_bytes, occurrence_bytes)
+    ids = {table: np.concatenate([flat.numpy() for _, flat in named])
+           for table, named in ids_by_table(features, batch).items()}
+    per_table = tuple(TableTraffic(t["rows"], t["dim"], len(np.unique(ids[name])) if name in ids else 0,
+                                   len(ids.get(name, ()))) for name, t in tables.items())
+    return Traffic(total - sparse, sparse, int(next(iter(batch.values())).shape[0]),
+                   sum(t.unique for t in per_table), sum(t.occurrences for t in per_table),
+                   sum(t.row_bytes(True) for t in per_table), sum(t.row_bytes(False) for t in per_table), per_table)
 
 
-def link_bytes(dense_bytes: float, row_bytes: float, workers: int, ps_tasks: int) -> tuple[float, float]:
+def link_bytes(t: Traffic, workers: int, ps_tasks: int, sparse_gradients: str = "auto",
+               dedup: bool = True) -> tuple[float, float]:
     """(allreduce, PS) bytes one step puts on the busiest link in one direction."""
     n = max(workers, 1)
-    allreduce = 2 * (n - 1) / n * dense_bytes + (n - 1) * row_bytes
-    per_worker = dense_bytes + row_bytes  # pulled one way, pushed the other
+    reduced, gathered = t.horovod_bytes(n, sparse_gradients, dedup)
+    allreduce = 2 * (n - 1) / n * reduced + (n - 1) * gathered
+    per_worker = t.dense_bytes + t.row_bytes(dedup)  # pulled one way, pushed the other
     return allreduce, max(per_worker, n * per_worker / max(ps_tasks, 1))
 
 
-def step_times(step_s: float, dense_bytes: float, row_bytes: float, workers: int, ps_tasks: int,
-               bandwidth_bytes_per_s: float, overheads: Overheads = Overheads()) -> tuple[float, float]:
-    """(allreduce step seconds, PS step seconds) for one worker; row_bytes: the embedding-gradient rows
-    one worker's step touches, in bytes."""
-    allreduce, ps = link_bytes(dense_bytes, row_bytes, workers, ps_tasks)
+def step_times(step_s: float, t: Traffic, workers: int, ps_tasks: int, bandwidth_bytes_per_s: float,
+               overheads: Overheads = Overheads(), sparse_gradients: str = "auto",
+               dedup: bool = True) -> tuple[float, float]:
+    """(allreduce step seconds, PS step seconds) for one worker exchanging `t`."""
+    allreduce, ps = link_bytes(t, workers, ps_tasks, sparse_gradients, dedup)
     distributed = workers > 1
     return (step_s + (overheads.allreduce_s if distributed else 0.0) + allreduce / bandwidth_bytes_per_s,
             step_s + overheads.ps_s + ps / bandwidth_bytes_per_s)
 
 
-def predict(sparse: int, dense: int, unique_rows: float, dim: float, step_s: float, workers: int, ps_tasks: int,
-            bandwidth_gbps: float, overheads: Overheads = Overheads()) -> tuple[float, float]:
-    """(allreduce step seconds, PS step seconds) for one worker of this model."""
-    return step_times(step_s, dense * BYTES, unique_rows * (dim * BYTES + ID_BYTES), workers, ps_tasks,
-                      bandwidth_gbps * 1e9 / 8, overheads)
+def predict(sparse: int, dense: int, unique_rows: int, dim: int, step_s: float, workers: int, ps_tasks: int,
+            bandwidth_gbps: float, overheads: Overheads = Overheads(), batch_size: int = 1024,
+            sparse_gradients: str = "auto") -> tuple[float, float]:
+    """(allreduce step seconds, PS step seconds) for one worker of a model with one embedding table."""
+    table = TableTraffic(sparse // dim, dim, unique_rows, unique_rows)
+    t = Traffic(dense, sparse, batch_size, unique_rows, unique_rows, table.row_bytes(), table.row_bytes(), (table,))
+    return step_times(step_s, t, workers, ps_tasks, bandwidth_gbps * 1e9 / 8, overheads, sparse_gradients)
 
 
 @dataclass
@@ -114,6 +162,9 @@ class Advice:
     allreduce_step_s: float
     ps_step_s: float
     overheads: dict
+    sparse_gradients: str      # train.sparse_gradients, how Horovod exchanges the embedding gradients
+    dense_tables: int          # of `tables`, those Horovod at `workers` ranks allreduces whole
+    tables: int
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -128,6 +179,8 @@ class Advice:
             f"advise: measured local step {self.step_compute_s * 1000:.1f} ms, "
             f"{self.unique_rows_per_batch:,.0f} unique embedding rows per batch "
             f"({self.row_bytes_per_batch / 2**20:.2f} MB with their IDs)",
+            f"advise: Horovod (sparse_gradients {self.sparse_gradients}) allreduces {self.dense_tables} of "
+            f"{self.tables} embedding tables whole at {self.workers} workers and allgathers the others' rows",
             f"advise: predicted step with {self.workers} workers at {self.bandwidth_gbps:g} Gbit/s: "
             f"allreduce {self.allreduce_step_s * 1000:.1f} ms, PS ({self.ps_tasks} PS) {self.ps_step_s * 1000:.1f} ms"
             + calibrated,
@@ -156,11 +209,12 @@ def advise(cfg, artifact, data_dir: str, workers: int = 8, ps_tasks: int = 2, ba
     model(dummy_batch(cfg))
     step, batch = probe_step(model, cfg, data_dir)
     t = traffic(model, batch)
-    row_bytes = t.row_bytes_unique if cfg.train.tuning.dedup_ids else t.row_bytes_occurrences
+    dedup, mode = cfg.train.tuning.dedup_ids, cfg.train.sparse_gradients
+    row_bytes = t.row_bytes(dedup)
     if worker_memory_bytes is None:
         worker_memory_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
     replica = (t.sparse_params + t.dense_params) * BYTES * 3  # weights + optimizer slots + gradients, roughly
-    t_ar, t_ps = step_times(step, t.dense_bytes, row_bytes, workers, ps_tasks, bandwidth_gbps * 1e9 / 8, overheads)
+    t_ar, t_ps = step_times(step, t, workers, ps_tasks, bandwidth_gbps * 1e9 / 8, overheads, mode, dedup)
     if replica > worker_memory_bytes:
         strategy = "ps"
         reason = (f"a full replica needs ~{replica / 2**30:.1f} GiB, over the {worker_memory_bytes / 2**30:.1f} GiB "
@@ -175,4 +229,5 @@ def advise(cfg, artifact, data_dir: str, workers: int = 8, ps_tasks: int = 2, ba
                   f"({t_ar * 1000:.1f} vs {t_ps * 1000:.1f} ms) and keeps every worker in step")
     unique = t.rows_unique if cfg.train.tuning.dedup_ids else t.rows_occurrences
     return Advice(strategy, reason, t.sparse_params, t.dense_params, unique, row_bytes, step, workers, ps_tasks,
-                  bandwidth_gbps, replica, int(worker_memory_bytes), t_ar, t_ps, asdict(overheads))
+                  bandwidth_gbps, replica, int(worker_memory_bytes), t_ar, t_ps, asdict(overheads), mode,
+                  sum(t.dense_tables(workers, mode)), len(t.tables))

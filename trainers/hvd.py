@@ -33,6 +33,7 @@ import tensorflow as tf
 from features.artifact import TransformArtifact
 from features.config import Config
 from features.preprocessed import PreprocessedData
+from trainers.advisor import allreduces_table
 from trainers.data import make_dataset, synthetic_dataset
 from trainers.errors import TrainError
 from trainers.gradients import accumulated_gradients
@@ -393,16 +394,12 @@ def _check_ranks_agree(model: tf.keras.Model, hvd) -> None:
 
 
 def _exchange_dense(mode: str, shape: tf.TensorShape, ranks: int, batch_rows: int) -> bool:
-    """Whether a variable's IndexedSlices gradient is densified and allreduced rather than allgathered.
-    dense / allgather: every table alike. auto: per table, dense when a ring allreduce of the whole
-    table moves no more values than allgathering its rows would at most: a rank sends 2(n-1)/n x
-    rows x width values in the ring, and receives (n-1) x u x (width + 1) (rows and their IDs) in the
-    allgather, u <= min(rows, batch_rows) distinct rows per rank. Small tables go dense, large ones
-    stay sparse; the rule reads only static shapes, so every rank decides alike."""
+    """Whether a variable's IndexedSlices gradient is densified and allreduced rather than allgathered:
+    dense / allgather: every table alike; auto: per table, by the advisor's byte model
+    (trainers.advisor.allreduces_table), so `recpipe advise` predicts the exchange this runs."""
     if mode != "auto" or shape.rank != 2:
         return mode == "dense"
-    rows, width = int(shape[0]), int(shape[1])
-    return 2 * rows * width <= ranks * min(rows, batch_rows) * (width + 1)
+    return allreduces_table(int(shape[0]), int(shape[1]), ranks, batch_rows)
 
 
 def _step_function(cfg: Config, model: tf.keras.Model, optimizer) -> Callable:

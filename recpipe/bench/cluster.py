@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import yaml
@@ -138,10 +138,9 @@ def bench_cluster(o: ClusterBenchOptions, work: str, cfg_path: str, say: Callabl
     with open(cfg, "w") as fh:
         yaml.safe_dump(base, fh)
     data = preprocess_once(cfg, generate_once(o.rows, os.path.join(work, "log")), os.path.join(work, "pre"))
-    x = traffic_inputs(data, cfg)
-    batch = x["batch_size"]
-    dense_bytes, row_bytes = x["dense_params"] * 4, x["row_bytes_unique"]
-    allreduce_bytes, ps_bytes = link_bytes(dense_bytes, row_bytes, 2, 2)
+    t = traffic_inputs(data, cfg)
+    batch, mode = t.batch_size, base["train"].get("sparse_gradients", "auto")
+    allreduce_bytes, ps_bytes = link_bytes(t, 2, 2, mode)
     link = {"ps": ps_bytes, "horovod": allreduce_bytes}
     compute_s = _compute_probe(data, cfg, work)
     names = [r or "unshaped" for r in o.rates]
@@ -160,20 +159,32 @@ def bench_cluster(o: ClusterBenchOptions, work: str, cfg_path: str, say: Callabl
     for name in names[1:]:
         for s, pick in (("horovod", 0), ("ps", 1)):
             m = measured[name][s]
-            advise = step_times(compute_s, dense_bytes, row_bytes, 2, 2, m["goodput"])[pick]
-            calibrated = step_times(compute_s, dense_bytes, row_bytes, 2, 2, m["goodput"], over)[pick]
+            advise = step_times(compute_s, t, 2, 2, m["goodput"], sparse_gradients=mode)[pick]
+            calibrated = step_times(compute_s, t, 2, 2, m["goodput"], over, mode)[pick]
             predictions[f"{s}_{name}"] = {"measured_step_s": m["step_s"], "bytes_only_s": link[s] / m["goodput"],
                                           "advise_uncalibrated_s": advise, "calibrated_s": calibrated,
                                           "advise_uncalibrated_error": abs(advise - m["step_s"]) / m["step_s"],
                                           "calibrated_error": abs(calibrated - m["step_s"]) / m["step_s"]}
             ratios[f"cluster_{s}_prediction_error_{name}"] = predictions[f"{s}_{name}"]["calibrated_error"]
     return {"suite": "cluster", "quick": o.quick, "rows": o.rows, "steps": o.steps, "reps": o.reps,
-            "traffic": x, "link_bytes_per_step": link, "measured": measured,
+            "traffic": {**asdict(t), "sparse_gradients": mode, "horovod_bytes": t.horovod_bytes(2, mode)},
+            "link_bytes_per_step": link, "measured": measured,
             "calibration": {"overheads": {"allreduce_s": over.allreduce_s, "ps_s": over.ps_s},
                             "compute_probe_s": compute_s,
                             "note": "per-step seconds beyond the advisor's local compute probe and bytes over "
                                     "bandwidth, measured on the unshaped link"},
             "predictions": predictions, "ratios": ratios}
+
+
+def _horovod_split(x: dict) -> str:
+    """What a Horovod link carries, from the suite's traffic record (older records: every row allgathered)."""
+    if "horovod_bytes" not in x:
+        return (f"ring allreduce of {x['dense_params']:,} dense parameters + allgather of "
+                f"{x['row_bytes_unique'] / 2**20:.2f} MB of embedding rows")
+    reduced, gathered = x["horovod_bytes"]
+    return (f"ring allreduce of {reduced / 2**20:.2f} MB: the dense gradients and the embedding tables "
+            f"`sparse_gradients: {x['sparse_gradients']}` sends whole; allgather of {gathered / 2**20:.2f} MB "
+            f"of the other tables' rows")
 
 
 def markdown(r: dict) -> str:
@@ -187,8 +198,7 @@ def markdown(r: dict) -> str:
     lines = [f"# Cluster benchmark (network namespaces; median of {r['reps']} runs, {r['steps']} steps"
              f"{', QUICK' if r['quick'] else ''})", "",
              f"Per step and worker: {r['link_bytes_per_step']['horovod'] / 2**20:.2f} MB on each Horovod link "
-             f"(ring allreduce of {r['traffic']['dense_params']:,} dense parameters + allgather of "
-             f"{r['traffic']['row_bytes_unique'] / 2**20:.2f} MB of embedding rows), "
+             f"({_horovod_split(r['traffic'])}), "
              f"{r['link_bytes_per_step']['ps'] / 2**20:.2f} MB each way on a PS link.", "",
              "| link | goodput Mbit/s | PS step ms | Horovod step ms |", "|---|---|---|---|",
              *[f"| {n} | {v['ps']['goodput'] * 8 / 1e6:,.0f} | {v['ps']['step_s'] * 1000:,.0f} | "

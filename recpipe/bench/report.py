@@ -102,9 +102,11 @@ def _why(key: str, found: dict) -> str:
         one, two = 1000 * b / med("horovod_np1"), 1000 * 2 * b / med("horovod_np2")
         v = t["scale_out"]["validation"]
         x = t["scale_out"]["inputs"]
+        split = v.get("horovod_bytes_2", {"allreduced": x["dense_params"] * 4, "allgathered": x["row_bytes_unique"]})
         text = (f"one rank steps in {one:.0f} ms, each of two ranks in {two:.0f} ms. The bytes exchanged per step "
-                f"({x['row_bytes_unique'] / 2**20:.2f} MB of embedding rows allgathered, "
-                f"{x['dense_params'] * 4 / 2**20:.1f} MB of dense gradients allreduced) take about "
+                f"({split['allgathered'] / 2**20:.2f} MB of embedding rows allgathered, "
+                f"{split['allreduced'] / 2**20:.1f} MB allreduced: dense gradients and any table sent whole) "
+                f"take about "
                 f"{(1 / v['horovod_scaling_2']['predicted'] - 1) * one:.1f} ms at loopback's measured "
                 f"{v['loopback_gbps']:.0f} Gbit/s (the scale-out model predicts {v['horovod_scaling_2']['predicted']:.2f}), "
                 f"so bandwidth is not the loss.")

@@ -7,7 +7,8 @@ Inputs (all measured here, except the network bandwidth, which is stated):
   - embedding rows a step touches, per table, with ID dedup (unique IDs) and without (every
     occurrence), read from a real batch of the shards; times the row width;
   - the per-step traffic formulas of trainers.advisor.step_times (ring allreduce 2(N-1)/N x dense
-    bytes + allgather of (N-1) ranks' embedding rows; PS pull + push of dense + touched rows, the
+    bytes and the tables train.sparse_gradients densifies at N + allgather of (N-1) ranks' rows of
+    the other tables; PS pull + push of dense + touched rows, the
     PS links shared by N workers over M = max(2, N/4) PS tasks); no overlap of compute and traffic.
 Validated against the measured 1 -> 2 runs on this box, with loopback's measured bandwidth.
 """
@@ -21,7 +22,7 @@ from typing import Callable
 
 from features.config import load_config
 from features.preprocessed import PreprocessedData
-from trainers.advisor import step_times, traffic
+from trainers.advisor import Traffic, step_times, traffic
 from trainers.data import make_dataset
 from trainers.models import build_model, dummy_batch
 
@@ -55,33 +56,34 @@ def loopback_gbps(megabytes: int = 256) -> float:
     return megabytes * 8 * (1 << 20) / secs / 1e9
 
 
-def traffic_inputs(data_dir: str, cfg_path: str) -> dict:
-    """Parameter counts and embedding rows touched per batch (with and without dedup)."""
+def traffic_inputs(data_dir: str, cfg_path: str) -> Traffic:
+    """Parameter counts and embedding rows touched per batch and table (with and without dedup)."""
     cfg = load_config(cfg_path)
     model = build_model(cfg, PreprocessedData(data_dir).transform())
     model(dummy_batch(cfg))
     batch = next(iter(make_dataset(cfg, data_dir, "train", cfg.train.batch_size, training=True)))
-    return dataclasses.asdict(traffic(model, batch))
+    return traffic(model, batch)
 
 
-def _step_times(t_c: float, dense_bytes: float, row_bytes: float, n: int, m: int, bw_bytes: float) -> dict:
-    allreduce, ps = step_times(t_c, dense_bytes, row_bytes, n, m, bw_bytes)
+def _step_times(t_c: float, x: Traffic, n: int, m: int, bw_bytes: float, mode: str, dedup: bool = True) -> dict:
+    allreduce, ps = step_times(t_c, x, n, m, bw_bytes, sparse_gradients=mode, dedup=dedup)
     return {"allreduce": allreduce, "ps": ps}
 
 
 def scale_out_report(data_dir: str, cfg_path: str, runs: dict, bandwidth_gbps: float,
                      say: Callable[[str], None]) -> dict:
-    x = traffic_inputs(data_dir, cfg_path)
-    b = x["batch_size"]
+    t = traffic_inputs(data_dir, cfg_path)
+    mode = load_config(cfg_path).train.sparse_gradients
+    x = dataclasses.asdict(t)
+    b = t.batch_size
     t_c = b / runs["horovod_np1"]["examples_per_s"]["median"]
-    dense_bytes = x["dense_params"] * 4
     bw = bandwidth_gbps * 1e9 / 8
     rows = []
     for n in WORKERS:
         m = max(2, n // 4)
-        dedup = _step_times(t_c, dense_bytes, x["row_bytes_unique"], n, m, bw)
-        nodedup = _step_times(t_c, dense_bytes, x["row_bytes_occurrences"], n, m, bw)
-        rows.append({"workers": n, "ps_tasks": m,
+        dedup = _step_times(t_c, t, n, m, bw, mode)
+        nodedup = _step_times(t_c, t, n, m, bw, mode, dedup=False)
+        rows.append({"workers": n, "ps_tasks": m, "dense_tables": sum(t.dense_tables(n, mode)),
                      "allreduce_ex_per_s": n * b / dedup["allreduce"], "allreduce_efficiency": t_c / dedup["allreduce"],
                      "ps_ex_per_s": n * b / dedup["ps"], "ps_efficiency": t_c / dedup["ps"],
                      "ps_no_dedup_ex_per_s": n * b / nodedup["ps"],
@@ -89,22 +91,28 @@ def scale_out_report(data_dir: str, cfg_path: str, runs: dict, bandwidth_gbps: f
                      "winner": "ps" if dedup["ps"] < dedup["allreduce"] else "allreduce"})
     # Validation: N=2 on this box's loopback, against the measured runs.
     lo = loopback_gbps()
-    two = _step_times(t_c, dense_bytes, x["row_bytes_unique"], 2, 2, lo * 1e9 / 8)
+    two = _step_times(t_c, t, 2, 2, lo * 1e9 / 8, mode)
+    reduced, gathered = t.horovod_bytes(2, mode)
     predicted_hvd = t_c / two["allreduce"]
     predicted_ps = (2 * b / two["ps"]) / runs["local_threads2"]["examples_per_s"]["median"]
     measured_hvd = runs["horovod_np2"]["examples_per_s"]["median"] / (2 * runs["horovod_np1"]["examples_per_s"]["median"])
     measured_ps = runs["ps_2w_2ps"]["examples_per_s"]["median"] / runs["local_threads2"]["examples_per_s"]["median"]
-    validation = {"loopback_gbps": lo, "horovod_scaling_2": {"predicted": predicted_hvd, "measured": measured_hvd},
+    validation = {"loopback_gbps": lo, "horovod_bytes_2": {"allreduced": reduced, "allgathered": gathered},
+                  "horovod_scaling_2": {"predicted": predicted_hvd, "measured": measured_hvd},
                   "ps_vs_local": {"predicted": predicted_ps, "measured": measured_ps}}
     md = "\n".join([
         f"Inputs: step compute {t_c * 1000:.1f} ms for {b} rows (Horovod np=1, 1 thread); dense parameters "
-        f"{x['dense_params']:,} ({dense_bytes / 2**20:.1f} MB); embedding parameters {x['sparse_params']:,}; "
+        f"{x['dense_params']:,} ({t.dense_bytes / 2**20:.1f} MB); embedding parameters {x['sparse_params']:,}; "
         f"rows touched per batch {x['rows_unique']:,.0f} unique vs {x['rows_occurrences']:,.0f} occurrences "
         f"({x['row_bytes_unique'] / 2**20:.2f} vs {x['row_bytes_occurrences'] / 2**20:.2f} MB with indices); "
-        f"network {bandwidth_gbps:g} Gbit/s per worker and per PS task (stated).", "",
-        "| workers | PS tasks | allreduce ex/s | eff. | PS ex/s | eff. | PS ex/s without ID dedup | winner |",
-        "|---|---|---|---|---|---|---|---|",
-        *[f"| {r['workers']} | {r['ps_tasks']} | {r['allreduce_ex_per_s']:,.0f} | {r['allreduce_efficiency']:.0%} | "
+        f"network {bandwidth_gbps:g} Gbit/s per worker and per PS task (stated). Horovod exchanges the embedding "
+        f"gradients as `train.sparse_gradients: {mode}` does: the tables it allreduces whole at N workers "
+        f"(of {len(t.tables)}) are counted whole, the others' touched rows allgathered.", "",
+        "| workers | PS tasks | tables allreduced whole | allreduce ex/s | eff. | PS ex/s | eff. | "
+        "PS ex/s without ID dedup | winner |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *[f"| {r['workers']} | {r['ps_tasks']} | {r['dense_tables']} | {r['allreduce_ex_per_s']:,.0f} | "
+          f"{r['allreduce_efficiency']:.0%} | "
           f"{r['ps_ex_per_s']:,.0f} | {r['ps_efficiency']:.0%} | {r['ps_no_dedup_ex_per_s']:,.0f} | {r['winner']} |"
           for r in rows], "",
         f"Validation on this box (loopback measured at {lo:.1f} Gbit/s): Horovod 1->2 scaling predicted "
