@@ -70,6 +70,15 @@ def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):
                                str(out)], check=True, capture_output=True, text=True).stdout
     assert "preprocess_beam_vs_duckdb" in compared and " same" in compared
     print(f"bench --quick took {elapsed:.0f} s")
+    # a rerun in the same workdir reuses its logs and preprocessed data but trains and exports afresh (the
+    # suites that write model dirs and export versions; each failed with 'version 1 already exists')
+    for suite in ("serve", "export"):
+        subprocess.run([sys.executable, "-m", "recpipe.cli", "bench", suite, "--quick", "--out",
+                        str(tmp_path / "rerun"), "--workdir", str(tmp_path / "work")], check=True, capture_output=True,
+                       text=True)
+    from recpipe.bench.lifecycle_memory import bench_memory_growth
+    again = bench_memory_growth(str(tmp_path / "work" / "lifecycle"), lambda _: None, quick=True)
+    assert [d["item_table_rows"] for d in again["runs"]["evict"]] == [d["item_table_rows"] for d in memory["evict"]]
 
 
 def _check_cluster(out, tmp_path):

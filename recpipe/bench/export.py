@@ -15,6 +15,7 @@ export_{bf16,int8}_qps_vs_fp32, export_{bf16,int8}_auc_delta_abs: the worst of t
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import time
@@ -58,6 +59,8 @@ def measure_qps(fn, requests: list[dict], seconds: float) -> float:
 def _one_log(work: str, name: str, cfg_path: str, data: str, steps: Optional[int], reps: int,
              seconds: float, options: list[str], say: Callable[[str], None]) -> dict:
     model_dir, export_base = os.path.join(work, name, "model"), os.path.join(work, name, "export")
+    for done in (model_dir, export_base):  # a rerun in the same workdir trains and exports afresh
+        shutil.rmtree(done, ignore_errors=True)
     say(f"bench export: {name}: training")
     train(TrainOptions(data, model_dir, cfg_path, run=RunOptions(steps=steps) if steps else RunOptions()),
           say=lambda _: None)

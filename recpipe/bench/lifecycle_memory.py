@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 from typing import Callable
 
 import numpy as np
@@ -60,7 +61,8 @@ def table_mb(artifact: TransformArtifact) -> float:
 
 def _run(work: str, name: str, log: str, cfg: dict, days: list[str], say: Callable[[str], None]) -> list[dict]:
     root = os.path.join(work, name)
-    os.makedirs(root, exist_ok=True)
+    shutil.rmtree(root, ignore_errors=True)  # a rerun in the same workdir preprocesses and trains afresh
+    os.makedirs(root)
     cfg_path = os.path.join(root, "config.yaml")
     with open(cfg_path, "w") as fh:
         yaml.safe_dump(cfg, fh)
