@@ -23,6 +23,7 @@ from typing import Callable
 
 import yaml
 
+from features.config import load_config
 from features.errors import RecpipeError
 from recpipe.bench.common import CLI, generate_once, preprocess_once, summary
 from recpipe.bench.scaleout import traffic_inputs
@@ -139,7 +140,7 @@ def bench_cluster(o: ClusterBenchOptions, work: str, cfg_path: str, say: Callabl
         yaml.safe_dump(base, fh)
     data = preprocess_once(cfg, generate_once(o.rows, os.path.join(work, "log")), os.path.join(work, "pre"))
     t = traffic_inputs(data, cfg)
-    batch, mode = t.batch_size, base["train"].get("sparse_gradients", "auto")
+    batch, mode = t.batch_size, load_config(cfg).train.sparse_gradients
     allreduce_bytes, ps_bytes = link_bytes(t, 2, 2, mode)
     link = {"ps": ps_bytes, "horovod": allreduce_bytes}
     compute_s = _compute_probe(data, cfg, work)

@@ -65,8 +65,8 @@ def traffic_inputs(data_dir: str, cfg_path: str) -> Traffic:
     return traffic(model, batch)
 
 
-def _step_times(t_c: float, x: Traffic, n: int, m: int, bw_bytes: float, mode: str, dedup: bool = True) -> dict:
-    allreduce, ps = step_times(t_c, x, n, m, bw_bytes, sparse_gradients=mode, dedup=dedup)
+def _step_times(t_c: float, t: Traffic, n: int, m: int, bw_bytes: float, mode: str, dedup: bool = True) -> dict:
+    allreduce, ps = step_times(t_c, t, n, m, bw_bytes, sparse_gradients=mode, dedup=dedup)
     return {"allreduce": allreduce, "ps": ps}
 
 
