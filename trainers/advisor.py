@@ -227,7 +227,7 @@ def advise(cfg, artifact, data_dir: str, workers: int = 8, ps_tasks: int = 2, ba
         strategy = "horovod"
         reason = (f"dense-heavy or small: synchronous ring-allreduce is cheaper per step "
                   f"({t_ar * 1000:.1f} vs {t_ps * 1000:.1f} ms) and keeps every worker in step")
-    unique = t.rows_unique if cfg.train.tuning.dedup_ids else t.rows_occurrences
+    unique = t.rows_unique if dedup else t.rows_occurrences
     return Advice(strategy, reason, t.sparse_params, t.dense_params, unique, row_bytes, step, workers, ps_tasks,
                   bandwidth_gbps, replica, int(worker_memory_bytes), t_ar, t_ps, asdict(overheads), mode,
                   sum(t.dense_tables(workers, mode)), len(t.tables))
