@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from recpipe.bench.targets import SUITES, TARGETS
 from recpipe.netns import netns_available
 
@@ -164,3 +166,43 @@ def test_plain_horovod_peer_exchanges_gradients_at_two_ranks(tmp_path, preproces
     runs.run_planned()  # raises when the ranks end with different weights
     got = runs.results["plain_horovod_np2"]
     assert got["examples_per_s"]["median"] > 0 and 0.0 < got["eval_auc"]["median"] < 1.0
+
+
+def test_serve_bench_client_reads_each_response_by_its_content_length():
+    """The serve bench's keep-alive load client: responses arriving a byte at a time or two in one read,
+    header names in any case, each read whole and nothing more; no Content-Length is an error."""
+    import socket
+    import threading
+
+    from recpipe.bench.serve import _KeepAlive
+
+    replies = [b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+               b"HTTP/1.1 400 Bad Request\r\ncontent-length: 2\r\n\r\n{}HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+               b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"]
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = srv.accept()
+        with conn:
+            conn.recv(1 << 16)
+            for i in range(len(replies[0])):  # a byte at a time
+                conn.sendall(replies[0][i:i + 1])
+            conn.recv(1 << 16)
+            conn.sendall(replies[1])  # two whole responses in one send
+            conn.recv(1 << 16)
+            conn.sendall(replies[2])
+            while conn.recv(1 << 16):  # until the client closes (its last request may come with the third)
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = _KeepAlive(srv.getsockname()[1], b"POST /x HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    try:
+        assert client.call() == 200 and client.buf == b""
+        assert client.call() == 400 and client.buf.startswith(b"HTTP/1.1 200")
+        assert client.call() == 200 and client.buf == b""  # the second response, already read
+        with pytest.raises(RuntimeError, match="without Content-Length"):
+            client.call()
+    finally:
+        client.close()
+        srv.close()
