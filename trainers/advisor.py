@@ -44,12 +44,15 @@ class Overheads:
     ps_s: float = 0.0
 
 
-def allreduces_table(rows: int, dim: int, workers: int, batch_rows: int) -> bool:
-    """`train.sparse_gradients: auto`, for one embedding table: its gradient is densified and
-    ring-allreduced when that puts no more bytes on a rank's link than allgathering its rows can:
-    2(N-1)/N x rows x dim x 4 against (N-1) x u x (dim x 4 + 8), u <= min(rows, batch_rows) distinct
-    rows per rank, each with its int64 ID. Compared divided by N-1, so it decides at N = 1 too. Static
-    shapes only: every rank decides alike. Small tables go dense, large ones stay sparse."""
+def allreduces_table(rows: int, dim: int, workers: int, batch_rows: int, sparse_gradients: str = "auto") -> bool:
+    """Whether Horovod densifies one embedding table's gradient and ring-allreduces it rather than
+    allgathering its rows, under `train.sparse_gradients`: dense / allgather: every table alike; auto:
+    when that puts no more bytes on a rank's link than allgathering its rows can: 2(N-1)/N x rows x
+    dim x 4 against (N-1) x u x (dim x 4 + 8), u <= min(rows, batch_rows) distinct rows per rank, each
+    with its int64 ID. Compared divided by N-1, so it decides at N = 1 too. Static shapes only: every
+    rank decides alike. Small tables go dense, large ones stay sparse."""
+    if sparse_gradients != "auto":
+        return sparse_gradients == "dense"
     return 2 / max(workers, 1) * rows * dim * BYTES <= min(rows, batch_rows) * (dim * BYTES + ID_BYTES)
 
 
@@ -87,9 +90,7 @@ class Traffic:
 
     def dense_tables(self, workers: int, sparse_gradients: str = "auto") -> list[bool]:
         """Per table, whether Horovod at `workers` ranks densifies and allreduces its gradient."""
-        return [sparse_gradients == "dense" or (sparse_gradients == "auto" and
-                                                allreduces_table(t.rows, t.dim, workers, self.batch_size))
-                for t in self.tables]
+        return [allreduces_table(t.rows, t.dim, workers, self.batch_size, sparse_gradients) for t in self.tables]
 
     def horovod_bytes(self, workers: int, sparse_gradients: str = "auto", dedup: bool = True) -> tuple[float, float]:
         """(ring-allreduced, allgathered) bytes of one rank's step: the dense gradients and the

@@ -395,11 +395,11 @@ def _check_ranks_agree(model: tf.keras.Model, hvd) -> None:
 
 def _exchange_dense(mode: str, shape: tf.TensorShape, ranks: int, batch_rows: int) -> bool:
     """Whether a variable's IndexedSlices gradient is densified and allreduced rather than allgathered:
-    dense / allgather: every table alike; auto: per table, by the advisor's byte model
-    (trainers.advisor.allreduces_table), so `recpipe advise` predicts the exchange this runs."""
-    if mode != "auto" or shape.rank != 2:
+    the advisor's rule (trainers.advisor.allreduces_table), so `recpipe advise` predicts the exchange
+    this runs."""
+    if shape.rank != 2:
         return mode == "dense"
-    return allreduces_table(int(shape[0]), int(shape[1]), ranks, batch_rows)
+    return allreduces_table(int(shape[0]), int(shape[1]), ranks, batch_rows, mode)
 
 
 def _step_function(cfg: Config, model: tf.keras.Model, optimizer) -> Callable:
