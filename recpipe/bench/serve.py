@@ -127,7 +127,7 @@ def _http_caller(port: int, path: str, body: bytes) -> Callable[[], None]:
             conn = local.conn = _KeepAlive(port, request)
         try:
             status = conn.call()
-        except (OSError, RuntimeError):
+        except (OSError, RuntimeError, ValueError):  # ValueError: a status or length that is not a number
             conn.close()
             local.conn = None  # reconnect next time; the failure is counted by the caller
             raise
