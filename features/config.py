@@ -112,6 +112,10 @@ class ModelSpec:
     # (multivalent ones too, e.g. genres), taken from the candidate's first row when candidates are enumerated
     candidate_features: list[str] = field(default_factory=list)
     tower_layers: list[int] = field(default_factory=lambda: [64, 32])
+    # retrieval: the single-valued sparse feature naming the user, whose earlier clicks evaluation uses
+    # ("already seen", co-occurrence, users with history); it need not be a tower input. Default: the
+    # first query feature, when it is a single-valued sparse feature
+    query_key: Optional[str] = None
     # ranking: add a wide (linear) logit to DCN-v2/DLRM's (one weight per ID + a linear term on the dense
     # features, as in Wide & Deep): the memorisation small logs reward
     wide: bool = False
@@ -499,6 +503,9 @@ def _validate(cfg: Config) -> Config:
                 raise ConfigError(f"model.candidate_features[0]: {name!r} must be single-valued: the first "
                                   f"candidate feature is the candidate's ID (list item attributes such as genres "
                                   f"after it)")
+        if m.query_key is not None and (sparse.get(m.query_key) is None or sparse[m.query_key].multivalent):
+            raise ConfigError(f"model.query_key: {m.query_key!r} must be a single-valued sparse feature "
+                              f"(the user's ID)")
         overlap = sorted(set(m.query_features) & set(m.candidate_features))
         if overlap:
             raise ConfigError(f"model.candidate_features: {overlap} also listed in model.query_features")
@@ -513,8 +520,8 @@ def _validate(cfg: Config) -> Config:
         if m.logq_correction and (first is None or cfg.table_owner(first).vocab is None):
             raise ConfigError(f"model.logq_correction: needs candidate frequencies: the first candidate feature "
                               f"({m.candidate_features[0]!r}) must have a vocab (the counts come from it)")
-    elif m.query_features or m.candidate_features:
-        raise ConfigError("model.query_features: only retrieval models have towers")
+    elif m.query_features or m.candidate_features or m.query_key:
+        raise ConfigError("model.query_features: only retrieval models have towers and a query key")
     elif m.temperature is not None or m.logq_correction or m.uniform_negatives or m.remove_accidental_hits:
         raise ConfigError("model.temperature: temperature, logq_correction, uniform_negatives and "
                           "remove_accidental_hits are for retrieval models")

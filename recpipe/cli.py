@@ -106,7 +106,7 @@ def cmd_instacart(a) -> None:
 
 def cmd_movielens(a) -> None:
     from pipeline.movielens import movielens_to_parquet
-    movielens_to_parquet(a.out, a.cache, say=_say)
+    movielens_to_parquet(a.out, a.cache, say=_say, history=a.history)
 
 
 def cmd_preprocess(a, extra: list[str]) -> None:
@@ -289,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                      "them with user and movie attributes as a Parquet log")
     ml.add_argument("--out", required=True)
     ml.add_argument("--cache", default=None, help="download cache (default: $RECPIPE_DATA_CACHE or ~/.cache/recpipe)")
+    ml.add_argument("--history", type=int, default=None, metavar="N",
+                    help="each rating's hist_items: the user's last N movies rated before it (default: "
+                         "pipeline.movielens.HISTORY, chosen on validation)")
     ml.set_defaults(fn=cmd_movielens)
 
     pp = sub.add_parser("preprocess", help="Beam job: click logs -> transform artifact + training shards",

@@ -46,6 +46,9 @@ def _with(mutate):
     (lambda d: d["model"].update(task="retrieval", type="two_tower", query_features=["user_id", "item_id"],
                                  candidate_features=["item_id"]), "also listed in model.query_features"),
     (lambda d: d["model"].update(query_features=["user_id"]), "model.query_features: only retrieval models"),
+    (lambda d: d["model"].update(task="retrieval", type="two_tower", query_features=["user_id"],
+                                 candidate_features=["item_id"], query_key="hist"),
+     "model.query_key: 'hist' must be a single-valued sparse feature"),
     (lambda d: d["features"]["sparse"][0].update(separator=","), "features.sparse[0].separator: only multivalent"),
     (lambda d: d["features"]["sparse"][1]["vocab"].update(oov_buckets=0), "features.sparse[1].vocab.oov_buckets: must be > 0"),
 ])

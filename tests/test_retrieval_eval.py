@@ -204,6 +204,13 @@ def test_the_real_movielens_ratings_are_fetched_into_a_cache_with_user_and_movie
     t = pq.read_table(movielens_to_parquet(str(tmp_path / "log")))
     assert t.num_rows == 100_000 and len(pc.unique(t["user_id"])) == 943 and len(pc.unique(t["item_id"])) == 1682
     assert t.column("genres").type == pa.list_(pa.string()) and t.column("genres").null_count == 0
+    # each rating logs the user's last 10 movies rated at an earlier second: never itself or a later one
+    from pipeline.movielens import HISTORY
+    rows = t.select(["user_id", "item_id", "timestamp", "hist_items"]).to_pylist()
+    when = {(r["user_id"], r["item_id"]): r["timestamp"] for r in rows}
+    assert max(len(r["hist_items"]) for r in rows) == HISTORY == 10
+    assert all(when[(r["user_id"], h)] < r["timestamp"] for r in rows for h in r["hist_items"])
+    assert sum(not r["hist_items"] for r in rows) >= 943  # each user's first rating has none
     assert pc.all(pc.equal(t["label"], pc.cast(pc.greater_equal(t["rating"], 4), pa.int64()))).as_py()
     ts = t["timestamp"].to_numpy()
     assert (np.diff(ts) >= 0).all()  # in time order
@@ -212,3 +219,51 @@ def test_the_real_movielens_ratings_are_fetched_into_a_cache_with_user_and_movie
     res = run_preprocess(load_config(repo_configs() / "movielens_retrieval.yaml"), str(tmp_path / "log"),
                          str(tmp_path / "pre"), IN_MEMORY, say=lambda _: None)
     assert res.rows_dead == 0 and res.rows_eval == 10_000 and res.rows_validation == 9_000
+
+
+def test_history_cooccurrence_scores_candidates_co_clicked_with_the_rows_logged_history(tmp_path):
+    """A query feature listing what the row's user had before (sharing the candidate's table) gives the
+    item-to-item baseline: new users (OOV keys: no train clicks, so user co-occurrence is popularity) are
+    ranked by what was co-clicked with their history; an OOV history item names no candidate."""
+    from trainers.candidates import history_feature, query_key_feature
+    from trainers.scoring import baselines
+    rows = [("u1", "a", []), ("u1", "b", ["a"]), ("u2", "a", []), ("u2", "b", ["a"]), ("u3", "a", []),
+            ("u3", "c", ["a"]), ("u4", "c", []), ("u4", "d", ["c"]), ("u5", "c", []), ("u5", "d", ["c"]),
+            ("u6", "b", ["z", "a"]), ("u7", "c", ["d"])]  # the last two: eval, users never seen in train
+    (tmp_path / "log").mkdir()
+    pq.write_table(pa.table({"user": [r[0] for r in rows], "item": [r[1] for r in rows],
+                             "hist": pa.array([r[2] for r in rows], pa.list_(pa.string())),
+                             "label": [1] * len(rows)}), tmp_path / "log" / "part.parquet")
+    d = {"name": "history", "split": {"eval_fraction": 0.17}, "label": {"column": "label"},
+         "features": {"sparse": [
+             {"name": "user", "column": "user", "vocab": {"min_count": 1}, "embedding_dim": 4},
+             {"name": "item", "column": "item", "vocab": {"min_count": 1}, "embedding_dim": 4},
+             {"name": "hist", "column": "hist", "multivalent": True, "share_embedding_with": "item"}]},
+         # the user is the query key, not a tower input
+         "model": {"task": "retrieval", "type": "two_tower", "query_features": ["hist"], "query_key": "user",
+                   "candidate_features": ["item"], "tower_layers": [4]},
+         "train": {"batch_size": 4, "steps": 1}}
+    cfg = parse_config(d)
+    assert history_feature(cfg) == "hist" and query_key_feature(cfg) == "user"
+    res = run_preprocess(cfg, str(tmp_path / "log"), str(tmp_path / "pre"), IN_MEMORY, say=lambda _: None)
+    assert (res.rows_train, res.rows_eval) == (10, 2)
+    b = baselines(cfg, str(tmp_path / "pre"), "eval", ks=(1,))
+    assert b["most_popular"]["without_history"]["examples"] == 2  # both eval users are new
+    # train clicks: a 3, c 3, b 2, d 2; b was co-clicked with a twice, c with d twice: each eval row's
+    # candidate comes first by history, and after a tie or a more popular item by popularity
+    assert b["history_cooccurrence"]["recall_at_1"] == 1.0
+    assert b["most_popular"]["recall_at_1"] == b["cooccurrence"]["recall_at_1"] == 0.0
+    # without a history feature (or with one that lists another table's IDs) there is no such baseline
+    d["model"]["query_features"] = ["user"]
+    assert history_feature(parse_config(d)) is None and query_key_feature(parse_config(d)) == "user"
+    assert "history_cooccurrence" not in baselines(parse_config(d), str(tmp_path / "pre"), "eval", ks=(1,))
+
+
+def test_a_movielens_rating_logs_the_users_earlier_movies_most_recent_first():
+    from pipeline.movielens import recent_items
+    users, items, seconds = ["a", "a", "b", "a", "a", "a", "b"], [1, 2, 3, 4, 5, 6, 7], [1, 1, 1, 2, 3, 3, 9]
+    # a's 1 and 2 share a second: neither sees the other; 5 and 6 likewise; b's rows see only b's
+    assert recent_items(users, items, seconds, 2) == [[], [], [], [2, 1], [4, 2], [4, 2], [3]]
+    assert recent_items(users, items, seconds, 5)[4] == [4, 2, 1]
+    with pytest.raises(ValueError, match="at least one item"):
+        recent_items(users, items, seconds, 0)

@@ -2,8 +2,9 @@
 
 A candidate is an ID of the first candidate feature; its other candidate features (item-side
 attributes, multivalent ones too, e.g. genres) are taken from its first row in the data. The query
-key (whose history "already seen" and co-occurrence use) is the first query feature, when it is a
-single-valued sparse feature (e.g. user_id).
+key (whose history "already seen" and co-occurrence use) is model.query_key, else the first query
+feature when it is a single-valued sparse feature (e.g. user_id). A row's logged history is the first multivalent query
+feature that shares the first candidate feature's table (e.g. `hist` sharing item_id's): candidates.
 """
 from __future__ import annotations
 
@@ -20,13 +21,25 @@ from features.preprocessed import PreprocessedData
 from trainers.data import make_dataset
 from trainers.metrics import rank_of_true
 
-__all__ = ["Candidates", "Clicks", "read_clicks", "ranks", "has_history", "query_key_feature"]
+__all__ = ["Candidates", "Clicks", "read_clicks", "ranks", "has_history", "query_key_feature", "history_feature"]
 
 
 def query_key_feature(cfg: Config) -> Optional[str]:
+    if cfg.model.query_key is not None:
+        return cfg.model.query_key
     first = cfg.model.query_features[0]
     f = cfg.sparse_by_name.get(first)
     return first if f is not None and not f.multivalent else None
+
+
+def history_feature(cfg: Config) -> Optional[str]:
+    """The query feature that lists candidates the row's user had before it, if any."""
+    owner = cfg.table_owner(cfg.sparse_by_name[cfg.model.candidate_features[0]]).name
+    for name in cfg.model.query_features:
+        f = cfg.sparse_by_name.get(name)
+        if f is not None and f.multivalent and cfg.table_owner(f).name == owner:
+            return name
+    return None
 
 
 @dataclass
@@ -53,9 +66,11 @@ class Candidates:
 @dataclass
 class Clicks:
     """Clicked rows of some splits: candidate index per row, and the query key per row (or None; -1 for
-    an OOV key, which stands for many users and so has no history of its own)."""
+    an OOV key, which stands for many users and so has no history of its own); with a history feature
+    (history_feature), `history`: rows x candidates, how often each candidate is in the row's history."""
     candidate: np.ndarray
     query: Optional[np.ndarray]
+    history: Optional[sp.csr_matrix] = None
 
     def matrix(self, n_queries: int, n_candidates: int) -> sp.csr_matrix:
         """Binary query x candidate matrix of these clicks."""
@@ -70,17 +85,16 @@ def read_clicks(cfg: Config, data_dir: str, splits: tuple[str, ...], batch_size:
                 ) -> tuple[Candidates, dict[str, Clicks]]:
     """Every candidate in `splits` (attributes from its first row), and each split's clicked rows."""
     names = list(cfg.model.candidate_features)
-    key = query_key_feature(cfg)
+    key, listed = query_key_feature(cfg), history_feature(cfg)
     data = PreprocessedData(data_dir)
-    known_keys = None  # query key IDs below this are known values; the OOV buckets above are not users
-    if key is not None and cfg.table_owner(cfg.sparse_by_name[key]).vocab is not None:
-        known_keys = len(data.transform().vocabularies[cfg.table_owner(cfg.sparse_by_name[key]).name])
+    known_keys = _known_values(cfg, data, key)  # IDs below it are values; the OOV buckets above are not users
+    known_listed = _known_values(cfg, data, listed)  # nor items the history can name
     first_rows: dict[str, list] = {n: [] for n in names}
     first_ids: list[np.ndarray] = []
-    raw: dict[str, tuple[list, list]] = {}
+    raw: dict[str, tuple[list, list, list]] = {}
     seen: set = set()
     for split in splits:
-        cand, query = [], []
+        cand, query, history = [], [], []
         for b in (make_dataset(cfg, data_dir, split, batch_size, training=False) if data.shard_files(split) else []):
             ids = b[names[0]].numpy()
             new, where = np.unique(ids, return_index=True)
@@ -99,18 +113,43 @@ def read_clicks(cfg: Config, data_dir: str, splits: tuple[str, ...], batch_size:
             cand.append(ids[clicked])
             if key is not None:
                 query.append(b[key].numpy()[clicked])
-        raw[split] = (cand, query)
+            if listed is not None:
+                history.append(tf.ragged.boolean_mask(b[listed], clicked))
+        raw[split] = (cand, query, history)
     all_ids = np.concatenate(first_ids) if first_ids else np.zeros(0, np.int64)
     order = np.argsort(all_ids, kind="stable")
     candidates = Candidates(all_ids[order], {n: [first_rows[n][i] for i in order] for n in names})
     clicks = {}
-    for split, (cand, query) in raw.items():
+    for split, (cand, query, history) in raw.items():
         c = np.concatenate(cand) if cand else np.zeros(0, np.int64)
         q = (np.concatenate(query) if query else np.zeros(0, np.int64)) if key is not None else None
         if q is not None and known_keys is not None:
             q = np.where(q < known_keys, q, -1)
-        clicks[split] = Clicks(candidates.index_of(c), q)
+        h = _history_matrix(candidates, history, len(c), known_listed) if listed is not None else None
+        clicks[split] = Clicks(candidates.index_of(c), q, h)
     return candidates, clicks
+
+
+def _known_values(cfg: Config, data: PreprocessedData, name: Optional[str]) -> Optional[int]:
+    """IDs of feature `name` below this are vocabulary values, the rest OOV buckets (None: no vocab)."""
+    if name is None or cfg.table_owner(cfg.sparse_by_name[name]).vocab is None:
+        return None
+    return len(data.transform().vocabularies[cfg.table_owner(cfg.sparse_by_name[name]).name])
+
+
+def _history_matrix(candidates: Candidates, parts: list[tf.RaggedTensor], rows: int,
+                    known_values: Optional[int]) -> sp.csr_matrix:
+    """rows x candidates: how often each candidate is in each row's history (OOV IDs, which stand for
+    many items, and IDs that are no candidate dropped)."""
+    ids = np.concatenate([p.flat_values.numpy() for p in parts]) if parts else np.zeros(0, np.int64)
+    row = np.concatenate([p.value_rowids().numpy() + offset for p, offset in
+                          zip(parts, np.cumsum([0, *(int(p.nrows()) for p in parts)]))]) if parts else ids
+    where = np.minimum(candidates.index_of(ids), max(len(candidates.ids) - 1, 0))
+    known = (candidates.ids[where] == ids) if len(candidates.ids) else np.zeros(len(ids), bool)
+    if known_values is not None:
+        known &= ids < known_values
+    return sp.csr_matrix((np.ones(int(known.sum()), np.float32), (row[known], where[known])),
+                         shape=(rows, len(candidates.ids)))
 
 
 def _known(seen: sp.csr_matrix, queries: np.ndarray) -> np.ndarray:

@@ -162,12 +162,12 @@ def _rank_metrics(ranks: np.ndarray, ks: tuple[int, ...]) -> dict:
 
 
 def _scored(score_rows, clicks: Clicks, seen: sp.csr_matrix | None, ks: tuple[int, ...], chunk: int = 1024) -> dict:
-    """Rank metrics of a scorer (rows of query keys -> [n, candidates] scores) on `clicks`, plain and,
-    with `seen`, with each query's already-clicked candidates removed."""
+    """Rank metrics of a scorer (a slice of `clicks`' rows -> [rows, candidates] scores) on `clicks`,
+    plain and, with `seen`, with each query's already-clicked candidates removed."""
     plain, excluded, history = [], [], []
     for c in _chunks(len(clicks.candidate), chunk):
         queries = clicks.query[c] if clicks.query is not None else None
-        scores = score_rows(queries, c.stop - c.start)
+        scores = score_rows(c)
         plain.append(ranks(scores, clicks.candidate[c]))
         if seen is not None:
             excluded.append(ranks(scores, clicks.candidate[c], seen, queries))
@@ -190,8 +190,10 @@ def baselines(cfg: Config, data_dir: str, split: str = "eval", batch_size: int =
     the reference); retrieval: most-popular candidates (clicks in train) and, with a query key,
     co-occurrence ("bought together": candidates scored by how many train queries clicked both them
     and one of this query's train candidates; popularity breaks ties, and ranks alone for a query
-    without history), each also with the query's
-    already-clicked candidates removed (`seen_excluded`)."""
+    without history) and, with a history feature (trainers.candidates.history_feature: what the row's
+    user had just before it, which the model sees too), history co-occurrence (item-to-item: the same
+    counts with the candidates in the row's history, each candidate's sum divided by the square root of
+    its popularity), each also with the query's already-clicked candidates removed (`seen_excluded`)."""
     if cfg.model.task != "retrieval":
         train = list(make_dataset(cfg, data_dir, "train", batch_size, training=False))
         rate = float(np.concatenate([b[LABEL_KEY].numpy() for b in train]).mean())
@@ -203,7 +205,8 @@ def baselines(cfg: Config, data_dir: str, split: str = "eval", batch_size: int =
     n = len(candidates.ids)
     popularity = np.bincount(clicks["train"].candidate, minlength=n).astype(np.float64)
     seen = _seen(clicks, split)
-    out = {"most_popular": _scored(lambda q, rows: np.broadcast_to(popularity, (rows, n)), clicks[split], seen, ks)}
+    scored = clicks[split]
+    out = {"most_popular": _scored(lambda c: np.broadcast_to(popularity, (c.stop - c.start, n)), scored, seen, ks)}
     if clicks["train"].query is not None:
         n_queries = seen.shape[0]
         user_item = clicks["train"].matrix(n_queries, n)
@@ -211,10 +214,15 @@ def baselines(cfg: Config, data_dir: str, split: str = "eval", batch_size: int =
         together.setdiag(0)
         tie = popularity / (popularity.max() + 1.0)  # < 1: orders only candidates of equal co-occurrence
 
-        def cooccurrence(q, rows):
+        def cooccurrence(c):
+            q = scored.query[c]
             known = q >= 0  # an OOV key has no history: popularity alone
-            scores = np.broadcast_to(tie, (rows, n)).copy()
+            scores = np.broadcast_to(tie, (len(q), n)).copy()
             scores[known] += (user_item[q[known]] @ together).toarray()
             return scores
-        out["cooccurrence"] = _scored(cooccurrence, clicks[split], seen, ks)
+        out["cooccurrence"] = _scored(cooccurrence, scored, seen, ks)
+        if scored.history is not None:
+            weight = 1.0 / np.sqrt(np.maximum(popularity, 1.0))
+            out["history_cooccurrence"] = _scored(
+                lambda c: tie + (scored.history[c] @ together).toarray() * weight, scored, seen, ks)
     return out

@@ -185,13 +185,17 @@ def _why(key: str, found: dict) -> str:
     if name in retrieval:
         r = retrieval[name]
         t = r["two_tower"]
+        logged = "history_cooccurrence" in r  # the config's query tower reads a logged history
         return (f"two towers reach recall@10 {t['recall_at_10_mean']:.4f} ± {t['recall_at_10_sd']:.4f}, popularity "
                 f"{r['most_popular']['recall_at_10']:.4f} and co-occurrence {r['cooccurrence']['recall_at_10']:.4f} "
-                f"on the same {r['examples']:,} eval clicks; on the {r['new_examples']:,} clicks of candidates new to "
-                f"the user, {t['new_recall_at_10_mean']:.4f} against {r['most_popular']['new_recall_at_10']:.4f}. "
+                + (f"(over the row's logged history {r['history_cooccurrence']['recall_at_10']:.4f}) "
+                   if logged else "")
+                + f"on the same {r['examples']:,} eval clicks; on the {r['new_examples']:,} clicks of candidates new "
+                f"to the user, {t['new_recall_at_10_mean']:.4f} against {r['most_popular']['new_recall_at_10']:.4f}. "
                 + (f"Only {r['history_examples']:,} of the {r['examples']:,} eval clicks come from users who clicked "
-                   f"anything before the eval split; the rest are cold-start users, whom the query tower knows by "
-                   f"their attributes alone. On the users with history, two towers reach "
+                   f"anything before the eval split; the rest are users new to the model, whom the query tower knows "
+                   f"by their attributes{' and logged history' if logged else ' alone'}. On the users with history, "
+                   f"two towers reach "
                    f"{t['history_recall_at_10_mean']:.4f} ± {t['history_recall_at_10_sd']:.4f} against popularity's "
                    f"{r['most_popular']['history_recall_at_10']:.4f} and co-occurrence's "
                    f"{r['cooccurrence']['history_recall_at_10']:.4f}."
