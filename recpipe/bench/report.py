@@ -180,6 +180,18 @@ def _why(key: str, found: dict) -> str:
                 f"reads and validations of the log (analysis, then transform: memory stays bounded as the log "
                 f"grows), TensorFlow's FarmHash for the OOV tokens, and encoding the record batches. DuckDB runs "
                 f"everything in C++ on both cores; the DirectRunner runs one Python thread.")
+    ranking = found.get("quality", {}).get("ranking", {})
+    log, _, peer = key[len("quality_"):].partition("_margin_over_spread_vs_")
+    if peer and log in ranking:
+        models = ranking[log]
+        b = models["sklearn_logistic" if peer == "sklearn_lr" else peer]
+        d = models["default"]
+        aucs = ", ".join(f"{r['auc']:.4f}" for r in d["runs"])
+        behind = sum(r["auc"] < b["auc_mean"] for r in d["runs"])
+        return (f"the default's eval AUC per seed is {aucs} (mean {d['auc_mean']:.4f} ± {d['auc_sd']:.4f}) against "
+                f"{b['auc_mean']:.4f} ± {b['auc_sd']:.4f} for the baseline: a margin of "
+                f"{d['auc_mean'] - b['auc_mean']:+.4f} on the mean, smaller than the seeds' spread, and {behind} of "
+                f"the {len(d['runs'])} seeds below the baseline.")
     retrieval = found.get("quality", {}).get("retrieval", {})
     name = key[len("quality_"):-len("_recall10_vs_popularity")] if key.endswith("_recall10_vs_popularity") else ""
     if name in retrieval:
