@@ -3,8 +3,8 @@
 A candidate is an ID of the first candidate feature; its other candidate features (item-side
 attributes, multivalent ones too, e.g. genres) are taken from its first row in the data. The query
 key (whose history "already seen" and co-occurrence use) is model.query_key, else the first query
-feature when it is a single-valued sparse feature (e.g. user_id). A row's logged history is the first multivalent query
-feature that shares the first candidate feature's table (e.g. `hist` sharing item_id's): candidates.
+feature when it is a single-valued sparse feature (e.g. user_id). A row's logged history is the first
+multivalent query feature in the first candidate feature's table (e.g. `hist` sharing item_id's).
 """
 from __future__ import annotations
 

@@ -190,8 +190,8 @@ def baselines(cfg: Config, data_dir: str, split: str = "eval", batch_size: int =
     the reference); retrieval: most-popular candidates (clicks in train) and, with a query key,
     co-occurrence ("bought together": candidates scored by how many train queries clicked both them
     and one of this query's train candidates; popularity breaks ties, and ranks alone for a query
-    without history) and, with a history feature (trainers.candidates.history_feature: what the row's
-    user had just before it, which the model sees too), history co-occurrence (item-to-item: the same
+    without history) and, with a history feature too (trainers.candidates.history_feature: what the
+    row's user had just before it, which the model sees too), history co-occurrence (item-to-item: the same
     counts with the candidates in the row's history, each candidate's sum divided by the square root of
     its popularity), each also with the query's already-clicked candidates removed (`seen_excluded`)."""
     if cfg.model.task != "retrieval":
