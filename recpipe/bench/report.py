@@ -236,10 +236,12 @@ def _why(key: str, found: dict) -> str:
         if all("auc_se" in d for d in life["drift_evict"] + life["stable_evict"]):
             se = [(a["auc_se"] ** 2 + b["auc_se"] ** 2) ** 0.5
                   for a, b in zip(life["stable_evict"], life["drift_evict"])]
+            noise = max(abs(g) / x for g, x in zip(gaps, se))
             text += (f"Each day's AUC is measured on about {life['drift_evict'][-1]['eval_examples']:,} eval rows, so "
                      f"the difference of two runs' AUCs has a standard error (Hanley & McNeil) of "
                      + ", ".join(f"{x:.4f}" for x in se) + " per day: a 0.01 band is about "
-                     f"{0.01 / max(se):.1f} of those, within measurement noise. ")
+                     f"{0.01 / max(se):.1f} of those, and the largest gap {noise:.1f} of its day's"
+                     + (", within measurement noise. " if noise < 2 else ": more than measurement noise. "))
         if "drift_no_evict" in life:
             keep = [b["auc"] - a["auc"] for a, b in zip(life["drift_no_evict"], life["drift_evict"])]
             text += ("The same DAG without eviction on the same drifting log differs from the evicting one by "
