@@ -35,6 +35,11 @@ def _meets(key: str, value: float) -> bool:
     return value >= target if op == ">=" else value <= target
 
 
+def _fmt(value: float) -> str:
+    """A ratio with four decimals below 1 (a gap of 0.0104 against a 0.01 target shows), three above."""
+    return f"{value:.4f}" if abs(value) < 1 else f"{value:.3f}"
+
+
 def write_report(out_dir: str) -> str:
     """bench/results/REPORT.md (+ PNG plots) from the suite results in out_dir."""
     found = _load_results(out_dir)
@@ -59,17 +64,17 @@ def write_report(out_dir: str) -> str:
             mark = "yes" if _meets(key, ratios[key]) else "**no**: see below"
             when = f"{r['machine'].get('date', '')}{' (quick)' if r.get('quick') else ''}{_isa(r['machine'])}" \
                 if r else ""
-            lines.append(f"| {key} | {ratios[key]:.3f} | {op} {target:g} | {mark} | {when} |")
+            lines.append(f"| {key} | {_fmt(ratios[key])} | {op} {target:g} | {mark} | {when} |")
         else:
             lines.append(f"| {key} | not run | {op} {target:g} | | |")
     missed = [k for k in TARGETS if k in ratios and not _meets(k, ratios[k])]
     if missed:
         lines += ["", "## Targets missed, and why", ""]
-        lines += [f"- **{k}** = {ratios[k]:.3f}: {_why(k, found)}" for k in missed]
+        lines += [f"- **{k}** = {_fmt(ratios[k])}: {_why(k, found)}" for k in missed]
     other = {k: v for k, v in ratios.items() if k not in TARGETS}
     if other:
         lines += ["", "## Other ratios", "", "| ratio | value |", "|---|---|",
-                  *[f"| {k} | {v:.3f} |" for k, v in sorted(other.items())]]
+                  *[f"| {k} | {_fmt(v)} |" for k, v in sorted(other.items())]]
     if plots:
         lines += ["", "## Plots", "", *[f"![{title}]({name})" for title, name in plots]]
     lines += ["", "Suite reports: " + ", ".join(f"[{s}.md]({s}.md)" for s in found), "",
