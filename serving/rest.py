@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import re
+import threading
 import time
 from http import HTTPStatus
 from typing import Any, Callable, Iterable
@@ -323,9 +324,22 @@ class RestServer(TcpWSGIServer):
     def serve_forever(self) -> None:
         self.run()
 
-    def shutdown(self) -> None:
-        self.task_dispatcher.shutdown(timeout=5)
-        self.close()
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop the workers, then close every socket from the loop's own thread: a socket closed by another
+        thread under the loop's select() makes it fail (EBADF) and the loop thread die with a traceback.
+        With no loop running (never started, or already ended), close here."""
+        self.task_dispatcher.shutdown(timeout=timeout_s)
+        closed = threading.Event()
+
+        def close_all() -> None:
+            for dispatcher in list(self._map.values()):
+                if dispatcher is not self and dispatcher is not self.trigger:
+                    dispatcher.handle_close()
+            self.close()  # the listening socket and the trigger: the map is empty, the loop returns
+            closed.set()
+        self.trigger.pull_trigger(close_all)
+        if not closed.wait(timeout_s):
+            self.close()
 
     def server_close(self) -> None:
         pass

@@ -210,7 +210,8 @@ def test_4_slow_clients_hold_no_thread_and_are_cut_off(exported, small_log, smal
     server = make_rest_server(registry, Predictor(metrics), metrics, "127.0.0.1", 0, threads=2,
                               request_deadline_s=1.5, max_connections=50)
     import threading
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    loop = threading.Thread(target=server.serve_forever, daemon=True)
+    loop.start()
     port = server.server_address[1]
     try:
         slow = []
@@ -220,13 +221,22 @@ def test_4_slow_clients_hold_no_thread_and_are_cut_off(exported, small_log, smal
             slow.append(s)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         conn.request("GET", "/healthz")
-        assert conn.getresponse().status == 200  # served while the slow ones hang
+        response = conn.getresponse()
+        assert response.status == 200  # served while the slow ones hang
+        response.read()
         time.sleep(4.5)  # past the deadline and a maintenance pass
         for s in slow:
             s.settimeout(5)
             assert s.recv(1) == b""  # the server closed it
-    finally:
+        # shutdown closes the idle keep-alive connection too, from the loop's own thread, and the loop ends
         server.shutdown()
+        loop.join(10)
+        assert not loop.is_alive()
+        conn.sock.settimeout(5)
+        assert conn.sock.recv(1) == b""
+    finally:
+        if loop.is_alive():
+            server.shutdown()
         registry.stop()
 
 
