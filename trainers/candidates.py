@@ -87,8 +87,9 @@ def read_clicks(cfg: Config, data_dir: str, splits: tuple[str, ...], batch_size:
     names = list(cfg.model.candidate_features)
     key, listed = query_key_feature(cfg), history_feature(cfg)
     data = PreprocessedData(data_dir)
-    known_keys = _known_values(cfg, data, key)  # IDs below it are values; the OOV buckets above are not users
-    known_listed = _known_values(cfg, data, listed)  # nor items the history can name
+    vocabularies = data.transform().vocabularies if key is not None or listed is not None else {}
+    known_keys = _known_values(cfg, vocabularies, key)  # IDs below it are values; the OOV buckets above are no users
+    known_listed = _known_values(cfg, vocabularies, listed)  # nor items the history can name
     first_rows: dict[str, list] = {n: [] for n in names}
     first_ids: list[np.ndarray] = []
     raw: dict[str, tuple[list, list, list]] = {}
@@ -130,11 +131,11 @@ def read_clicks(cfg: Config, data_dir: str, splits: tuple[str, ...], batch_size:
     return candidates, clicks
 
 
-def _known_values(cfg: Config, data: PreprocessedData, name: Optional[str]) -> Optional[int]:
+def _known_values(cfg: Config, vocabularies: dict, name: Optional[str]) -> Optional[int]:
     """IDs of feature `name` below this are vocabulary values, the rest OOV buckets (None: no vocab)."""
     if name is None or cfg.table_owner(cfg.sparse_by_name[name]).vocab is None:
         return None
-    return len(data.transform().vocabularies[cfg.table_owner(cfg.sparse_by_name[name]).name])
+    return len(vocabularies[cfg.table_owner(cfg.sparse_by_name[name]).name])
 
 
 def _history_matrix(candidates: Candidates, parts: list[tf.RaggedTensor], rows: int,
