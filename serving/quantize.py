@@ -1,17 +1,26 @@
 """Smaller served models: a trained model's weights stored as bfloat16 or int8 in the export.
 
-`quantize_model(model, embedding_dtype, dense_dtype)` swaps, in place, every Keras `Embedding`
-table and every `Dense` layer of a trained model for a layer that keeps its weights in the smaller
-dtype and dequantizes them to float32 when called, so the SavedModel stores (and the server holds)
-1 or 2 bytes per weight instead of 4. The model's own code runs unchanged around them, which is why
-the export's skew check — the served graph against this same model on the Beam job's records —
-stays exact: both sides read the same quantized weights.
+`quantize_model(model, embedding_dtype, dense_dtype)` swaps, in place, every SparseEmbeddings layer
+(trainers.layers: the model's embedding tables) and every `Dense` layer of a trained model for a
+layer that keeps its weights in the smaller dtype and dequantizes them to float32 when called, so
+the SavedModel stores (and the server holds) 1 or 2 bytes per weight instead of 4. The model's own
+code runs unchanged around them, which is why the export's skew check — the served graph against
+this same model on the Beam job's records — stays exact: both sides read the same quantized weights.
+
+A SparseEmbeddings layer's tables of one width are packed into one store (`PackedTables`: one codes
+variable, one scales variable; each table a row range of it), and its single-valued features are
+looked up together: one gather per store for the whole request instead of a gather, a cast and a
+scale per table. Criteo's 26 tables and 26 one-wide wide-logit tables were 104 variables, and the
+graph that saved, restored and read them one by one took more of the SavedModel than the int8
+weights; serving ran a few ops per table per request. Every lookup checks its IDs against their own
+table's rows, so an out-of-range ID fails (naming the layer) instead of reading a neighbouring table.
 
 int8 rules (symmetric, zero maps to zero):
 - an embedding table of width >= MIN_ROW_WIDTH has one scale per row (max |row| / 127), stored as
   bfloat16 and rounded up before the codes are computed, so a code never exceeds 127 and the stored
   scale is exactly the one used; narrower tables (the one-wide tables of logistic regression and
-  of a wide logit) share one float32 scale per table, since a per-row scale would cost more than the row;
+  of a wide logit) have one float32 scale per table (a constant of the graph), since a per-row
+  scale would cost more than the row;
 - a Dense kernel has one float32 scale per output column (TFLite's dynamic-range weight
   quantization), applied to the matmul's output; biases stay float32.
 bfloat16 keeps the top 16 bits of each float32 weight (round to nearest even).
@@ -24,8 +33,9 @@ import numpy as np
 import tensorflow as tf
 
 from serving.version import WEIGHT_DTYPES
+from trainers.layers import SparseEmbeddings, flat_ids, pooled_features
 
-__all__ = ["MIN_ROW_WIDTH", "quantize_int8", "quantize_model", "QuantizedEmbedding",
+__all__ = ["MIN_ROW_WIDTH", "quantize_int8", "quantize_model", "PackedTables", "PackedEmbeddings",
            "QuantizedDense"]
 
 MIN_ROW_WIDTH = 4
@@ -54,38 +64,88 @@ def quantize_int8(w: np.ndarray, axis: int | None, bf16_scale: bool = False) -> 
     return codes, scale
 
 
-def _dequantized(codes, scale):
-    values = tf.cast(codes, tf.float32)
-    return values if scale is None else values * tf.cast(scale, tf.float32)
+class PackedTables(tf.Module):
+    """Embedding tables of one width stored in bfloat16 or int8, stacked into one codes variable
+    [rows, width] (`offsets[k]`: table k's first row). int8 scales: tables of width >= MIN_ROW_WIDTH
+    one bfloat16 per row, a scales variable [rows, 1]; narrower tables one float32 per table
+    (`table_scales`, constants of the graph)."""
 
-
-class QuantizedEmbedding(tf.keras.layers.Layer):
-    """An Embedding table kept in bfloat16 or int8 (+ scales); lookups return float32 rows."""
-
-    def __init__(self, table: np.ndarray, dtype_name: str, **kwargs):
-        super().__init__(dtype="float32", **kwargs)
-        self.weight_dtype, self.rows, self.width = dtype_name, int(table.shape[0]), int(table.shape[1])
+    def __init__(self, tables: list[np.ndarray], dtype_name: str, name: str = "packed_tables"):
+        super().__init__(name=name)
+        widths = {int(t.shape[1]) for t in tables}
+        if len(widths) != 1 or dtype_name not in ("bfloat16", "int8"):
+            raise ValueError(f"PackedTables: tables of one width, bfloat16 or int8 (got widths {sorted(widths)}, "
+                             f"{dtype_name!r})")
+        self.weight_dtype, self.width = dtype_name, widths.pop()
+        self.rows = [int(t.shape[0]) for t in tables]
+        self.offsets = [0, *np.cumsum(self.rows)[:-1].tolist()]
+        self.per_row = dtype_name == "int8" and self.width >= MIN_ROW_WIDTH
+        self.scale, self.table_scales = None, None
         if dtype_name == "int8":
-            per_row = self.width >= MIN_ROW_WIDTH
-            codes, scale = quantize_int8(table, axis=1 if per_row else None, bf16_scale=per_row)
-            self.codes = tf.Variable(codes, trainable=False, name="codes")
-            self.scale = tf.Variable(scale.astype(np.float32) if not per_row else scale,
-                                     dtype=tf.bfloat16 if per_row else tf.float32, trainable=False, name="scale")
-            self.per_row = per_row
+            parts = [quantize_int8(t, axis=1 if self.per_row else None, bf16_scale=self.per_row) for t in tables]
+            self.codes = tf.Variable(np.concatenate([c for c, _ in parts]), trainable=False, name="codes")
+            if self.per_row:
+                self.scale = tf.Variable(np.concatenate([sc for _, sc in parts]), dtype=tf.bfloat16, trainable=False,
+                                         name="scale")
+            else:
+                self.table_scales = [float(sc.reshape(())) for _, sc in parts]
         else:
-            self.codes = tf.Variable(tf.cast(table, tf.bfloat16), trainable=False, name="codes")
-            self.scale, self.per_row = None, False
+            self.codes = tf.Variable(tf.cast(np.concatenate(tables), tf.bfloat16), trainable=False, name="codes")
 
-    def call(self, ids):
-        if ids.dtype not in (tf.int32, tf.int64):
-            ids = tf.cast(ids, tf.int64)
-        rows = tf.gather(self.codes, ids)
-        if self.scale is None:
-            return _dequantized(rows, None)
-        return _dequantized(rows, tf.gather(self.scale, ids) if self.per_row else self.scale)
+    def lookup(self, tables: list[int], ids: tf.Tensor, what: str) -> tf.Tensor:
+        """ids [..., len(tables)]: the last axis' i-th ID is in table tables[i]; -> float32 [..., len(tables), width].
+        An ID outside [0, rows) of its table raises InvalidArgumentError naming `what`."""
+        ids = tf.cast(ids, tf.int64)
+        rows = [self.rows[k] for k in tables]
+        inside = tf.reduce_all(tf.cast(ids, tf.uint64) < tf.constant(rows, tf.uint64))  # negative: huge unsigned
+        ok = tf.debugging.Assert(inside, [f"{what}: an embedding ID outside its table's rows {rows}"])
+        with tf.control_dependencies([ok]):
+            at = ids + tf.constant([self.offsets[k] for k in tables], tf.int64)
+        values = tf.cast(tf.gather(self.codes, at), tf.float32)
+        if self.scale is not None:
+            return values * tf.cast(tf.gather(self.scale, at), tf.float32)
+        if self.table_scales is not None:
+            return values * tf.constant([[self.table_scales[k]] for k in tables], tf.float32)
+        return values
+
+
+class PackedEmbeddings(tf.keras.layers.Layer):
+    """A SparseEmbeddings layer's tables in PackedTables stores (one per width); returns what it returned.
+    The single-valued features of a store are looked up together (one gather), each multivalent one
+    on its own; no ID dedup (a training knob)."""
+
+    def __init__(self, layer: SparseEmbeddings, dtype_name: str):
+        super().__init__(dtype=layer.dtype_policy, name=layer.name)
+        self.feature_specs, self.table_specs = layer.feature_specs, layer.table_specs
+        by_width: dict[int, list[str]] = {}
+        for table, t in layer.tables.items():
+            by_width.setdefault(int(t.embeddings.shape[1]), []).append(table)
+        self.stores, self.where = [], {}
+        for width, names in sorted(by_width.items()):
+            self.where.update({n: (len(self.stores), k) for k, n in enumerate(names)})
+            self.stores.append(PackedTables([layer.tables[n].embeddings.numpy() for n in names], dtype_name,
+                                            name=f"{layer.name}_{dtype_name}_{width}"))
+        self.table_count = len(self.where)
+
+    def call(self, features: dict) -> dict[str, tf.Tensor]:
+        present = [f for f in self.feature_specs if f["name"] in features]
+        vectors = {}
+        for s, store in enumerate(self.stores):
+            mine = [f for f in present if self.where[f["table"]][0] == s]
+            single = [f for f in mine if not isinstance(features[f["name"]], tf.RaggedTensor)]
+            if single:
+                ids = tf.stack([tf.cast(features[f["name"]], tf.int64) for f in single], axis=-1)
+                rows = store.lookup([self.where[f["table"]][1] for f in single], ids, self.name)
+                vectors.update(zip([f["name"] for f in single], tf.unstack(rows, len(single), axis=-2)))
+            for f in mine:
+                if f not in single:
+                    ids = flat_ids(features[f["name"]])[:, None]
+                    k = self.where[f["table"]][1]
+                    vectors[f["name"]] = store.lookup([k], ids, f"{self.name}/{f['name']}")[:, 0]
+        return pooled_features(present, features, vectors, self.compute_dtype)
 
     def get_config(self):
-        return {**super().get_config(), "weight_dtype": self.weight_dtype, "rows": self.rows, "width": self.width}
+        return {**super().get_config(), "features": self.feature_specs, "tables": self.table_specs}
 
 
 class QuantizedDense(tf.keras.layers.Layer):
@@ -99,7 +159,7 @@ class QuantizedDense(tf.keras.layers.Layer):
         if dtype_name == "int8":
             codes, scale = quantize_int8(kernel, axis=0)
             self.codes = tf.Variable(codes, trainable=False, name="codes")
-            self.scale = tf.Variable(scale, trainable=False, name="scale")
+            self.scale = tf.Variable(scale[0], trainable=False, name="scale")  # [units]
         else:
             self.codes = tf.Variable(tf.cast(kernel, tf.bfloat16), trainable=False, name="codes")
             self.scale = None
@@ -111,7 +171,7 @@ class QuantizedDense(tf.keras.layers.Layer):
         kernel = tf.cast(self.codes, dtype)
         out = tf.matmul(inputs, kernel) if inputs.shape.rank == 2 else tf.tensordot(inputs, kernel, [[-1], [0]])
         if self.scale is not None:  # x @ (codes * s) = (x @ codes) * s, s per output column: scale the output
-            out = out * tf.cast(self.scale[0], dtype)
+            out = out * tf.cast(self.scale, dtype)
         if self.bias is not None:
             out = tf.nn.bias_add(out, tf.cast(self.bias, dtype))
         return self.activation(out) if self.activation is not None else out
@@ -149,9 +209,10 @@ def quantize_model(model: tf.keras.Model, embedding_dtype: str = "float32", dens
     counts = {"embedding_tables": 0, "dense_layers": 0}
 
     def swap(value):
-        if isinstance(value, tf.keras.layers.Embedding) and embedding_dtype != "float32":
-            counts["embedding_tables"] += 1
-            return QuantizedEmbedding(value.embeddings.numpy(), embedding_dtype, name=value.name)
+        if isinstance(value, SparseEmbeddings) and embedding_dtype != "float32":
+            packed = PackedEmbeddings(value, embedding_dtype)
+            counts["embedding_tables"] += packed.table_count
+            return packed
         if type(value) is tf.keras.layers.Dense and dense_dtype != "float32" and value.built:
             counts["dense_layers"] += 1
             return QuantizedDense(value, dense_dtype)

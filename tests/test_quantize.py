@@ -12,7 +12,9 @@ import pytest
 import tensorflow as tf
 
 from serving.export import export_model
-from serving.quantize import MIN_ROW_WIDTH, QuantizedDense, QuantizedEmbedding, quantize_int8, quantize_model
+from serving.quantize import (MIN_ROW_WIDTH, PackedEmbeddings, PackedTables, QuantizedDense, quantize_int8,
+                              quantize_model)
+from trainers.layers import SparseEmbeddings
 from serving.registry import load_version
 from serving.rest import parse_predict_body
 from serving.version import ExportBase
@@ -64,8 +66,9 @@ def test_quantize_model_swaps_every_table_and_dense_layer(trained):
     info = quantize_model(model, "int8", "int8")
     assert info["embedding_tables"] == tables > 0 and info["dense_layers"] == dense > 0
     layers = list(model._flatten_layers())
-    assert not [x for x in layers if isinstance(x, (tf.keras.layers.Embedding, tf.keras.layers.Dense))]
-    assert sum(isinstance(x, QuantizedEmbedding) for x in layers) == tables
+    assert not [x for x in layers if isinstance(x, (SparseEmbeddings, tf.keras.layers.Dense))]
+    packed = [x for x in layers if isinstance(x, PackedEmbeddings)]
+    assert sum(len(store.rows) for x in packed for store in x.stores) == tables
     assert sum(isinstance(x, QuantizedDense) for x in layers) == dense
     assert {v.dtype for v in model.variables if v.shape.rank == 2 and v.shape[0] > 1} <= {tf.int8, tf.bfloat16,
                                                                                          tf.float32}
@@ -76,12 +79,24 @@ def test_quantize_model_swaps_every_table_and_dense_layer(trained):
         quantize_model(model, "int4")
 
 
-def test_narrow_tables_share_one_scale():
-    wide = QuantizedEmbedding(np.linspace(-1, 1, 20, dtype=np.float32).reshape(20, 1), "int8")
-    assert wide.scale.shape == (1, 1) and wide.scale.dtype == tf.float32 and MIN_ROW_WIDTH > 1
-    np.testing.assert_allclose(wide(tf.constant([0, 19], tf.int64)).numpy()[:, 0], [-1.0, 1.0], atol=1e-6)
-    rows = QuantizedEmbedding(np.ones((3, MIN_ROW_WIDTH), np.float32), "bfloat16")
-    assert rows.codes.dtype == tf.bfloat16 and rows(tf.constant([2])).dtype == tf.float32
+def test_packed_tables_look_up_their_own_rows_and_narrow_tables_share_one_scale():
+    a, b = np.linspace(-1, 1, 20, dtype=np.float32).reshape(20, 1), np.full((3, 1), 0.5, np.float32)
+    narrow = PackedTables([a, b], "int8")
+    assert narrow.scale is None and len(narrow.table_scales) == 2 and MIN_ROW_WIDTH > 1
+    assert narrow.codes.shape == (23, 1) and narrow.offsets == [0, 20]
+    got = narrow.lookup([0, 1], tf.constant([[0, 2], [19, 0]]), "t").numpy()[..., 0]
+    np.testing.assert_allclose(got, [[-1.0, 0.5], [1.0, 0.5]], atol=1e-6)
+    for bad in ([[20, 0]], [[0, 3]], [[-1, 0]]):  # past a table's end is the next table's row: refused
+        with pytest.raises(tf.errors.InvalidArgumentError, match="t: an embedding ID outside its table's rows"):
+            narrow.lookup([0, 1], tf.constant(bad), "t")
+    wide = PackedTables([np.ones((3, MIN_ROW_WIDTH), np.float32), np.zeros((2, MIN_ROW_WIDTH), np.float32)], "int8")
+    assert wide.scale.shape == (5, 1) and wide.scale.dtype == tf.bfloat16
+    np.testing.assert_allclose(wide.lookup([1, 0], tf.constant([[1, 2]]), "t").numpy()[0, :, 0], [0.0, 1.0],
+                               atol=1e-2)
+    rows = PackedTables([np.ones((3, MIN_ROW_WIDTH), np.float32)], "bfloat16")
+    assert rows.codes.dtype == tf.bfloat16 and rows.lookup([0], tf.constant([[2]]), "t").dtype == tf.float32
+    with pytest.raises(ValueError, match="one width"):
+        PackedTables([np.ones((3, 4), np.float32), np.ones((3, 8), np.float32)], "int8")
 
 
 def test_int8_export_is_smaller_skew_checked_and_served(tmp_path, trained, exported, small_log, small_cfg):

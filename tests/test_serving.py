@@ -283,6 +283,10 @@ def test_retrieval_export_and_serving(tmp_path, preprocessed, small_log, small_c
     path = export_model(model_dir, str(tmp_path / "exp"), version=1, top_k=5)
     report = json.loads(Path(os.path.join(path, "skew_check.json")).read_text())
     assert report["passed"] and report["compared"] == "query_embedding"
+    # int8 tables packed per width (serving.quantize), the multivalent `hist` in item_id's table: exact too
+    int8 = export_model(model_dir, str(tmp_path / "exp8"), version=1, top_k=5, embedding_dtype="int8",
+                        dense_dtype="int8")
+    assert json.loads(Path(os.path.join(int8, "skew_check.json")).read_text())["passed"]
     loaded = tf.saved_model.load(path)
     assert set(loaded.signatures) == {"serving_default", "query_embedding"}
     assert set(loaded.signatures["serving_default"].structured_input_signature[1]) == {"user_id", "hist_items", "I1"}

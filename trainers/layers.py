@@ -13,7 +13,8 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
-__all__ = ["flat_ids", "ids_by_table", "mlp", "SparseEmbeddings", "CrossStack", "DotInteractionBlock"]
+__all__ = ["flat_ids", "ids_by_table", "pooled_features", "mlp", "SparseEmbeddings", "CrossStack",
+           "DotInteractionBlock"]
 
 register = tf.keras.utils.register_keras_serializable(package="recpipe")
 
@@ -31,6 +32,23 @@ def ids_by_table(features: list[dict], batch: dict) -> dict[str, list[tuple[str,
         if f["name"] in batch:
             grouped.setdefault(f["table"], []).append((f["name"], flat_ids(batch[f["name"]])))
     return grouped
+
+
+def pooled_features(present: list[dict], features: dict, vectors: dict, dtype) -> dict[str, tf.Tensor]:
+    """Each present feature's embedding in `dtype`: its looked-up rows (`vectors`: one per flat ID), a
+    multivalent feature's pooled by its combiner (sum, or mean over its IDs)."""
+    out = {}
+    for f in present:
+        ids, vecs = features[f["name"]], vectors[f["name"]]
+        if isinstance(ids, tf.RaggedTensor):
+            pooled = tf.reduce_sum(ids.with_flat_values(vecs), axis=1)
+            if f["combiner"] == "mean":
+                n = tf.cast(tf.maximum(ids.row_lengths(), 1), pooled.dtype)
+                pooled = pooled / n[:, None]
+            out[f["name"]] = pooled
+        else:
+            out[f["name"]] = vecs
+    return {k: tf.cast(v, dtype) for k, v in out.items()}
 
 
 def mlp(widths: list[int], name: str, dropout: float = 0.0) -> list[tf.keras.layers.Layer]:
@@ -64,18 +82,7 @@ class SparseEmbeddings(tf.keras.layers.Layer):
         present = [f for f in self.feature_specs if f["name"] in features]  # e.g. a candidate-only batch
         vectors = self._lookup_unique(features) if self.dedup else {
             f["name"]: self.tables[f["table"]](flat_ids(features[f["name"]])) for f in present}
-        out = {}
-        for f in present:
-            ids, vecs = features[f["name"]], vectors[f["name"]]
-            if isinstance(ids, tf.RaggedTensor):
-                pooled = tf.reduce_sum(ids.with_flat_values(vecs), axis=1)
-                if f["combiner"] == "mean":
-                    n = tf.cast(tf.maximum(ids.row_lengths(), 1), pooled.dtype)
-                    pooled = pooled / n[:, None]
-                out[f["name"]] = pooled
-            else:
-                out[f["name"]] = vecs
-        return {k: tf.cast(v, self.compute_dtype) for k, v in out.items()}
+        return pooled_features(present, features, vectors, self.compute_dtype)
 
     def _lookup_unique(self, features: dict) -> dict[str, tf.Tensor]:
         vectors = {}
