@@ -16,9 +16,11 @@ weights; serving ran a few ops per table per request. Every lookup checks its ID
 table's rows, so an out-of-range ID fails (naming the layer) instead of reading a neighbouring table.
 
 int8 rules (symmetric, zero maps to zero):
-- an embedding table of width >= MIN_ROW_WIDTH has one scale per row (max |row| / 127), stored as
-  bfloat16 and rounded up before the codes are computed, so a code never exceeds 127 and the stored
-  scale is exactly the one used; narrower tables (the one-wide tables of logistic regression and
+- an embedding table of width >= MIN_ROW_WIDTH has one scale per row: the smallest power of two
+  >= max |row| / 127, stored as its int8 exponent (one byte a row, OCP Microscaling's E8M0 scale;
+  a bfloat16 scale cost two). A code never exceeds 127, a row's largest |code| is at least 64 (at
+  most one bit of precision below a free scale), and the stored scale is exactly the one used;
+  narrower tables (the one-wide tables of logistic regression and
   of a wide logit) have one float32 scale per table (a constant of the graph), since a per-row
   scale would cost more than the row;
 - a Dense kernel has one float32 scale per output column (TFLite's dynamic-range weight
@@ -35,30 +37,39 @@ import tensorflow as tf
 from serving.version import WEIGHT_DTYPES
 from trainers.layers import SparseEmbeddings, flat_ids, pooled_features
 
-__all__ = ["MIN_ROW_WIDTH", "quantize_int8", "quantize_model", "PackedTables", "PackedEmbeddings",
-           "QuantizedDense"]
+__all__ = ["MIN_ROW_WIDTH", "MIN_EXPONENT", "pow2_exponents", "quantize_int8", "quantize_model", "PackedTables",
+           "PackedEmbeddings", "QuantizedDense"]
 
 MIN_ROW_WIDTH = 4
 
 
-def _bf16_up(x: np.ndarray) -> np.ndarray:
-    """The smallest bfloat16 values >= x (x >= 0), as float32."""
-    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
-    low = bits & np.uint32(0xFFFF)
-    up = (bits & np.uint32(0xFFFF0000)) + np.where(low != 0, np.uint32(0x10000), np.uint32(0))
-    return up.astype(np.uint32).view(np.float32)
+MIN_EXPONENT = -126  # float32's smallest normal power of two: the scale of an all-zero row
 
 
-def quantize_int8(w: np.ndarray, axis: int | None, bf16_scale: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def pow2_exponents(peak: np.ndarray) -> np.ndarray:
+    """The smallest integer e >= MIN_EXPONENT with 127 * 2**e >= peak (peak >= 0), as int8: the
+    power-of-two scale of a slice whose largest |value| is peak."""
+    peak = np.asarray(peak, np.float64)
+    with np.errstate(divide="ignore"):
+        e = np.ceil(np.log2(peak / 127.0))
+    e = np.clip(np.nan_to_num(e, neginf=MIN_EXPONENT), MIN_EXPONENT, 127).astype(np.int64)
+    e += np.ldexp(127.0, e) < peak                              # log2's rounding, either way
+    e -= (np.ldexp(127.0, e - 1) >= peak) & (e > MIN_EXPONENT)
+    return e.astype(np.int8)
+
+
+def quantize_int8(w: np.ndarray, axis: int | None, pow2_scale: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(int8 codes, float32 scales) with w ≈ codes * scales; one scale per slice along `axis` (kept
-    as a size-1 dimension, so the scales broadcast), or one for the whole array (axis None)."""
+    as a size-1 dimension, so the scales broadcast), or one for the whole array (axis None).
+    pow2_scale: each scale the smallest power of two that fits the slice (an all-zero slice 2**MIN_EXPONENT)."""
     w = np.asarray(w, np.float32)
     if not np.all(np.isfinite(w)):
         raise ValueError("cannot quantize non-finite weights")
     peak = np.max(np.abs(w), axis=axis, keepdims=True) if axis is not None else np.max(np.abs(w), keepdims=True)
-    scale = (peak / 127.0).astype(np.float32)
-    if bf16_scale:
-        scale = _bf16_up(scale)
+    if pow2_scale:
+        scale = np.ldexp(1.0, pow2_exponents(peak).astype(np.int64)).astype(np.float32)
+    else:
+        scale = (peak / 127.0).astype(np.float32)
     safe = np.where(scale > 0, scale, 1.0).astype(np.float32)
     codes = np.clip(np.rint(w / safe), -127, 127).astype(np.int8)
     return codes, scale
@@ -67,8 +78,9 @@ def quantize_int8(w: np.ndarray, axis: int | None, bf16_scale: bool = False) -> 
 class PackedTables(tf.Module):
     """Embedding tables of one width stored in bfloat16 or int8, stacked into one codes variable
     [rows, width] (`offsets[k]`: table k's first row). int8 scales: tables of width >= MIN_ROW_WIDTH
-    one bfloat16 per row, a scales variable [rows, 1]; narrower tables one float32 per table
-    (`table_scales`, constants of the graph)."""
+    one power of two per row, stored as its int8 exponent (`exponent` [rows, 1]: OCP Microscaling's
+    E8M0 scale, one byte a row); narrower tables one float32 per table (`table_scales`, constants of
+    the graph)."""
 
     def __init__(self, tables: list[np.ndarray], dtype_name: str, name: str = "packed_tables"):
         super().__init__(name=name)
@@ -80,13 +92,13 @@ class PackedTables(tf.Module):
         self.rows = [int(t.shape[0]) for t in tables]
         self.offsets = [0, *np.cumsum(self.rows)[:-1].tolist()]
         self.per_row = dtype_name == "int8" and self.width >= MIN_ROW_WIDTH
-        self.scale, self.table_scales = None, None
+        self.exponent, self.table_scales = None, None
         if dtype_name == "int8":
-            parts = [quantize_int8(t, axis=1 if self.per_row else None, bf16_scale=self.per_row) for t in tables]
+            parts = [quantize_int8(t, axis=1 if self.per_row else None, pow2_scale=self.per_row) for t in tables]
             self.codes = tf.Variable(np.concatenate([c for c, _ in parts]), trainable=False, name="codes")
-            if self.per_row:
-                self.scale = tf.Variable(np.concatenate([sc for _, sc in parts]), dtype=tf.bfloat16, trainable=False,
-                                         name="scale")
+            if self.per_row:  # the scales are exact powers of two: their exponents are exact integers
+                exponents = np.rint(np.log2(np.concatenate([sc for _, sc in parts]))).astype(np.int8)
+                self.exponent = tf.Variable(exponents, trainable=False, name="exponent")
             else:
                 self.table_scales = [float(sc.reshape(())) for _, sc in parts]
         else:
@@ -102,8 +114,9 @@ class PackedTables(tf.Module):
         with tf.control_dependencies([ok]):
             at = ids + tf.constant([self.offsets[k] for k in tables], tf.int64)
         values = tf.cast(tf.gather(self.codes, at), tf.float32)
-        if self.scale is not None:
-            return values * tf.cast(tf.gather(self.scale, at), tf.float32)
+        if self.exponent is not None:  # 2**e built from its bits: (e + 127) << 23 is float32's 2**e, exactly
+            e = tf.cast(tf.gather(self.exponent, at), tf.int32)
+            return values * tf.bitcast(tf.bitwise.left_shift(e + 127, 23), tf.float32)
         if self.table_scales is not None:
             return values * tf.constant([[self.table_scales[k]] for k in tables], tf.float32)
         return values

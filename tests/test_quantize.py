@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 from serving.export import export_model
-from serving.quantize import (MIN_ROW_WIDTH, PackedEmbeddings, PackedTables, QuantizedDense, quantize_int8,
-                              quantize_model)
+from serving.quantize import (MIN_EXPONENT, MIN_ROW_WIDTH, PackedEmbeddings, PackedTables, QuantizedDense,
+                              pow2_exponents, quantize_int8, quantize_model)
 from trainers.layers import SparseEmbeddings
 from serving.registry import load_version
 from serving.rest import parse_predict_body
@@ -26,15 +26,24 @@ def test_int8_codes_are_within_half_a_step_of_every_weight():
     w = rng.normal(0, 0.05, (50, 16)).astype(np.float32)
     w[3] = 0.0                      # an untouched row
     w[7, 2] = 4.0                   # an outlier only costs its own row precision
-    for bf16 in (False, True):
-        codes, scale = quantize_int8(w, axis=1, bf16_scale=bf16)
+    for pow2 in (False, True):
+        codes, scale = quantize_int8(w, axis=1, pow2_scale=pow2)
         assert codes.dtype == np.int8 and scale.shape == (50, 1)
         assert np.abs(codes.astype(np.int32)).max() <= 127
         assert np.all(np.abs(codes * scale - w) <= scale / 2 + 1e-9)
-        assert not codes[3].any() and scale[3, 0] == 0.0
+        assert not codes[3].any()
         assert np.abs(codes[7] * scale[7] - w[7]).max() > np.abs(codes[8] * scale[8] - w[8]).max()
-    _, scale = quantize_int8(w, axis=1, bf16_scale=True)
-    assert not (scale.view(np.uint32) & 0xFFFF).any()  # exactly a bfloat16: what is stored is what is used
+    _, free = quantize_int8(w, axis=1)
+    assert free[3, 0] == 0.0
+    codes, scale = quantize_int8(w, axis=1, pow2_scale=True)
+    exponents = np.log2(scale)
+    assert np.all(exponents == np.rint(exponents)) and exponents[3, 0] == MIN_EXPONENT  # exact powers of two
+    peaks = np.abs(codes.astype(np.int32)).max(axis=1)
+    assert np.all(np.delete(peaks, 3) >= 64)  # the smallest power of two that fits: at most one bit lost
+    nonzero = np.delete(np.arange(50), 3)
+    assert np.all((scale[nonzero] >= free[nonzero]) & (scale[nonzero] < 2 * free[nonzero]))
+    edge = np.array([127 * 2.0 ** -7, np.nextafter(np.float32(127 * 2.0 ** -7), np.float32(1)), 0.0])
+    assert pow2_exponents(edge).tolist() == [-7, -6, MIN_EXPONENT]  # exactly 127 * 2**e still fits 2**e
     codes, scale = quantize_int8(w, axis=None)
     assert scale.shape == (1, 1) and np.abs(codes).max() == 127
     with pytest.raises(ValueError, match="non-finite"):
@@ -82,7 +91,7 @@ def test_quantize_model_swaps_every_table_and_dense_layer(trained):
 def test_packed_tables_look_up_their_own_rows_and_narrow_tables_share_one_scale():
     a, b = np.linspace(-1, 1, 20, dtype=np.float32).reshape(20, 1), np.full((3, 1), 0.5, np.float32)
     narrow = PackedTables([a, b], "int8")
-    assert narrow.scale is None and len(narrow.table_scales) == 2 and MIN_ROW_WIDTH > 1
+    assert narrow.exponent is None and len(narrow.table_scales) == 2 and MIN_ROW_WIDTH > 1
     assert narrow.codes.shape == (23, 1) and narrow.offsets == [0, 20]
     got = narrow.lookup([0, 1], tf.constant([[0, 2], [19, 0]]), "t").numpy()[..., 0]
     np.testing.assert_allclose(got, [[-1.0, 0.5], [1.0, 0.5]], atol=1e-6)
@@ -90,9 +99,8 @@ def test_packed_tables_look_up_their_own_rows_and_narrow_tables_share_one_scale(
         with pytest.raises(tf.errors.InvalidArgumentError, match="t: an embedding ID outside its table's rows"):
             narrow.lookup([0, 1], tf.constant(bad), "t")
     wide = PackedTables([np.ones((3, MIN_ROW_WIDTH), np.float32), np.zeros((2, MIN_ROW_WIDTH), np.float32)], "int8")
-    assert wide.scale.shape == (5, 1) and wide.scale.dtype == tf.bfloat16
-    np.testing.assert_allclose(wide.lookup([1, 0], tf.constant([[1, 2]]), "t").numpy()[0, :, 0], [0.0, 1.0],
-                               atol=1e-2)
+    assert wide.exponent.shape == (5, 1) and wide.exponent.dtype == tf.int8 and wide.codes.dtype == tf.int8
+    np.testing.assert_array_equal(wide.lookup([1, 0], tf.constant([[1, 2]]), "t").numpy()[0, :, 0], [0.0, 1.0])
     rows = PackedTables([np.ones((3, MIN_ROW_WIDTH), np.float32)], "bfloat16")
     assert rows.codes.dtype == tf.bfloat16 and rows.lookup([0], tf.constant([[2]]), "t").dtype == tf.float32
     with pytest.raises(ValueError, match="one width"):
