@@ -230,9 +230,9 @@ def _why(key: str, found: dict) -> str:
                          f"{f['weight_bytes'] / 1e6:.2f} → {o['weight_bytes'] / 1e6:.2f} MB "
                          f"({o['weight_bytes'] / f['weight_bytes']:.2f}×) and the rest (graph, vocabularies) "
                          f"{rest_f:.2f} → {rest_o:.2f} MB")
-        return ("the weights shrink as stored (int8: 1 byte per value + a bfloat16 scale per row, 18/64 of float32 "
-                "for 16-wide rows; bfloat16: half), but these models are small and the SavedModel's graph and "
-                "vocabulary constants, which no weight dtype shrinks, are a large share of the folder: "
+        return ("the weights shrink as stored (int8: 1 byte per value + a one-byte power-of-two scale per row, "
+                "17/64 of float32 for 16-wide rows; bfloat16: half), but these models are small and the SavedModel's "
+                "graph and vocabulary constants, which no weight dtype shrinks, are a large share of the folder: "
                 + "; ".join(parts) + ". The share falls as tables grow.")
     life = found.get("lifecycle", {}).get("runs", {})
     if key == "lifecycle_auc_gap_vs_no_drift" and life:
