@@ -341,9 +341,6 @@ class RestServer(TcpWSGIServer):
         if not closed.wait(timeout_s):
             self.close()
 
-    def server_close(self) -> None:
-        pass
-
 
 def make_rest_server(registry: ModelRegistry, predictor: Predictor, metrics: Metrics, host: str, port: int,
                      threads: int = 64, request_deadline_s: float = REQUEST_DEADLINE_S,

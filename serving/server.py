@@ -71,7 +71,6 @@ class ModelServer:
         self.predictor.stop()
         if self._rest is not None:
             self._rest.shutdown()
-            self._rest.server_close()
         if self._grpc is not None:
             self._grpc.stop(grace=1).wait()
         self._stopped.set()

@@ -139,8 +139,9 @@ def bench_cluster(o: ClusterBenchOptions, work: str, cfg_path: str, say: Callabl
     with open(cfg, "w") as fh:
         yaml.safe_dump(base, fh)
     data = preprocess_once(cfg, generate_once(o.rows, os.path.join(work, "log")), os.path.join(work, "pre"))
-    t = traffic_inputs(data, cfg)
-    batch, mode = t.batch_size, load_config(cfg).train.sparse_gradients
+    parsed = load_config(cfg)
+    t = traffic_inputs(data, parsed)
+    batch, mode = t.batch_size, parsed.train.sparse_gradients
     allreduce_bytes, ps_bytes = link_bytes(t, 2, 2, mode)
     link = {"ps": ps_bytes, "horovod": allreduce_bytes}
     compute_s = _compute_probe(data, cfg, work)

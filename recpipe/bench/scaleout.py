@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Callable
 
-from features.config import load_config
+from features.config import Config, load_config
 from features.preprocessed import PreprocessedData
 from trainers.advisor import Traffic, step_times, traffic
 from trainers.data import make_dataset
@@ -56,9 +56,8 @@ def loopback_gbps(megabytes: int = 256) -> float:
     return megabytes * 8 * (1 << 20) / secs / 1e9
 
 
-def traffic_inputs(data_dir: str, cfg_path: str) -> Traffic:
+def traffic_inputs(data_dir: str, cfg: Config) -> Traffic:
     """Parameter counts and embedding rows touched per batch and table (with and without dedup)."""
-    cfg = load_config(cfg_path)
     model = build_model(cfg, PreprocessedData(data_dir).transform())
     model(dummy_batch(cfg))
     batch = next(iter(make_dataset(cfg, data_dir, "train", cfg.train.batch_size, training=True)))
@@ -72,8 +71,8 @@ def _step_times(t_c: float, t: Traffic, n: int, m: int, bw_bytes: float, mode: s
 
 def scale_out_report(data_dir: str, cfg_path: str, runs: dict, bandwidth_gbps: float,
                      say: Callable[[str], None]) -> dict:
-    t = traffic_inputs(data_dir, cfg_path)
-    mode = load_config(cfg_path).train.sparse_gradients
+    cfg = load_config(cfg_path)
+    t, mode = traffic_inputs(data_dir, cfg), cfg.train.sparse_gradients
     x = dataclasses.asdict(t)
     b = t.batch_size
     t_c = b / runs["horovod_np1"]["examples_per_s"]["median"]
@@ -94,9 +93,10 @@ def scale_out_report(data_dir: str, cfg_path: str, runs: dict, bandwidth_gbps: f
     two = _step_times(t_c, t, 2, 2, lo * 1e9 / 8, mode)
     reduced, gathered = t.horovod_bytes(2, mode)
     predicted_hvd = t_c / two["allreduce"]
-    predicted_ps = (2 * b / two["ps"]) / runs["local_threads2"]["examples_per_s"]["median"]
-    measured_hvd = runs["horovod_np2"]["examples_per_s"]["median"] / (2 * runs["horovod_np1"]["examples_per_s"]["median"])
-    measured_ps = runs["ps_2w_2ps"]["examples_per_s"]["median"] / runs["local_threads2"]["examples_per_s"]["median"]
+    rate = {name: r["examples_per_s"]["median"] for name, r in runs.items()}
+    predicted_ps = (2 * b / two["ps"]) / rate["local_threads2"]
+    measured_hvd = rate["horovod_np2"] / (2 * rate["horovod_np1"])
+    measured_ps = rate["ps_2w_2ps"] / rate["local_threads2"]
     validation = {"loopback_gbps": lo, "horovod_bytes_2": {"allreduced": reduced, "allgathered": gathered},
                   "horovod_scaling_2": {"predicted": predicted_hvd, "measured": measured_hvd},
                   "ps_vs_local": {"predicted": predicted_ps, "measured": measured_ps}}
