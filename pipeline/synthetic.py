@@ -17,6 +17,10 @@ Item drift (`item_drift` > 0): the catalogue holds num_items + item_drift * (day
 draws its items (and histories) from the window of num_items starting at d * item_drift, Zipf-ranked
 from the window's start: every day the item_drift oldest items stop, item_drift new ones appear at the
 tail, and popularity moves on to items that were rarer the day before.
+
+`truth_column`: each row also carries p_click, the probability its label was drawn with, so a
+benchmark can score the hidden model itself (the best AUC any model can reach on those rows). No
+config reads it; the label and every other column are the same with or without it.
 """
 from __future__ import annotations
 
@@ -29,12 +33,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-__all__ = ["GenerateSpec", "generate_log", "NUM_CATEGORICAL", "NUM_DENSE"]
+__all__ = ["GenerateSpec", "generate_log", "NUM_CATEGORICAL", "NUM_DENSE", "TRUTH_COLUMN"]
 
 NUM_CATEGORICAL = 26
 NUM_DENSE = 13
 _SECONDS_PER_DAY = 86_400
 AFFINITY = 1.0
+TRUTH_COLUMN = "p_click"  # GenerateSpec.truth_column: the hidden model's probability, for oracle metrics
 LATENT_DIMS = 4
 
 
@@ -49,6 +54,7 @@ class GenerateSpec:
     max_history: int = 10
     rows_per_file: int = 1_000_000
     item_drift: int = 0        # items per day the active item window moves on (module docstring)
+    truth_column: bool = False  # also write p_click, each row's click probability under the hidden model
 
     def catalogue_items(self) -> int:
         return self.num_items + self.item_drift * (self.days - 1)
@@ -110,6 +116,8 @@ def _columns(spec: GenerateSpec, n: int, rng: np.random.Generator, hidden: dict,
 
     prob = 1.0 / (1.0 + np.exp(-logit))
     cols["label"] = pa.array((rng.random(n) < prob).astype(np.int64))
+    if spec.truth_column:
+        cols[TRUTH_COLUMN] = pa.array(prob)
     return cols
 
 
@@ -157,7 +165,7 @@ def generate_log(spec: GenerateSpec, out_dir: str, say=None) -> list[str]:
     per_day[: spec.rows % spec.days] += 1
     written = []
     order = ["ts", "label", "user_id", "item_id", *[f"C{j + 1}" for j in range(NUM_CATEGORICAL)],
-             *[f"I{j + 1}" for j in range(NUM_DENSE)], "hist_items"]
+             *[f"I{j + 1}" for j in range(NUM_DENSE)], "hist_items", *([TRUTH_COLUMN] if spec.truth_column else [])]
     for day, n_day in enumerate(per_day):
         date = spec.start_date + dt.timedelta(days=day)
         day_dir = os.path.join(out_dir, f"dt={date.isoformat()}")

@@ -278,3 +278,25 @@ def test_pruned_candidates_leave_the_index_and_attributes_are_renumbered():
     y_bucket = 2 + int(tf.strings.to_hash_bucket_fast(["y"], 3).numpy()[0])  # y pruned: 2 kept tags + its bucket
     assert out.ids.tolist() == [0, 1, 3] and out.features["item"] == [0, 1, 3]  # d left; OOV row 5 -> 3
     assert [t.tolist() for t in out.features["tags"]] == [[0, y_bucket], [y_bucket, 1], []]  # z: 2 -> 1
+
+
+def test_the_truth_column_changes_nothing_else_and_scores_each_days_eval_rows(tmp_path):
+    """pipeline.synthetic's `truth_column` adds each row's click probability and leaves every other
+    column as it was; the lifecycle bench's oracle AUC scores the day's eval rows (those after the
+    Beam job's time cutoff) with it."""
+    from pipeline.synthetic import TRUTH_COLUMN, GenerateSpec, generate_log
+    from recpipe.bench.lifecycle import oracle_aucs
+    from trainers.metrics import roc_auc
+    spec = dict(rows=6_000, days=2, seed=7, num_users=200, num_items=100, item_drift=20)
+    generate_log(GenerateSpec(**spec), str(tmp_path / "plain"))
+    generate_log(GenerateSpec(**spec, truth_column=True), str(tmp_path / "truth"))
+    plain, truth = (pq.read_table(tmp_path / name / "dt=2026-01-02") for name in ("plain", "truth"))
+    assert truth.column_names == [*plain.column_names, TRUTH_COLUMN]
+    assert truth.drop_columns([TRUTH_COLUMN]).equals(plain)
+    p, label = truth.column(TRUTH_COLUMN).to_numpy(), truth.column("label").to_numpy()
+    assert 0 < p.min() and p.max() < 1 and abs(p.mean() - label.mean()) < 0.03  # labels drawn with p
+    aucs = oracle_aucs(str(tmp_path / "truth"), ["2026-01-01", "2026-01-02"], 0.2)
+    ts = truth.column("ts").to_numpy()
+    cutoff = np.sort(ts)[len(ts) - int(0.2 * len(ts)) - 1]  # the key leaving 80 % of the rows at or before it
+    assert aucs[1] == pytest.approx(roc_auc(label[ts > cutoff].astype(float), p[ts > cutoff]))
+    assert all(0.7 < a < 1 for a in aucs), aucs  # the hidden model itself: what a trained model aims at
