@@ -78,7 +78,7 @@ def write_report(out_dir: str) -> str:
     if plots:
         lines += ["", "## Plots", "", *[f"![{title}]({name})" for title, name in plots]]
     lines += ["", "Suite reports: " + ", ".join(f"[{s}.md]({s}.md)" for s in found), "",
-              "Reproduce: `make bench` (all suites, about 40 minutes on 2 cores) or `.venv/bin/recpipe bench SUITE`; "
+              "Reproduce: `make bench` (all suites, over 2 hours on 2 cores) or `.venv/bin/recpipe bench SUITE`; "
               "`--quick` for the smoke run CI does.", ""]
     path = os.path.join(out_dir, "REPORT.md")
     with open(path, "w") as fh:
