@@ -44,7 +44,8 @@ def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):
     assert all(d["train_peak_rss_mb"] > 100 for r in memory.values() for d in r)  # a TF process's own peak
     # quality margins may be negative (100 quick steps), absolute AUC differences 0; every other ratio is
     # a positive measurement
-    differences = {k for k in ratios if k.endswith(("_auc_delta_abs", "_auc_gap_vs_no_drift", "_beyond_oracle"))}
+    differences = {k for k in ratios
+                   if k.endswith(("_auc_delta_abs", "_auc_gap_vs_no_drift", "_vs_no_lifecycle", "_beyond_oracle"))}
     assert all(ratios[k] >= 0 for k in differences), ratios
     assert all(v > 0 for k, v in ratios.items() if not k.startswith("quality_") and k not in differences), ratios
     quality = json.loads((out / "quality.json").read_text())
