@@ -368,11 +368,11 @@ def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
     if "lifecycle" in found:
         life = found["lifecycle"]
         fig, (slots, auc) = plt.subplots(1, 2, figsize=(9, 3.5))
-        for name, days in life["runs"].items():
-            x = list(range(1, len(days) + 1))
+        for i, (name, days) in enumerate(life["runs"].items()):
+            x, color = list(range(1, len(days) + 1)), f"C{i}"  # a run's colour is the same in both panels
             if days[0]["item_slots"] is not None:  # a hashed item table has no slots
-                slots.plot(x, [d["item_slots"] for d in days], marker="o", label=name)
-            auc.plot(x, [d["auc"] for d in days], marker="o", label=name)
+                slots.plot(x, [d["item_slots"] for d in days], marker="o", label=name, color=color)
+            auc.plot(x, [d["auc"] for d in days], marker="o", label=name, color=color)
         slots.axhline(life["settings"]["max_size"], color="gray", linestyle=":", label="max_size")
         label(slots, "day", "item table slots", "Item table size per day", 7)
         label(auc, "day", "eval AUC", "Eval AUC per day", 7)
