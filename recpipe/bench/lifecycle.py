@@ -4,7 +4,7 @@ old ones stop), with the item vocabulary admitting over a window and evicting un
 (pipeline.lifecycle), against the same DAG without eviction on the same log and with eviction on a
 drift-free log. Every day is pushed (bless tolerance 1), so every day's export runs its skew check.
 
-A fourth run, on the drifting log, has no lifecycle at all: its item table is hashed (HASHED_ITEM_ROWS
+One more run, on the drifting log, has no lifecycle at all: its item table is hashed (HASHED_ITEM_ROWS
 buckets, several times the whole catalogue), so every item has a row from its first row on, with
 no admission, eviction or slot reuse: what the lifecycle costs is the drifting runs' AUC difference.
 
@@ -253,7 +253,7 @@ def markdown(r: dict) -> str:
         for d in days:
             oracle = f"{d['oracle_auc']:.4f}" if "oracle_auc" in d else "n/a"
             slots, live = ((f"{d['item_slots']:,}", f"{d['item_live']:,}") if d["item_slots"] is not None
-                           else (f"hashed: {s.get('hashed_item_rows', 0):,} rows", "n/a"))
+                           else (f"hashed: {s['hashed_item_rows']:,} rows", "n/a"))  # written with drift_hashed
             lines.append(f"| {name} | {d['day']} | {slots} | {live} | {d['auc']:.4f} | "
                          f"{oracle} | {'passed' if d['skew_passed'] else 'FAILED'} ({d['skew_max_abs_diff']:.2g}) |")
     if r.get("pruned_exports"):
