@@ -37,19 +37,18 @@ class LoadedVersion:
     loaded: object = None            # the loaded SavedModel object: keeps its variables alive
     examples_fn: object = None       # the predict_examples ConcreteFunction (ranking exports), else None
     _kinds: dict = field(init=False, repr=False)  # input -> ("s"|"i"|"f", numpy dtype), read per request
-    _flat_order: list | None = field(init=False, repr=False)  # fn's argument order, for the flat call
+    _groups: list = field(init=False, repr=False)  # [(dtype, [input names])]: one block per dtype
+    _packed: object = field(init=False, repr=False)  # ConcreteFunction of the blocks -> [outputs]
 
     def __post_init__(self):
         self._kinds = {n: ("s" if spec.dtype == tf.string else "i" if spec.dtype.is_integer else "f",
                            None if spec.dtype == tf.string else spec.dtype.as_numpy_dtype)
                        for n, spec in self.inputs.items()}
-        # ConcreteFunction.__call__ binds and checks each keyword argument in Python: with the 42 raw
-        # columns of the synthetic model that is half of a one-row call (about 1.9 of 3.8 ms here).
-        # run() hands it tensors validate() has checked against the same signature, so it calls the
-        # flat entry point __call__ itself ends in, when the function has one; else the public call.
-        order = getattr(self.fn, "_arg_keywords", None)
-        flat_ok = order is not None and hasattr(self.fn, "_call_flat") and sorted(order) == sorted(self.inputs)
-        self._flat_order = list(order) if flat_ok else None
+        by_dtype: dict[tf.DType, list[str]] = {}
+        for name in sorted(self.inputs):
+            by_dtype.setdefault(self.inputs[name].dtype, []).append(name)
+        self._groups = list(by_dtype.items())
+        self._packed = _packed_function(self.fn, self._groups, self.outputs)
 
     def validate(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Columns of a request -> 1-D arrays of the signature's dtypes; RequestError if they do not fit."""
@@ -90,29 +89,14 @@ class LoadedVersion:
             raise RequestError("empty batch")
         return out
 
-    def _tensors(self, columns: dict[str, np.ndarray]) -> dict[str, tf.Tensor]:
-        """One tensor per input, made by one conversion per dtype: the columns of a dtype are stacked
-        and unstacked by one op, because each eager conversion costs tens of microseconds (with 42
-        inputs, about 2 ms of a one-row call here, more than the graph itself)."""
-        by_dtype: dict[tf.DType, list[str]] = {}
-        for name in columns:
-            by_dtype.setdefault(self.inputs[name].dtype, []).append(name)
-        tensors: dict[str, tf.Tensor] = {}
-        for dtype, names in by_dtype.items():
-            if len(names) == 1:
-                tensors[names[0]] = tf.constant(columns[names[0]], dtype=dtype)
-                continue
-            stacked = tf.constant(np.stack([columns[n] for n in names], axis=1), dtype=dtype)
-            tensors.update(zip(names, tf.unstack(stacked, num=len(names), axis=1)))
-        return tensors
-
     def run(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        tensors = self._tensors(columns)
-        if self._flat_order is not None:
-            out = self.fn._call_flat([tensors[k] for k in self._flat_order], self.fn.captured_inputs)  # noqa: SLF001
-        else:
-            out = self.fn(**tensors)
-        return {k: v.numpy() for k, v in out.items()}
+        """Validated columns -> the signature's outputs, in one call of the packed function: one tensor
+        per dtype (a [rows, inputs] block) and one function execution, so a call crosses into TensorFlow
+        as few times as it can (see _packed_function)."""
+        blocks = [tf.constant(columns[names[0]] if len(names) == 1 else np.stack([columns[n] for n in names], axis=1),
+                              dtype=dtype) for dtype, names in self._groups]
+        out = self._packed._call_flat(blocks, self._packed.captured_inputs)  # noqa: SLF001
+        return {k: v.numpy() for k, v in zip(self.outputs, out)}
 
     def predict(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.run(self.validate(columns))
@@ -130,6 +114,26 @@ class LoadedVersion:
         except tf.errors.InvalidArgumentError as e:
             raise RequestError(f"examples: {_graph_error(e.message)}") from None
         return out["score"].numpy()
+
+
+def _packed_function(fn, groups: list, outputs: list[str]):
+    """The signature `fn` behind one argument per dtype: a [rows, inputs] block (or the one input's
+    column) that the graph splits into fn's inputs. The server calls it through its flat entry point
+    with tensors validate() has checked. Why: every eager op and every keyword argument a call binds in
+    Python costs tens of microseconds, and under load each release of the GIL around an eager op waits
+    for the other request threads to hand it back; with the 42 raw columns of the synthetic model the
+    per-input call spent about half of a one-row call there."""
+    specs = [tf.TensorSpec([None] if len(names) == 1 else [None, len(names)], dtype) for dtype, names in groups]
+
+    @tf.function(input_signature=specs, autograph=False)
+    def packed(*blocks):
+        kwargs = {}
+        for (_, names), block in zip(groups, blocks):
+            kwargs.update({names[0]: block} if len(names) == 1 else zip(names, tf.unstack(block, len(names), axis=1)))
+        out = fn(**kwargs)
+        return [out[k] for k in outputs]
+
+    return packed.get_concrete_function()
 
 
 def _graph_error(message: str) -> str:

@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable
 
 from waitress.channel import HTTPChannel
 from waitress.server import TcpWSGIServer
+from waitress.task import WSGITask
 
 import numpy as np
 import tensorflow as tf
@@ -291,9 +292,26 @@ class RestApp:
             return 400, {"error": f"{type(e).__name__}: {e}".splitlines()[0]}, "application/json"
 
 
+class _OneWriteTask(WSGITask):
+    """A whole response (every one this app sends: a body of known Content-Length) leaves in one write,
+    header and body together. Waitress writes them one after the other, each a send() from the worker
+    thread: a second system call per request, and a second release of the GIL that the worker must
+    wait to take back while other request threads and the batcher hold it."""
+
+    def write(self, data):
+        if (not self.wrote_header and self.complete and self.has_body and not self.chunked_response
+                and data and self.content_length == len(data)):
+            self.channel.write_soon(self.build_response_header() + data)
+            self.wrote_header = True
+            self.content_bytes_written += len(data)
+            return
+        super().write(data)
+
+
 class _DeadlineChannel(HTTPChannel):
     """Remembers when the request now being received began (its first byte)."""
     receiving_since = None
+    task_class = _OneWriteTask
 
     def received(self, data):
         if self.request is None and data:

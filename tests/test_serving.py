@@ -98,12 +98,36 @@ def test_saved_model_scores_raw_rows_like_the_trainer(exported, trained, small_l
     feats = FeatureTransform(art)(canonical_to_tensors({k: v for k, v in canon.items() if k != LABEL_KEY}))
     direct = tf.sigmoid(model(feats))[:, 0].numpy()
     np.testing.assert_allclose(served, direct, atol=1e-5)
-    # the server's flat call of the signature (serving.registry) scores exactly like the public call
+    # the server's packed call of the signature (one block per dtype, serving.registry) scores exactly
+    # like the public call
     from serving.registry import load_version
     lv = load_version(path, 1)
-    assert lv._flat_order is not None and sorted(lv._flat_order) == sorted(request)
+    assert sorted(n for _, names in lv._groups for n in names) == sorted(request)
     np.testing.assert_array_equal(lv.run({k: v.numpy() for k, v in request.items()})["score"],
                                   lv.fn(**request)["score"].numpy())
+
+
+def test_rest_response_leaves_in_one_write(server, small_log, small_cfg, monkeypatch):
+    """Header and body of a response are handed to the socket together (one write_soon, so one send),
+    for a prediction and for an error; the client still reads both whole."""
+    from serving.rest import _DeadlineChannel
+    writes = []
+    real = _DeadlineChannel.write_soon
+
+    def counted(self, data):
+        writes.append(bytes(data))
+        return real(self, data)
+
+    monkeypatch.setattr(_DeadlineChannel, "write_soon", counted)
+    rows, _ = _raw_rows(small_log, small_cfg, n=2)
+    url = f"http://127.0.0.1:{server.rest_port}/v1/models/small:predict"
+    for body, want in (({"instances": rows}, 200), ({"instances": []}, 400)):
+        writes.clear()
+        code, out = _http("POST", url, body)
+        assert code == want
+        assert len(writes) == 1 and writes[0].startswith(b"HTTP/1.1 ")
+        head, payload = writes[0].split(b"\r\n\r\n", 1)
+        assert json.loads(payload) == out and f"Content-Length: {len(payload)}".encode() in head
 
 
 def test_rest_predict_row_and_columnar(server, exported, small_log, small_cfg):
