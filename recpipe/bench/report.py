@@ -86,6 +86,15 @@ def write_report(out_dir: str) -> str:
     return path
 
 
+def _per_day(run: list[dict], other: list[dict], key: str = "auc") -> list[float]:
+    """Per day, `run`'s figure minus `other`'s (two runs of the lifecycle bench, day by day)."""
+    return [a[key] - b[key] for a, b in zip(run, other)]
+
+
+def _signed(values) -> str:
+    return ", ".join(f"{v:+.4f}" for v in values)
+
+
 def _why(key: str, found: dict) -> str:
     """Why a target is missed on this machine, from what the same run measured."""
     t = found.get("train", {})
@@ -237,8 +246,8 @@ def _why(key: str, found: dict) -> str:
                 + "; ".join(parts) + ". The share falls as tables grow.")
     life = found.get("lifecycle", {}).get("runs", {})
     if key == "lifecycle_auc_gap_vs_no_drift" and life:
-        gaps = [b["auc"] - a["auc"] for a, b in zip(life["stable_evict"], life["drift_evict"])]
-        text = ("per day, drifting − drift-free eval AUC: " + ", ".join(f"{g:+.4f}" for g in gaps) + ". ")
+        gaps = _per_day(life["drift_evict"], life["stable_evict"])
+        text = "per day, drifting − drift-free eval AUC: " + _signed(gaps) + ". "
         if all("auc_se" in d for d in life["drift_evict"] + life["stable_evict"]):
             se = [(a["auc_se"] ** 2 + b["auc_se"] ** 2) ** 0.5
                   for a, b in zip(life["stable_evict"], life["drift_evict"])]
@@ -249,22 +258,22 @@ def _why(key: str, found: dict) -> str:
                      f"{0.01 / max(se):.1f} of those, and the largest gap {noise:.1f} of its day's"
                      + (", within measurement noise. " if noise < 2 else ": more than measurement noise. "))
         if "drift_no_evict" in life:
-            keep = [b["auc"] - a["auc"] for a, b in zip(life["drift_no_evict"], life["drift_evict"])]
+            keep = _per_day(life["drift_evict"], life["drift_no_evict"])
             text += ("The same DAG without eviction on the same drifting log differs from the evicting one by "
-                     + ", ".join(f"{g:+.4f}" for g in keep) + ": eviction and slot reuse cost nothing measurable. ")
+                     + _signed(keep) + ": eviction and slot reuse cost nothing measurable. ")
         if all("oracle_auc" in d for d in life["drift_evict"] + life["stable_evict"]):
             drift, stable = life["drift_evict"], life["stable_evict"]
-            truth = [b["oracle_auc"] - a["oracle_auc"] for a, b in zip(stable, drift)]
+            truth = _per_day(drift, stable, "oracle_auc")
             text += ("The hidden model itself, scoring the same eval rows with the probabilities their labels were "
-                     "drawn with, differs between the two logs by " + ", ".join(f"{g:+.4f}" for g in truth)
+                     "drawn with, differs between the two logs by " + _signed(truth)
                      + " per day, so the runs' gap beyond the logs' own difference is "
-                     + ", ".join(f"{g - t:+.4f}" for g, t in zip(gaps, truth))
+                     + _signed(g - t for g, t in zip(gaps, truth))
                      + " (lifecycle_auc_gap_beyond_oracle). ")
         if "drift_hashed" in life:
-            free = [b["auc"] - a["auc"] for a, b in zip(life["drift_hashed"], life["drift_evict"])]
+            free = _per_day(life["drift_evict"], life["drift_hashed"])
             text += ("The drifting log with no lifecycle at all (item table hashed: every item has a row from its "
                      "first click, nothing admitted or evicted) differs from the evicting run by "
-                     + ", ".join(f"{g:+.4f}" for g in free) + " (lifecycle_auc_gap_vs_no_lifecycle)")
+                     + _signed(free) + " (lifecycle_auc_gap_vs_no_lifecycle)")
             if max(map(abs, free)) <= max(map(abs, gaps)) / 2:
                 text += (", so most of the gap to the drift-free log is the drifting log's own, which any model of "
                          "it pays: every day the window's oldest items, its most clicked (Zipf-ranked from the "
