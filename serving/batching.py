@@ -6,11 +6,12 @@ fails, every request in it is retried alone, so errors stay with the request tha
 """
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -25,7 +26,7 @@ class _Item:
     lv: LoadedVersion
     columns: dict[str, np.ndarray]
     rows: int
-    done: threading.Event = field(default_factory=threading.Event)
+    notify: Callable[[], None]  # called on the batcher's thread once result or error is set
     result: Optional[dict] = None
     error: Optional[BaseException] = None
     submitted: float = field(default_factory=time.perf_counter)
@@ -43,9 +44,27 @@ class Batcher:
         self._thread.start()
 
     def submit(self, lv: LoadedVersion, columns: dict[str, np.ndarray]) -> dict:
-        item = _Item(lv, columns, len(next(iter(columns.values()))))
+        """Blocks the calling thread until its batch has run (the gRPC front end's threads)."""
+        done = threading.Event()
+        item = _Item(lv, columns, len(next(iter(columns.values()))), done.set)
         self._queue.put(item)
-        item.done.wait()
+        done.wait()
+        return self._result(item)
+
+    async def submit_async(self, lv: LoadedVersion, columns: dict[str, np.ndarray]) -> dict:
+        """Awaits its batch on the caller's event loop (the REST front end), which serves others meanwhile."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def wake() -> None:
+            if not done.done():  # cancelled when the client went away
+                done.set_result(None)
+        item = _Item(lv, columns, len(next(iter(columns.values()))), lambda: loop.call_soon_threadsafe(wake))
+        self._queue.put(item)
+        await done
+        return self._result(item)
+
+    def _result(self, item: _Item) -> dict:
         if item.error is not None:
             raise item.error
         assert item.result is not None
@@ -103,7 +122,7 @@ class Batcher:
             it.result = {k: v[start:start + it.rows] for k, v in out.items()}
             it.started, it.finished = started, finished
             start += it.rows
-            it.done.set()
+            it.notify()
 
     @staticmethod
     def _run_one(item: _Item) -> None:
@@ -113,7 +132,7 @@ class Batcher:
         except Exception as e:  # noqa: BLE001 - handed to the waiting request thread
             item.error = e
         item.finished = time.perf_counter()
-        item.done.set()
+        item.notify()
 
 
 class Predictor:
@@ -125,17 +144,32 @@ class Predictor:
 
     def predict(self, lv: LoadedVersion, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Validated, then run alone or in a batch; the stages' times go to the metrics."""
+        columns = self._validated(lv, columns)
+        if self.batcher is not None:
+            return self.batcher.submit(lv, columns)
+        t0 = time.perf_counter()
+        out = lv.run(columns)
+        self.metrics.stage("model", time.perf_counter() - t0)
+        return out
+
+    async def predict_async(self, lv: LoadedVersion, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """predict() on an event loop: the model call runs on the batcher's thread or, without
+        batching, on the loop's default executor, and the loop serves other requests meanwhile."""
+        columns = self._validated(lv, columns)
+        if self.batcher is not None:
+            return await self.batcher.submit_async(lv, columns)
+        t0 = time.perf_counter()
+        out = await asyncio.get_running_loop().run_in_executor(None, lv.run, columns)
+        self.metrics.stage("model", time.perf_counter() - t0)
+        return out
+
+    def _validated(self, lv: LoadedVersion, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         t0 = time.perf_counter()
         columns = lv.validate(columns)
         self.metrics.stage("validate", time.perf_counter() - t0)
         if self.batcher is None:
-            rows = len(next(iter(columns.values())))
-            self.metrics.batch(rows)
-            t0 = time.perf_counter()
-            out = lv.run(columns)
-            self.metrics.stage("model", time.perf_counter() - t0)
-            return out
-        return self.batcher.submit(lv, columns)
+            self.metrics.batch(len(next(iter(columns.values()))))
+        return columns
 
     def stop(self) -> None:
         if self.batcher is not None:

@@ -1,4 +1,4 @@
-"""TF Serving's REST API (v1), a WSGI app served by waitress.
+"""TF Serving's REST API (v1), an async app served by serving.http_loop (one event loop).
 
 GET  /v1/models/NAME[/versions/V]            model version status
 GET  /v1/models/NAME[/versions/V]/metadata   signature defs, in TF Serving's JSON form
@@ -11,24 +11,21 @@ Errors are {"error": "..."} with 400 (bad request), 404 (unknown model/version/p
 Content-Length), 413 (too large), 500 (a bug: logged; never a dropped connection); every response
 is counted in the metrics with its status.
 
-Waitress reads each request completely before a worker thread sees it, so a slow client holds a
-connection, not a thread; connections are capped, idle ones closed, and a request that is still
-incomplete REQUEST_DEADLINE_S after its first byte (slow-loris) is dropped.
+The loop reads each request completely before the app sees it, so a slow client holds a connection,
+not a thread; connections are capped, idle ones closed, and a request that is still incomplete
+REQUEST_DEADLINE_S after its first byte (slow-loris) is dropped (serving.http_loop). JSON, validation
+and the response run on the loop; the model call on the batcher's thread (or the loop's executor
+without batching), so one thread at a time needs the GIL on a request's path.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
 import re
-import threading
 import time
-from http import HTTPStatus
-from typing import Any, Callable, Iterable
-
-from waitress.channel import HTTPChannel
-from waitress.server import TcpWSGIServer
-from waitress.task import WSGITask
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
@@ -38,10 +35,11 @@ from tensorflow_serving.apis import get_model_metadata_pb2
 from features.canonical import FLOAT32_MAX
 from serving.batching import Predictor
 from serving.examples import b64_bytes, classes, examples_from_json, is_b64
+from serving.http_loop import HttpServer, Request, Response
 from serving.metrics import Metrics
 from serving.registry import SIGNATURE, ModelRegistry, RequestError
 
-__all__ = ["parse_predict_body", "format_predict_response", "make_rest_server", "RestServer", "MAX_BODY_BYTES",
+__all__ = ["parse_predict_body", "format_predict_response", "make_rest_server", "RestApp", "MAX_BODY_BYTES",
            "REQUEST_DEADLINE_S"]
 
 log = logging.getLogger("recpipe.serving")
@@ -194,26 +192,27 @@ def model_metadata(registry: ModelRegistry, version: int | None) -> dict:
 
 
 class RestApp:
-    """The WSGI application: TF Serving's REST routes over one registry."""
+    """TF Serving's REST routes over one registry, as an async app of serving.http_loop: it runs on the
+    loop thread; a model call waits for the batcher (or the loop's executor), so the loop serves others."""
 
     def __init__(self, registry: ModelRegistry, predictor: Predictor, metrics: Metrics):
         self.registry, self.predictor, self.metrics = registry, predictor, metrics
 
-    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+    async def __call__(self, request: Request) -> Response:
         t0 = time.perf_counter()
-        method = environ["REQUEST_METHOD"]
-        verb = environ.get("PATH_INFO", "").rpartition(":")[2]
-        api = f"rest_{verb if verb in ('classify', 'regress') else 'predict'}" if method == "POST" else "rest_get"
+        verb = request.path.rpartition(":")[2]
+        verb = verb if verb in ("classify", "regress") else "predict"
+        api = f"rest_{verb}" if request.method == "POST" else "rest_get"
         try:
-            code, body, content_type = self._handle(method, environ)
+            code, body, content_type = await self._handle(request)
+        except asyncio.CancelledError:
+            raise
         except Exception:  # noqa: BLE001 - a bug: answered and counted as 500, logged with its traceback
-            log.exception("REST %s %s failed", method, environ.get("PATH_INFO"))
+            log.exception("REST %s %s failed", request.method, request.path)
             code, body, content_type = 500, {"error": "internal server error"}, "application/json"
         data = body if isinstance(body, bytes) else json.dumps(body, allow_nan=True).encode("utf-8")
-        start_response(f"{code} {HTTPStatus(code).phrase}",
-                       [("Content-Type", content_type), ("Content-Length", str(len(data)))])
-        self.metrics.request(api, str(code), time.perf_counter() - t0)
-        return [data]
+        self.metrics.request(api, str(code), time.perf_counter() - t0 + request.read_s)  # read: before the app
+        return Response(code, content_type, data)
 
     def _route(self, path: str):
         m = _PATH.match(path)
@@ -223,14 +222,15 @@ class RestApp:
             raise LookupError(f"Servable not found for request: Latest({m['name']})")
         return m["version"] and int(m["version"]), m["rest"]
 
-    def _handle(self, method: str, environ: dict) -> tuple[int, Any, str]:
-        path = environ.get("PATH_INFO", "")
+    async def _handle(self, request: Request) -> tuple[int, Any, str]:
+        if request.reject is not None:
+            return request.reject[0], {"error": request.reject[1]}, "application/json"
         try:
-            if method == "GET":
-                return self._get(path)
-            if method == "POST":
-                return self._post(path, environ)
-            return 405, {"error": f"method {method} not allowed"}, "application/json"
+            if request.method == "GET":
+                return self._get(request.path)
+            if request.method == "POST":
+                return await self._post(request)
+            return 405, {"error": f"method {request.method} not allowed"}, "application/json"
         except RequestError as e:
             return 400, {"error": str(e)}, "application/json"
         except LookupError as e:
@@ -251,37 +251,28 @@ class RestApp:
         body = model_metadata(self.registry, version) if rest == "/metadata" else model_status(self.registry, version)
         return 200, body, "application/json"
 
-    def _post(self, path: str, environ: dict) -> tuple[int, Any, str]:
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or -1)
-        except ValueError:
-            length = -1
-        if length < 0:
-            return 411, {"error": "Content-Length required"}, "application/json"
-        if length > MAX_BODY_BYTES:
-            return 413, {"error": f"request body over {MAX_BODY_BYTES} bytes"}, "application/json"
-        t0 = time.perf_counter()
-        raw = environ["wsgi.input"].read(length)
-        self.metrics.stage("read", time.perf_counter() - t0)
-        route = self._route(path)
+    async def _post(self, request: Request) -> tuple[int, Any, str]:
+        self.metrics.stage("read", request.read_s)
+        route = self._route(request.path)
         if route is None or route[1] not in _POST_VERBS:
-            return 404, {"error": f"unknown path {path}"}, "application/json"
+            return 404, {"error": f"unknown path {request.path}"}, "application/json"
         lv = self.registry.get(route[0])
         t0 = time.perf_counter()
         try:
-            body = json.loads(raw)
+            body = json.loads(request.body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise RequestError(f"JSON parse error: {e}") from None
         except RecursionError:
             raise RequestError("JSON nested too deeply") from None
         if route[1] != ":predict":
-            scores = lv.score_examples(examples_from_json(body))
+            examples = examples_from_json(body)
+            scores = await asyncio.get_running_loop().run_in_executor(None, lv.score_examples, examples)
             result = classes(scores) if route[1] == ":classify" else [float(p) for p in scores]
             return 200, {"result": result}, "application/json"
         try:
             cols, row_format = parse_predict_body(body, lv.inputs)
             self.metrics.stage("parse", time.perf_counter() - t0)
-            outputs = self.predictor.predict(lv, cols)
+            outputs = await self.predictor.predict_async(lv, cols)
             t0 = time.perf_counter()
             data = json.dumps(format_predict_response(outputs, row_format), allow_nan=True).encode("utf-8")
             self.metrics.stage("respond", time.perf_counter() - t0)
@@ -292,81 +283,11 @@ class RestApp:
             return 400, {"error": f"{type(e).__name__}: {e}".splitlines()[0]}, "application/json"
 
 
-class _OneWriteTask(WSGITask):
-    """A whole response (every one this app sends: a body of known Content-Length) leaves in one write,
-    header and body together. Waitress writes them one after the other, each a send() from the worker
-    thread: a second system call per request, and a second release of the GIL that the worker must
-    wait to take back while other request threads and the batcher hold it."""
-
-    def write(self, data):
-        if (not self.wrote_header and self.complete and self.has_body and not self.chunked_response
-                and data and self.content_length == len(data)):
-            self.channel.write_soon(self.build_response_header() + data)
-            self.wrote_header = True
-            self.content_bytes_written += len(data)
-            return
-        super().write(data)
-
-
-class _DeadlineChannel(HTTPChannel):
-    """Remembers when the request now being received began (its first byte)."""
-    receiving_since = None
-    task_class = _OneWriteTask
-
-    def received(self, data):
-        if self.request is None and data:
-            self.receiving_since = time.monotonic()
-        done = super().received(data)
-        if self.request is None:
-            self.receiving_since = None
-        return done
-
-
-class RestServer(TcpWSGIServer):
-    """waitress, with one more maintenance rule: a request not received whole within
-    REQUEST_DEADLINE_S of its first byte is dropped (a trickling client keeps a connection 'active')."""
-    channel_class = _DeadlineChannel
-
-    def maintenance(self, now):
-        super().maintenance(now)
-        cutoff = time.monotonic() - self.request_deadline_s
-        for channel in list(self.active_channels.values()):
-            since = getattr(channel, "receiving_since", None)
-            if since is not None and since < cutoff:
-                channel.will_close = True
-
-    @property
-    def server_address(self) -> tuple[str, int]:
-        return self.effective_host, self.effective_port
-
-    def serve_forever(self) -> None:
-        self.run()
-
-    def shutdown(self, timeout_s: float = 5.0) -> None:
-        """Stop the workers, then close every socket from the loop's own thread: a socket closed by another
-        thread under the loop's select() makes it fail (EBADF) and the loop thread die with a traceback.
-        With no loop running (never started, or already ended), close here."""
-        self.task_dispatcher.shutdown(timeout=timeout_s)
-        closed = threading.Event()
-
-        def close_all() -> None:
-            for dispatcher in list(self._map.values()):
-                if dispatcher is not self and dispatcher is not self.trigger:
-                    dispatcher.handle_close()
-            self.close()  # the listening socket and the trigger: the map is empty, the loop returns
-            closed.set()
-        self.trigger.pull_trigger(close_all)
-        if not closed.wait(timeout_s):
-            self.close()
-
-
 def make_rest_server(registry: ModelRegistry, predictor: Predictor, metrics: Metrics, host: str, port: int,
-                     threads: int = 64, request_deadline_s: float = REQUEST_DEADLINE_S,
-                     idle_timeout_s: float = IDLE_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS) -> RestServer:
-    """threads: worker threads, enough for concurrent requests to meet in the batcher."""
-    server = RestServer(RestApp(registry, predictor, metrics), host=host, port=port, threads=threads,
-                        connection_limit=max_connections, channel_timeout=idle_timeout_s,
-                        cleanup_interval=max(min(request_deadline_s / 3, 30), 0.5), backlog=1024,
-                        max_request_body_size=MAX_BODY_BYTES + 1, ident="recpipe", clear_untrusted_proxy_headers=True)
-    server.request_deadline_s = request_deadline_s
-    return server
+                     threads: int = 8, request_deadline_s: float = REQUEST_DEADLINE_S,
+                     idle_timeout_s: float = IDLE_TIMEOUT_S, max_connections: int = MAX_CONNECTIONS) -> HttpServer:
+    """threads: the executor's, for model calls without batching and tf.Example scoring (the loop itself
+    is one thread)."""
+    return HttpServer(RestApp(registry, predictor, metrics), host, port, threads=threads,
+                      request_deadline_s=request_deadline_s, idle_timeout_s=idle_timeout_s,
+                      max_connections=max_connections, max_body_bytes=MAX_BODY_BYTES)

@@ -108,17 +108,24 @@ def test_saved_model_scores_raw_rows_like_the_trainer(exported, trained, small_l
 
 
 def test_rest_response_leaves_in_one_write(server, small_log, small_cfg, monkeypatch):
-    """Header and body of a response are handed to the socket together (one write_soon, so one send),
+    """Header and body of a response are handed to the transport together (one write, so one send),
     for a prediction and for an error; the client still reads both whole."""
-    from serving.rest import _DeadlineChannel
+    from serving.http_loop import _Connection
     writes = []
-    real = _DeadlineChannel.write_soon
+    real = _Connection.connection_made
 
-    def counted(self, data):
-        writes.append(bytes(data))
-        return real(self, data)
+    class Counted:  # the connection's transport, its writes recorded
+        def __init__(self, transport):
+            self._t = transport
 
-    monkeypatch.setattr(_DeadlineChannel, "write_soon", counted)
+        def write(self, data):
+            writes.append(bytes(data))
+            self._t.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self._t, name)
+
+    monkeypatch.setattr(_Connection, "connection_made", lambda self, t: real(self, Counted(t)))
     rows, _ = _raw_rows(small_log, small_cfg, n=2)
     url = f"http://127.0.0.1:{server.rest_port}/v1/models/small:predict"
     for body, want in (({"instances": rows}, 200), ({"instances": []}, 400)):
@@ -170,7 +177,8 @@ def test_parse_and_format_helpers():
     with pytest.raises(RequestError, match="signature 'other' not found"):
         parse_predict_body({"signature_name": "other", "instances": [{}]}, specs)
     assert format_predict_response({"score": np.array([0.5])}, True) == {"predictions": [0.5]}
-    assert format_predict_response({"s": np.array([1.0]), "t": np.array([2.0])}, False) == {"outputs": {"s": [1.0], "t": [2.0]}}
+    assert format_predict_response({"s": np.array([1.0]), "t": np.array([2.0])}, False) == {
+        "outputs": {"s": [1.0], "t": [2.0]}}
 
 
 def test_grpc_with_official_stub(server, small_log, small_cfg):
@@ -323,6 +331,7 @@ def test_retrieval_export_and_serving(tmp_path, preprocessed, small_log, small_c
         srv.stop()
     assert code == 200 and len(body["predictions"]) == 3
     first = body["predictions"][0]
-    vocab = set(json.loads(Path(os.path.join(preprocessed[0], "transform", "vocab", "item_id.json")).read_text())["values"])
+    vocab_json = Path(os.path.join(preprocessed[0], "transform", "vocab", "item_id.json")).read_text()
+    vocab = set(json.loads(vocab_json)["values"])
     assert len(first["candidates"]) == 5 and set(first["candidates"]) <= vocab
     assert first["scores"] == sorted(first["scores"], reverse=True)

@@ -9,8 +9,8 @@ same machine load. Server and load share this machine's cores.
 Where the time goes: around each server level the bench scrapes the server's own Prometheus metrics
 (`recpipe_stage_seconds`, serving.metrics) and reports the mean milliseconds per request of each
 stage (read, parse, validate, queue, model, handoff, respond), the server's whole request time, and
-the rest of what the client measured (`transport`: HTTP on both sides, waitress' dispatch, the
-client's own threads).
+the rest of what the client measured (`transport`: HTTP on both sides, the server's event loop
+between requests, the client's own threads).
 """
 from __future__ import annotations
 
