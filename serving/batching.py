@@ -1,6 +1,8 @@
 """Server-side batching: concurrent predict calls on one version become one model call.
 
-A request waits at most `timeout_s` for others to join; a batch holds at most `max_rows` rows.
+Once a batch's first request is taken, the batcher waits at most `timeout_s` for others (0, the
+default: none; a batch is whatever queued while the previous model call ran); a batch holds at most
+`max_rows` rows.
 Requests are validated before they join (a bad one never spoils a batch); if a merged call still
 fails, every request in it is retried alone, so errors stay with the request that caused them.
 """
@@ -138,7 +140,7 @@ class Batcher:
 class Predictor:
     """What the front ends call: validation, optional batching, metrics."""
 
-    def __init__(self, metrics: Metrics, max_batch_rows: int = 0, batch_timeout_s: float = 0.001):
+    def __init__(self, metrics: Metrics, max_batch_rows: int = 0, batch_timeout_s: float = 0.0):
         self.metrics = metrics
         self.batcher = Batcher(max_batch_rows, batch_timeout_s, metrics) if max_batch_rows > 0 else None
 

@@ -33,7 +33,7 @@ class ServeOptions:
     grpc_port: Optional[int] = 8500
     poll_seconds: float = 2.0
     max_batch_rows: int = 0          # 0: no server-side batching
-    batch_timeout_ms: float = 1.0
+    batch_timeout_ms: float = 0.0
 
     def __post_init__(self):
         if not MODEL_NAME.fullmatch(self.model_name):

@@ -182,7 +182,7 @@ SERVER_MODES = {"batching_off": [], "batching_on": ["--max-batch-rows", "64", "-
 
 
 def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callable[[str], None],
-                concurrencies=(1, 8, 32), seconds: float = 4.0, batch_timeout_ms: float = 1.0, reps: int = 3) -> dict:
+                concurrencies=(1, 8, 32), seconds: float = 4.0, batch_timeout_ms: float = 0.0, reps: int = 3) -> dict:
     """QPS and latency percentiles per mode and concurrency. Both servers run for the whole bench and
     the levels are measured round-robin (each repetition: every concurrency, every mode, in-process
     included), so a ratio between modes compares runs made under the same machine load; each level
