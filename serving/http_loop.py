@@ -270,8 +270,14 @@ class HttpServer:
         self._server = self.loop.run_until_complete(self.loop.create_server(lambda: _Connection(self), sock=sock))
         self._sweep_every = max(min(request_deadline_s / 3, idle_timeout_s / 3, 30.0), 0.5)
         self._ended = threading.Event()
+        self._state_lock = threading.Lock()
+        self._state = "new"  # -> "running" (serve_forever) or "closed" (shutdown before it ran)
 
     def serve_forever(self) -> None:
+        with self._state_lock:
+            if self._state != "new":
+                return
+            self._state = "running"
         asyncio.set_event_loop(self.loop)
         self.loop.call_later(self._sweep_every, self._sweep)
         try:
@@ -307,12 +313,12 @@ class HttpServer:
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop the loop from its own thread (connections and the listening socket closed there); with
         no loop running (never started, or already ended), close here."""
-        if self.loop.is_closed():
-            return
-        if self.loop.is_running():
+        with self._state_lock:
+            state, self._state = self._state, "closed"
+        if state == "running":  # stops run_forever even if it has not begun yet
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._ended.wait(timeout_s)
-        else:
+        elif state == "new":
             self._close_everything()
 
 

@@ -162,3 +162,14 @@ def test_connections_over_the_cap_get_503_and_slow_or_idle_ones_are_closed(serve
     for s in held[2:]:  # idle with nothing in flight: 1.5 s
         assert _read_all(s) == b""
     assert len(server.connections) <= 1
+
+
+def test_shutdown_before_or_without_serving_closes_the_socket():
+    server = HttpServer(App(), "127.0.0.1", 0, threads=1, request_deadline_s=1.0, idle_timeout_s=1.0,
+                        max_connections=4, max_body_bytes=10)
+    address = server.server_address
+    server.shutdown()
+    server.serve_forever()  # returns at once: the server was shut down first
+    server.shutdown()       # and a second shutdown is harmless
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(address, timeout=5)
