@@ -175,6 +175,17 @@ def oracle_aucs(log: str, days: list[str], eval_fraction: float) -> list[float]:
     return out
 
 
+def auc_gap_ratios(results: dict[str, list[dict]]) -> dict[str, float]:
+    """The largest |per-day difference| of the evicting drifting run's eval AUC from the drift-free run's
+    and from the hashed (no lifecycle) run's, and from the drift-free run's beyond the oracles' own gap."""
+    def per_day(other: str, key: str = "auc") -> list[float]:
+        return [a[key] - b[key] for a, b in zip(results["drift_evict"], results[other])]
+    gaps, truth = per_day("stable_evict"), per_day("stable_evict", "oracle_auc")
+    return {"lifecycle_auc_gap_vs_no_drift": max(map(abs, gaps)),
+            "lifecycle_auc_gap_vs_no_lifecycle": max(map(abs, per_day("drift_hashed"))),
+            "lifecycle_auc_gap_beyond_oracle": max(abs(g - t) for g, t in zip(gaps, truth))}
+
+
 def _has_truth(log: str) -> bool:
     files = sorted(glob.glob(os.path.join(log, "dt=*", "*.parquet")))
     return bool(files) and TRUTH_COLUMN in pq.read_schema(files[0]).names
@@ -216,12 +227,8 @@ def bench_lifecycle(work: str, say: Callable[[str], None], quick: bool = False, 
             d["oracle_auc"] = auc
     pruned = {name: _pruned_export(os.path.join(work, name), days[-1], reps, 0.3 if quick else 2.0, say)
               for name in results if results[name][-1]["item_slots"] is not None}  # a hashed table has no values
-    evict, stable, hashed = results["drift_evict"], results["stable_evict"], results["drift_hashed"]
-    ratios = {"lifecycle_item_slots_vs_max_size": max(d["item_slots"] for d in evict) / max_size,
-              "lifecycle_auc_gap_vs_no_drift": max(abs(a["auc"] - b["auc"]) for a, b in zip(evict, stable)),
-              "lifecycle_auc_gap_vs_no_lifecycle": max(abs(a["auc"] - b["auc"]) for a, b in zip(evict, hashed)),
-              "lifecycle_auc_gap_beyond_oracle": max(abs((a["auc"] - b["auc"]) - (a["oracle_auc"] - b["oracle_auc"]))
-                                                     for a, b in zip(evict, stable)),
+    ratios = {"lifecycle_item_slots_vs_max_size": max(d["item_slots"] for d in results["drift_evict"]) / max_size,
+              **auc_gap_ratios(results),
               "lifecycle_skew_checks_passed": sum(d["skew_passed"] for r in results.values() for d in r)
               / sum(len(r) for r in results.values())}
     p = pruned["drift_evict"]
@@ -233,7 +240,7 @@ def bench_lifecycle(work: str, say: Callable[[str], None], quick: bool = False, 
     ratios.update(memory["ratios"])
     if "drift_no_evict" in results:
         ratios["lifecycle_no_evict_slots_vs_evict"] = (results["drift_no_evict"][-1]["item_slots"]
-                                                       / evict[-1]["item_slots"])
+                                                       / results["drift_evict"][-1]["item_slots"])
     return {"suite": "lifecycle", "quick": quick, "runs": results, "pruned_exports": pruned,
             "memory_growth": memory, "ratios": ratios,
             "settings": {"prune_unseen_days": PRUNE_DAYS, "reps": reps, "days": days, "rows_per_day": per_day,
