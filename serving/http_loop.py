@@ -67,22 +67,22 @@ class _Reject(Exception):
 
 
 class _Date:
-    """The Date header, formatted once a second."""
+    """The Date header's value, formatted once a second."""
 
     def __init__(self):
-        self._second, self._value = -1, b""
+        self._second, self._value = -1, ""
 
-    def get(self) -> bytes:
+    def get(self) -> str:
         now = int(time.time())
         if now != self._second:
-            self._second, self._value = now, email.utils.formatdate(now, usegmt=True).encode()
+            self._second, self._value = now, email.utils.formatdate(now, usegmt=True)
         return self._value
 
 
-def encode_response(r: Response, keep_alive: bool, date: bytes) -> bytes:
-    head = (f"HTTP/1.1 {r.status} {HTTPStatus(r.status).phrase}\r\nServer: recpipe\r\nDate: {date.decode()}\r\n"
-            f"Content-Type: {r.content_type}\r\nContent-Length: {len(r.body)}\r\n"
-            f"{'' if keep_alive else 'Connection: close' + chr(13) + chr(10)}\r\n")
+def encode_response(r: Response, keep_alive: bool, date: str) -> bytes:
+    close = "" if keep_alive else "Connection: close\r\n"
+    head = (f"HTTP/1.1 {r.status} {HTTPStatus(r.status).phrase}\r\nServer: recpipe\r\nDate: {date}\r\n"
+            f"Content-Type: {r.content_type}\r\nContent-Length: {len(r.body)}\r\n{close}\r\n")
     return head.encode("latin-1") + r.body
 
 
@@ -151,8 +151,8 @@ class _Connection(asyncio.Protocol):
     def _stop_reading(self, reject: _Reject) -> None:
         self.stopped_reading = True
         self.receiving_since = None
-        method = self._method()
-        self._enqueue(Request(method, self._path(), b"", reject=(reject.status, reject.message)), keep_alive=False)
+        self._enqueue(Request(self._method(), self._path(), b"", reject=(reject.status, reject.message)),
+                      keep_alive=False)
 
     # ------------------------------------------------------------------ parser callbacks
     def on_message_begin(self) -> None:

@@ -289,8 +289,7 @@ def _why(key: str, found: dict) -> str:
         b, inproc = serve["batching_on"]["8"]["breakdown_ms"], serve["in_process"]["8"]
         return (f"at concurrency 8 with batching, a request's mean {b['client']:.1f} ms is transport "
                 f"{b['transport']:.1f} ms (HTTP on both sides, the server's event loop, the load generator's threads) "
-                f"and "
-                f"{b['server']:.1f} ms in the server: model call {b['model']:.1f}, waiting for a batch "
+                f"and {b['server']:.1f} ms in the server: model call {b['model']:.1f}, waiting for a batch "
                 f"{b['queue']:.1f}, "
                 f"thread handoff {b['handoff']:.1f}, JSON parse {b['parse']:.2f}, validation {b['validate']:.2f}. "
                 f"The server, its Python threads and the load generator share 2 cores: the same SavedModel called "
@@ -301,9 +300,9 @@ def _why(key: str, found: dict) -> str:
         return (f"at concurrency 8 the server answers {on['qps']:,.0f} QPS with batching ({off['qps']:,.0f} without) "
                 f"where 8 threads calling the signature in-process with ready-made tensors reach {inproc['qps']:,.0f}. "
                 f"Per request the server adds what the in-process call skips: HTTP and the event loop's turns "
-                f"(transport "
-                f"{b['transport']:.1f} ms, shared with the load generator's threads), JSON parse {b['parse']:.2f}, "
-                f"validation {b['validate']:.2f}, building the input tensors, the batch wait {b['queue']:.1f} and "
+                f"(transport {b['transport']:.1f} ms, shared with the load generator's threads), JSON parse "
+                f"{b['parse']:.2f}, validation {b['validate']:.2f}, building the input tensors, the batch wait "
+                f"{b['queue']:.1f} and "
                 f"the thread handoff {b['handoff']:.1f} ms, all Python on the same 2 cores as the model: the "
                 f"cheaper the model call, the larger that fixed share.")
     if key == "train_real_vs_synthetic_input" and "real_fp32" in runs:
