@@ -131,7 +131,7 @@ class Batcher:
         item.started = time.perf_counter()
         try:
             item.result = item.lv.run(item.columns)
-        except Exception as e:  # noqa: BLE001 - handed to the waiting request thread
+        except Exception as e:  # noqa: BLE001 - handed to the waiting request (a gRPC thread or the event loop)
             item.error = e
         item.finished = time.perf_counter()
         item.notify()

@@ -121,8 +121,8 @@ def _packed_function(fn, groups: list, outputs: list[str]):
     column) that the graph splits into fn's inputs. The server calls it through its flat entry point
     with tensors validate() has checked. Why: every eager op and every keyword argument a call binds in
     Python costs tens of microseconds, and under load each release of the GIL around an eager op waits
-    for the other request threads to hand it back; with the 42 raw columns of the synthetic model the
-    per-input call spent about half of a one-row call there."""
+    for the other threads (the REST event loop, gRPC's) to hand it back; with the 42 raw columns of the
+    synthetic model the per-input call spent about half of a one-row call there."""
     specs = [tf.TensorSpec([None] if len(names) == 1 else [None, len(names)], dtype) for dtype, names in groups]
 
     @tf.function(input_signature=specs, autograph=False)
