@@ -19,9 +19,15 @@ tested against the stock behaviour it changes (tests/test_dask_runner.py), so it
    never asks for those steps again: a worker killed after a file sink's finalize had moved the shards
    made Dask recompute the sink's pre-finalize step (to get its metrics), which deletes existing
    final shards, and the job published a split with no shards while its row counts balanced.
+7. A result computed on the cluster is let go once every transform reading it is built (each reader
+   holds what it needs: a side input its value, a main input its own graph), and every reader of a side
+   input gets the one value fetched for the first. Held until the job ended, a result lost with a killed
+   worker was recomputed while the job went on, re-running a sink's pre-finalize after its finalize had
+   moved the shards: the shards were deleted and the finalize, retried, failed on the missing files.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 
@@ -96,16 +102,34 @@ def _second(pair):
     return pair[1]
 
 
+class _Readers(PipelineVisitor):
+    """How many transforms read each PCollection, as a main or a side input."""
+
+    def __init__(self):
+        self.count: collections.Counter = collections.Counter()
+
+    def visit_transform(self, node) -> None:
+        self.count.update(_read(node))
+
+
+def _read(node) -> list:
+    """The PCollections a leaf transform reads, once per reading input."""
+    return ([pc for pc in node.inputs if not isinstance(pc, pvalue.PBegin)]
+            + [si.pvalue for si in node.side_inputs])
+
+
 @dataclasses.dataclass
 class _Visitor(PipelineVisitor):
     """Beam graph -> Dask bags: one bag per transform, one view of it per output PCollection (fix 1)."""
     client: object
     bag_kwargs: dict
+    unbuilt_readers: collections.Counter                       # PCollection -> readers not built yet (fix 7)
     pcolls: dict = dataclasses.field(default_factory=dict)     # PCollection -> bag
     bags: dict = dataclasses.field(default_factory=dict)       # transform node -> its bag (ParDo: tagged pairs)
     persisted: set = dataclasses.field(default_factory=set)    # nodes whose bag is computed on the cluster
     consumed: set = dataclasses.field(default_factory=set)
     metric_values: dict = dataclasses.field(default_factory=dict)  # node -> MetricUpdates fetched early (fix 6)
+    side_values: dict = dataclasses.field(default_factory=dict)    # PCollection -> its elements, fetched once
 
     def visit_transform(self, node) -> None:
         transform_cls = type(node.transform)
@@ -120,6 +144,19 @@ class _Visitor(PipelineVisitor):
             bags = [self.pcolls[pc] for pc in inputs]
             kwargs["input_bag"] = bags if isinstance(op, ops.Flatten) or len(bags) > 1 else bags[0]
         self._bind(node, op.apply(**kwargs))
+        self.unbuilt_readers.subtract(_read(node))
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Fix 7: forget the computed results every reader of which is built, so Dask never recomputes
+        them (their metrics are fetched already: fix 6); a result nothing reads is a leaf, kept."""
+        for node in [n for n in self.persisted if n in self.bags]:
+            outputs = list(node.outputs.values())
+            if outputs and all(pc in self.consumed and self.unbuilt_readers[pc] <= 0 for pc in outputs):
+                del self.bags[node]
+                for pc in outputs:
+                    del self.pcolls[pc]
+                    self.side_values.pop(pc, None)
 
     def _bind(self, node, bag) -> None:
         self.bags[node] = bag
@@ -143,8 +180,10 @@ class _Visitor(PipelineVisitor):
                                                                sync=True)):
                 self.metric_values[node] = list(updates)
         self.persisted.update(fresh)
-        values = self.client.compute(self.pcolls[si.pvalue]).result()
-        return SideInputMap(type(si), si._view_options(), [WindowedValue(v, 0, (GlobalWindow(),)) for v in values])
+        if si.pvalue not in self.side_values:
+            values = self.client.compute(self.pcolls[si.pvalue]).result()
+            self.side_values[si.pvalue] = [WindowedValue(v, 0, (GlobalWindow(),)) for v in values]
+        return SideInputMap(type(si), si._view_options(), self.side_values[si.pvalue])
 
     def metrics(self) -> list:
         """The metrics bags of the ParDos whose metrics were not fetched already (fix 6)."""
@@ -193,7 +232,7 @@ class DaskRunnerResult(stock.DaskRunnerResult):
 
 
 class DaskRunner(stock.DaskRunner):
-    """Beam's DaskRunner with fixes 1-5 (see the module docstring)."""
+    """Beam's DaskRunner with fixes 1-7 (see the module docstring)."""
 
     def run_pipeline(self, pipeline, options):
         import dask.distributed as ddist
@@ -201,7 +240,9 @@ class DaskRunner(stock.DaskRunner):
         bag_kwargs = stock.DaskOptions._extract_bag_kwargs(dask_options)
         client = ddist.Client(**dask_options)
         pipeline.replace_all(stock.dask_overrides())
-        visitor = _Visitor(client, bag_kwargs)
+        readers = _Readers()
+        pipeline.visit(readers)
+        visitor = _Visitor(client, bag_kwargs, readers.count)
         pipeline.visit(visitor)
         metrics = visitor.metrics()
         futures = client.compute([*visitor.leaves(), *metrics])  # one graph: shared tasks run once

@@ -247,6 +247,31 @@ def test_fix6_a_lost_worker_never_reruns_a_step_computed_for_a_side_input(dask_c
     assert sum(r.committed for r in side_runs) == 1
 
 
+def _ignore(x, _side):
+    return x
+
+
+def test_fix7_a_lost_worker_never_reruns_a_step_whose_readers_are_built(dask_cluster, tmp_path):
+    """The kill comes while the runner still builds the graph: a later side input's round runs a step
+    that kills the worker holding _SideEffect's result, after every reader of that result was built.
+    Kept wanted, the result was recomputed: a file sink's pre-finalize ran again after its finalize had
+    moved the shards, deleting them (the preprocess job then failed, or published a split without shards)."""
+    runs, marker = str(tmp_path / "runs"), str(tmp_path / "killed")
+
+    def build(p):
+        side = p | "S" >> beam.Create([100]) | "Side" >> beam.ParDo(_SideEffect(runs))
+        used = p | "M" >> beam.Create(list(range(20))) | "Use" >> beam.Map(_pair, beam.pvalue.AsSingleton(side))
+        kill = (p | "K" >> beam.Create([0])
+                | "Kill" >> beam.Map(_kill_side_worker, 0, runs, marker))
+        _ = (used | "Later" >> beam.Map(_ignore, beam.pvalue.AsSingleton(kill))
+             | beam.Map(_record, str(tmp_path / "out")))
+
+    _run(build, OURS, dask_cluster)
+    assert os.path.exists(marker)  # the worker holding the side step's result was killed
+    assert len(os.listdir(runs)) == 1  # and nothing asked for that result again
+    assert _recorded(tmp_path / "out") == [[x, 100] for x in range(20)]
+
+
 # ------------------------------------------------------------------------- the preprocess job
 def _shard_rows(data: PreprocessedData, split: str) -> collections.Counter:
     import tensorflow as tf
