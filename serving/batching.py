@@ -23,6 +23,11 @@ from serving.registry import LoadedVersion
 __all__ = ["Batcher", "Predictor"]
 
 
+def _row_count(columns: dict[str, np.ndarray]) -> int:
+    """Rows in a validated request (every column has as many)."""
+    return len(next(iter(columns.values())))
+
+
 @dataclass
 class _Item:
     lv: LoadedVersion
@@ -48,7 +53,7 @@ class Batcher:
     def submit(self, lv: LoadedVersion, columns: dict[str, np.ndarray]) -> dict:
         """Blocks the calling thread until its batch has run (the gRPC front end's threads)."""
         done = threading.Event()
-        item = _Item(lv, columns, len(next(iter(columns.values()))), done.set)
+        item = _Item(lv, columns, _row_count(columns), done.set)
         self._queue.put(item)
         done.wait()
         return self._result(item)
@@ -61,7 +66,7 @@ class Batcher:
         def wake() -> None:
             if not done.done():  # cancelled when the client went away
                 done.set_result(None)
-        item = _Item(lv, columns, len(next(iter(columns.values()))), lambda: loop.call_soon_threadsafe(wake))
+        item = _Item(lv, columns, _row_count(columns), lambda: loop.call_soon_threadsafe(wake))
         self._queue.put(item)
         await done
         return self._result(item)
@@ -170,7 +175,7 @@ class Predictor:
         columns = lv.validate(columns)
         self.metrics.stage("validate", time.perf_counter() - t0)
         if self.batcher is None:
-            self.metrics.batch(len(next(iter(columns.values()))))
+            self.metrics.batch(_row_count(columns))
         return columns
 
     def stop(self) -> None:
