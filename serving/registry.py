@@ -4,6 +4,7 @@ Depends on nothing of training: it only reads TF Serving's layout MODEL_BASE/<in
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -17,13 +18,23 @@ from tensorflow.core.protobuf import saved_model_pb2
 from features.errors import RecpipeError
 from serving.version import EXAMPLES_SIGNATURE, SIGNATURE, ExportBase, ExportedVersion
 
-__all__ = ["LoadedVersion", "ModelRegistry", "RequestError", "SIGNATURE", "EXAMPLES_SIGNATURE", "load_version"]
+__all__ = ["LoadedVersion", "ModelRegistry", "RequestError", "SIGNATURE", "EXAMPLES_SIGNATURE", "load_version",
+           "dtype_kind"]
 
 log = logging.getLogger("recpipe.serving")
 
 
 class RequestError(RecpipeError, ValueError):
     """The client sent something the model cannot take (HTTP 400 / gRPC INVALID_ARGUMENT)."""
+
+
+@functools.lru_cache(maxsize=None)
+def dtype_kind(dtype: tf.DType) -> tuple[str, object]:
+    """An input dtype as ("s"|"i"|"f", its numpy dtype or None for strings), asked per request column:
+    cached, as comparing TensorFlow DTypes costs microseconds each time."""
+    if dtype == tf.string:
+        return "s", None
+    return ("i" if dtype.is_integer else "f"), dtype.as_numpy_dtype
 
 
 @dataclass
@@ -41,9 +52,7 @@ class LoadedVersion:
     _packed: object = field(init=False, repr=False)  # ConcreteFunction of the blocks -> [outputs]
 
     def __post_init__(self):
-        self._kinds = {n: ("s" if spec.dtype == tf.string else "i" if spec.dtype.is_integer else "f",
-                           None if spec.dtype == tf.string else spec.dtype.as_numpy_dtype)
-                       for n, spec in self.inputs.items()}
+        self._kinds = {n: dtype_kind(spec.dtype) for n, spec in self.inputs.items()}
         by_dtype: dict[tf.DType, list[str]] = {}
         for name in sorted(self.inputs):
             by_dtype.setdefault(self.inputs[name].dtype, []).append(name)
@@ -67,16 +76,19 @@ class LoadedVersion:
             if kind == "s":
                 if arr.dtype.kind not in "OSU":
                     raise RequestError(f"input {name!r}: expects strings, got {arr.dtype}")
-                out[name] = arr.astype(object)
+                out[name] = arr.astype(object, copy=False)
             elif kind == "i":
                 if arr.dtype.kind not in "iu":
                     raise RequestError(f"input {name!r}: expects integers, got {arr.dtype}")
-                out[name] = arr.astype(np_dtype)
+                out[name] = arr.astype(np_dtype, copy=False)
             else:
                 if arr.dtype.kind not in "iuf":
                     raise RequestError(f"input {name!r}: expects numbers, got {arr.dtype}")
-                with np.errstate(over="ignore"):
-                    cast = arr.astype(np_dtype)  # beyond float32 -> inf; NaN (missing) stays NaN
+                if arr.dtype == np_dtype:  # a REST column arrives so: nothing to cast
+                    cast = arr
+                else:
+                    with np.errstate(over="ignore"):
+                        cast = arr.astype(np_dtype)  # beyond float32 -> inf; NaN (missing) stays NaN
                 if np.isinf(cast).any():  # inf, or finite beyond float32: the trainer's data never has them
                     row = int(np.argmax(np.isinf(cast)))
                     raise RequestError(f"input {name!r} row {row}: {arr[row]} is not a finite float32 number "

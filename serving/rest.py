@@ -37,7 +37,7 @@ from serving.batching import Predictor
 from serving.examples import b64_bytes, classes, examples_from_json, is_b64
 from serving.http_loop import HttpServer, Request, Response
 from serving.metrics import Metrics
-from serving.registry import SIGNATURE, ModelRegistry, RequestError
+from serving.registry import SIGNATURE, ModelRegistry, RequestError, dtype_kind
 
 __all__ = ["parse_predict_body", "format_predict_response", "make_rest_server", "RestApp", "MAX_BODY_BYTES",
            "REQUEST_DEADLINE_S"]
@@ -54,7 +54,8 @@ _POST_VERBS = (":predict", ":classify", ":regress")
 
 def _column(name: str, values: list, spec: tf.TensorSpec) -> np.ndarray:
     """JSON values of one input -> a numpy column; null/absent means missing."""
-    if spec.dtype == tf.string:
+    kind, np_dtype = dtype_kind(spec.dtype)
+    if kind == "s":
         out = []
         for i, v in enumerate(values):
             if v is None:
@@ -74,7 +75,7 @@ def _column(name: str, values: list, spec: tf.TensorSpec) -> np.ndarray:
             else:
                 raise RequestError(f"input {name!r} row {i}: expects a string, got {type(v).__name__}")
         return np.array(out, dtype=object)
-    if spec.dtype.is_integer:
+    if kind == "i":
         out_i = []
         for i, v in enumerate(values):
             if isinstance(v, bool) or not isinstance(v, int):
@@ -82,7 +83,7 @@ def _column(name: str, values: list, spec: tf.TensorSpec) -> np.ndarray:
             if not -(2 ** 63) <= v < 2 ** 63:
                 raise RequestError(f"input {name!r} row {i}: integer out of int64 range")
             out_i.append(v)
-        return np.array(out_i, dtype=spec.dtype.as_numpy_dtype)
+        return np.array(out_i, dtype=np_dtype)
     out_f = []
     for i, v in enumerate(values):
         if v is None or (isinstance(v, str) and v.lower() == "nan"):
@@ -94,7 +95,7 @@ def _column(name: str, values: list, spec: tf.TensorSpec) -> np.ndarray:
             out_f.append(f)
         else:
             raise RequestError(f"input {name!r} row {i}: expects a number, got {str(v)[:80]!r}")
-    return np.array(out_f, dtype=spec.dtype.as_numpy_dtype)
+    return np.array(out_f, dtype=np_dtype)
 
 
 def parse_predict_body(body: Any, inputs: dict[str, tf.TensorSpec]) -> tuple[dict[str, np.ndarray], bool]:
@@ -122,7 +123,7 @@ def parse_predict_body(body: Any, inputs: dict[str, tf.TensorSpec]) -> tuple[dic
         cols = {}
         for n in names:
             values = [r.get(n) for r in rows]
-            if inputs[n].dtype.is_integer and any(v is None for v in values):
+            if dtype_kind(inputs[n].dtype)[0] == "i" and any(v is None for v in values):
                 i = next(i for i, v in enumerate(values) if v is None)
                 raise RequestError(f"instances[{i}]: integer input {n!r} is missing")
             cols[n] = _column(n, values, inputs[n])
