@@ -2,7 +2,8 @@
 
 `--runner=pipeline.dask_runner.DaskRunner --dask_client_address=tcp://HOST:8786` (or recpipe's short
 form `--runner dask --dask-address tcp://HOST:8786`). Each fix below is small, separate and
-tested against the stock behaviour it changes (tests/test_dask_runner.py), so it could go upstream:
+tested on a real cluster (tests/test_dask_runner.py; 1-5 beside the stock behaviour they change),
+so it could go upstream:
 
 1. Multi-output ParDo: each output PCollection gets its own tag's elements. Stock: every consumer
    of any output saw all outputs' elements (a dead-letter table reached the main output's reader).
