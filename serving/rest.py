@@ -52,9 +52,9 @@ _PATH = re.compile(r"^/v1/models/(?P<name>[A-Za-z0-9_.\-]+)(?:/versions/(?P<vers
 _POST_VERBS = (":predict", ":classify", ":regress")
 
 
-def _column(name: str, values: list, spec: tf.TensorSpec) -> np.ndarray:
-    """JSON values of one input -> a numpy column; null/absent means missing."""
-    kind, np_dtype = dtype_kind(spec.dtype)
+def _column(name: str, values: list, kind_dtype: tuple[str, object]) -> np.ndarray:
+    """JSON values of one input of `kind_dtype` (registry.dtype_kind) -> a numpy column; null/absent means missing."""
+    kind, np_dtype = kind_dtype
     if kind == "s":
         out = []
         for i, v in enumerate(values):
@@ -113,7 +113,7 @@ def parse_predict_body(body: Any, inputs: dict[str, tf.TensorSpec]) -> tuple[dic
         if not isinstance(rows, list) or not rows:
             raise RequestError("'instances' must be a non-empty list")
         if len(names) == 1 and not all(isinstance(r, dict) for r in rows):
-            return {names[0]: _column(names[0], rows, inputs[names[0]])}, True
+            return {names[0]: _column(names[0], rows, dtype_kind(inputs[names[0]].dtype))}, True
         for i, r in enumerate(rows):
             if not isinstance(r, dict):
                 raise RequestError(f"instances[{i}] must be an object of input name -> value")
@@ -122,11 +122,11 @@ def parse_predict_body(body: Any, inputs: dict[str, tf.TensorSpec]) -> tuple[dic
                 raise RequestError(f"instances[{i}]: unknown input {unknown[0]!r}")
         cols = {}
         for n in names:
-            values = [r.get(n) for r in rows]
-            if dtype_kind(inputs[n].dtype)[0] == "i" and any(v is None for v in values):
+            values, kind = [r.get(n) for r in rows], dtype_kind(inputs[n].dtype)
+            if kind[0] == "i" and any(v is None for v in values):
                 i = next(i for i, v in enumerate(values) if v is None)
                 raise RequestError(f"instances[{i}]: integer input {n!r} is missing")
-            cols[n] = _column(n, values, inputs[n])
+            cols[n] = _column(n, values, kind)
         return cols, True
     cols_in = body["inputs"]
     if not isinstance(cols_in, dict):
@@ -145,7 +145,7 @@ def parse_predict_body(body: Any, inputs: dict[str, tf.TensorSpec]) -> tuple[dic
         values = cols_in[n]
         if not isinstance(values, list):
             raise RequestError(f"inputs[{n!r}] must be a list (one value per row)")
-        cols[n] = _column(n, values, inputs[n])
+        cols[n] = _column(n, values, dtype_kind(inputs[n].dtype))
     if len({len(c) for c in cols.values()}) > 1:
         raise RequestError("inputs: all inputs need the same number of rows")
     if not next(iter(cols.values())).size:
