@@ -138,7 +138,7 @@ class TuningSpec:
     """Memory/throughput knobs of the trainer. Each one is benchmarked by `recpipe bench train`
     (bench/results/train.md); the defaults are the measured best on this kind of 2-core CPU box."""
     dedup_ids: bool = True             # unique-then-gather: one lookup (and one gradient row) per distinct ID
-    grad_accum_steps: int = 1          # split each batch into k micro-batches, one optimizer step (less activation memory)
+    grad_accum_steps: int = 1          # k micro-batches per batch, one optimizer step (less activation memory)
     steps_per_execution: int = 1       # Keras: steps run per dispatched function (PS: per remote call)
     jit_dense: bool = False            # XLA-compile the dense part (cross/deep/top MLP) of ranking models
     data_ram_budget_mb: int = 0        # tf.data autotune RAM budget (0: tf.data's default, half of RAM)
@@ -175,6 +175,12 @@ class TrainSpec:
     # allreduce, embedding rows in one grouped allgather per group), or one collective per tensor (0,
     # Horovod's default). Measured np=2, 1 thread each, 3 round-robin runs: 21.3k vs 20.2k ex/s.
     gradient_groups: int = 1
+    # Horovod: how often each rank's background thread wakes to agree with the others on what is ready
+    # (HOROVOD_CYCLE_TIME; Horovod's default is 1 ms, and the environment variable, if set, wins). Every
+    # wake-up is a round of messages between the ranks, whether or not anything is ready, and on a box
+    # whose cores the ranks' compute threads already fill those rounds cost more than the latency a longer
+    # cycle adds. Measured np=2, 1 thread each, 3 round-robin runs of 300 steps (bench/results/train.md).
+    horovod_cycle_time_ms: float = 5.0
     # L2 on the embedding rows a batch looks up (mean over the batch of each feature's squared norm): the
     # regularisation sparse tables need, as rows of rare IDs are updated rarely (not weight decay on the table)
     embedding_l2: float = 0.0
@@ -438,6 +444,7 @@ def _validate(cfg: Config) -> Config:
     _positive(t.checkpoint_every, "train.checkpoint_every")
     _positive(t.embedding_l2, "train.embedding_l2", allow_zero=True)
     _positive(t.gradient_groups, "train.gradient_groups", allow_zero=True)
+    _positive(t.horovod_cycle_time_ms, "train.horovod_cycle_time_ms", allow_zero=True)
     _positive(t.early_stopping.patience, "train.early_stopping.patience", allow_zero=True)
     k = t.tuning
     _positive(k.grad_accum_steps, "train.tuning.grad_accum_steps")

@@ -144,6 +144,7 @@ def test_horovod_dense_sparse_gradients(tmp_path, preprocessed, mode):
     d = small_config_dict()
     d["train"]["sparse_gradients"] = mode
     d["train"]["gradient_groups"] = 2
+    d["train"]["horovod_cycle_time_ms"] = 2.5
     d["train"].setdefault("tuning", {})["grad_accum_steps"] = 2
     path = tmp_path / "dense.yaml"
     path.write_text(yaml.safe_dump(d))
@@ -153,6 +154,29 @@ def test_horovod_dense_sparse_gradients(tmp_path, preprocessed, mode):
     assert r.steps_done == 20
     state = __import__("json").load(open(tmp_path / "m" / "train_state.json"))
     assert state["sparse_gradients"] == mode and state["gradient_groups"] == 2 and state["ranks"] == 2
+    assert state["cycle_time_ms"] == 2.5
+
+
+def test_horovod_cycle_time_comes_from_the_config_unless_the_environment_sets_it(monkeypatch):
+    """train.horovod_cycle_time_ms reaches Horovod as HOROVOD_CYCLE_TIME; a value the environment
+    already has (horovodrun --cycle-time-ms sets it) wins; a value Horovod would misread is refused."""
+    from features.config import ConfigError, config_to_dict, load_config, parse_config
+    from recpipe.samples import repo_configs
+    from trainers.errors import TrainError
+    from trainers.hvd import CYCLE_TIME_ENV, horovod_cycle_time_ms
+    cfg = load_config(str(repo_configs() / "synthetic.yaml"))
+    monkeypatch.delenv(CYCLE_TIME_ENV, raising=False)
+    assert horovod_cycle_time_ms(cfg) == cfg.train.horovod_cycle_time_ms == 5.0
+    monkeypatch.setenv(CYCLE_TIME_ENV, "0.5")
+    assert horovod_cycle_time_ms(cfg) == 0.5
+    for bad in ("fast", "-1", "nan"):
+        monkeypatch.setenv(CYCLE_TIME_ENV, bad)
+        with pytest.raises(TrainError, match=f"HOROVOD_CYCLE_TIME='{bad}'"):
+            horovod_cycle_time_ms(cfg)
+    d = config_to_dict(cfg)
+    d["train"]["horovod_cycle_time_ms"] = -2
+    with pytest.raises(ConfigError, match="train.horovod_cycle_time_ms: must be >= 0, got -2"):
+        parse_config(d)
 
 
 def test_every_rank_gets_the_launchers_input_flags(tmp_path):

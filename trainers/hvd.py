@@ -10,11 +10,13 @@ reads its own part of the shards (InputContext), uses `batch_size` rows per step
 batch is N x batch_size, as in Horovod's examples), and averages gradients with
 Horovod's collectives, in train.gradient_groups grouped ones per step; initial state is
 broadcast from rank 0, and at the end every rank's weights are checked equal. Sparse embedding
-gradients are allgathered as IndexedSlices or densified and allreduced (train.sparse_gradients). Only rank 0
+gradients are allgathered as IndexedSlices or densified and allreduced (train.sparse_gradients). Horovod's
+background thread cycles every train.horovod_cycle_time_ms (HOROVOD_CYCLE_TIME, when set, wins). Only rank 0
 writes checkpoints, TensorBoard events, train_state.json and the progress events the launcher shows.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
@@ -46,7 +48,7 @@ from trainers.progress import EVENTS_ENV, Reporter, follow_events
 from trainers.validation import validator_for
 from trainers.warm_start import apply_warm_start
 
-__all__ = ["inside_horovod_job", "train_horovod", "launch", "run_rank", "horovodrun"]
+__all__ = ["inside_horovod_job", "train_horovod", "launch", "run_rank", "horovodrun", "horovod_cycle_time_ms"]
 
 
 def inside_horovod_job() -> bool:
@@ -297,7 +299,9 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
     """The training loop of one Horovod rank."""
     import horovod.tensorflow as hvd
 
-    hvd.init()
+    cycle_ms = horovod_cycle_time_ms(cfg)
+    with _environment({CYCLE_TIME_ENV: f"{cycle_ms:g}"}):  # read once, by hvd.init()'s background thread
+        hvd.init()
     rank, size = hvd.rank(), hvd.size()
     model_dir = ModelDir(opts.model_dir)
 
@@ -374,12 +378,47 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
         overall, steady = reporter.rates(total)
         state = TrainState(total, total - start, start, overall, steady, loss, "horovod", opts.run.precision,
                            cfg.train.batch_size, ranks=size, sparse_gradients=cfg.train.sparse_gradients,
-                           gradient_groups=cfg.train.gradient_groups,
+                           gradient_groups=cfg.train.gradient_groups, cycle_time_ms=cycle_ms,
                            data_dir=PreprocessedData(opts.data_dir).root,
                            best_step=validator.history.best_step if validator is not None else None)
         if rank == 0:
             model_dir.write_state(state)
         return state
+
+
+CYCLE_TIME_ENV = "HOROVOD_CYCLE_TIME"
+
+
+def horovod_cycle_time_ms(cfg: Config) -> float:
+    """The cycle time of Horovod's background thread for this run: HOROVOD_CYCLE_TIME when the
+    environment sets it (horovodrun --cycle-time-ms does), else train.horovod_cycle_time_ms."""
+    given = os.environ.get(CYCLE_TIME_ENV)
+    if given is None:
+        return cfg.train.horovod_cycle_time_ms
+    try:
+        value = float(given)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise TrainError(f"{CYCLE_TIME_ENV}={given!r}: expected milliseconds >= 0 (or unset it: "
+                         f"train.horovod_cycle_time_ms is {cfg.train.horovod_cycle_time_ms:g})")
+    return value
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]):
+    """os.environ with `values` set, as it was afterwards (a rank run in the launcher's own process,
+    --np 1, must not leave its settings to the next run there)."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _check_ranks_agree(model: tf.keras.Model, hvd) -> None:

@@ -50,6 +50,7 @@ class TrainState:
     ranks: int = 1                      # Horovod ranks (1 otherwise)
     sparse_gradients: Optional[str] = None  # Horovod: auto | allgather | dense
     gradient_groups: Optional[int] = None   # Horovod: grouped collectives per step (0: one per tensor)
+    cycle_time_ms: Optional[float] = None   # Horovod: its background thread's cycle (HOROVOD_CYCLE_TIME)
     data_dir: str = ""
     best_step: Optional[int] = None     # the checkpoint kept by validation (None: no validation split)
 

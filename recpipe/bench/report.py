@@ -110,7 +110,10 @@ def _why(key: str, found: dict) -> str:
                 f"same model (dense gradients, data in memory), {1000 * 2 * b / med('horovod_np2'):.0f} against "
                 f"{1000 * 2 * b / med('plain_horovod_np2'):.0f} ms per step. Two independent one-rank runs at once, "
                 f"exchanging nothing, reach {med('independent_np1_x2'):,.0f} ex/s on this box: the most any np=2 "
-                f"run can do here, {med('independent_np1_x2') / med('plain_horovod_np2'):.2f}x the peer.")
+                f"run can do here, {med('independent_np1_x2') / med('plain_horovod_np2'):.2f}x the peer."
+                + (f" With our cycle time (horovodrun --cycle-time-ms) the peer made "
+                   f"{med('plain_horovod_np2_same_cycle'):,.0f} ex/s, and ours at Horovod's own 1 ms "
+                   f"{med('horovod_np2_cycle_1ms'):,.0f}." if "plain_horovod_np2_same_cycle" in runs else ""))
     if key in ("train_horovod_scaling_2", "train_horovod_np2_vs_two_independent") and "horovod_np2" in runs:
         b = t["config"]["batch_size"]
         one, two = 1000 * b / med("horovod_np1"), 1000 * 2 * b / med("horovod_np2")

@@ -121,6 +121,12 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
     if not o.quick:  # what parsing shards costs the ranks (the peer holds its data in memory)
         runs.plan("horovod_np2_synthetic", pre, default, steps, "--strategy", "horovod", "--np", "2", "--threads",
                   "1", "--synthetic-input")
+        # the peer with our cycle time (train.horovod_cycle_time_ms), and ours with Horovod's own, 1 ms
+        runs.plan_horovod_peer("plain_horovod_np2_same_cycle", pre, default, steps, 2,
+                               cycle_time_ms=load_config(default).train.horovod_cycle_time_ms)
+        runs.plan("horovod_np2_cycle_1ms", pre, runs.config("horovod_cycle_1ms", base,
+                                                            train={**train_cfg, "horovod_cycle_time_ms": 1.0}),
+                  steps, "--strategy", "horovod", "--np", "2", "--threads", "1")
     # the same one-thread rank twice at once, nothing exchanged: this box's 2-process ceiling
     runs.plan("independent_np1_x2", pre, default, steps, "--strategy", "horovod", "--np", "1",
               "--threads", "1", copies=2)
@@ -173,6 +179,9 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
                                                         runs.median("dense_fp32_synthetic"))
         ratios["train_horovod_np2_real_vs_synthetic_input"] = (runs.median("horovod_np2") /
                                                                runs.median("horovod_np2_synthetic"))
+        ratios["train_horovod_cycle_vs_1ms"] = runs.median("horovod_np2") / runs.median("horovod_np2_cycle_1ms")
+        ratios["train_horovod_vs_plain_horovod_same_cycle"] = (runs.median("horovod_np2") /
+                                                               runs.median("plain_horovod_np2_same_cycle"))
     if quality:
         ratios["train_dcn_vs_logistic_auc"] = quality["local"]["auc"] / quality["logistic"]["auc"]
     return {
@@ -234,9 +243,12 @@ def markdown(r: dict) -> str:
 
     what = {"real_fp32": "defaults, real shards", "synthetic_fp32": "synthetic in-memory batch",
             "real_bf16": "mixed_bfloat16", "dense_fp32": "dense-heavy DCN-v2", "dense_bf16": "dense-heavy, bf16",
-            "dense_fp32_synthetic": "dense-heavy, synthetic input", "dense_bf16_synthetic": "dense-heavy, bf16, synthetic",
+            "dense_fp32_synthetic": "dense-heavy, synthetic input",
+            "dense_bf16_synthetic": "dense-heavy, bf16, synthetic",
             "horovod_np1": "Horovod np=1, 1 thread", "horovod_np2": "Horovod np=2, 1 thread each",
             "horovod_np2_synthetic": "Horovod np=2, 1 thread each, synthetic in-memory batch",
+            "horovod_np2_cycle_1ms": "Horovod np=2, 1 thread each, Horovod's default 1 ms cycle time",
+            "plain_horovod_np2_same_cycle": "peer: plain Horovod np=2 with our cycle time (horovodrun --cycle-time-ms)",
             "independent_np1_x2": "two np=1 runs at once (no exchange), 1 thread each",
             "local_threads2": "local, 2 threads", "ps_2w_2ps": "PS 2 workers (1 thread) + 2 PS",
             "tfrs_fit_fp32": "peer: TFRS tutorial (Keras Embedding per table, data in memory, model.fit)",

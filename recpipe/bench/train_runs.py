@@ -108,10 +108,13 @@ class TrainRuns:
         cmd = [sys.executable, "-m", "recpipe.bench.tfrs_peer", data, cfg_path, str(steps), precision]
         self.planned.append((name, steps, ("tfrs_peer", precision), 1, lambda tag: self._peer_once(cmd)))
 
-    def plan_horovod_peer(self, name: str, data: str, cfg_path: str, steps: int, np: int) -> None:
-        """Queue the plain-Horovod peer (Horovod's Keras example way, dense gradients) at np ranks."""
+    def plan_horovod_peer(self, name: str, data: str, cfg_path: str, steps: int, np: int,
+                          cycle_time_ms: Optional[float] = None) -> None:
+        """Queue the plain-Horovod peer (Horovod's Keras example way, dense gradients) at np ranks, with
+        Horovod's own cycle time unless `cycle_time_ms` is given (horovodrun --cycle-time-ms)."""
         from trainers.hvd import horovodrun
-        cmd = [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", "--gloo", sys.executable, "-m",
+        cycle = [] if cycle_time_ms is None else ["--cycle-time-ms", f"{cycle_time_ms:g}"]
+        cmd = [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", "--gloo", *cycle, sys.executable, "-m",
                "recpipe.bench.horovod_peer", data, cfg_path, str(steps)]
         self.planned.append((name, steps, ("plain_horovod", f"np={np}"), 1, lambda tag: self._peer_once(cmd)))
 
