@@ -179,7 +179,8 @@ class TrainSpec:
     # (HOROVOD_CYCLE_TIME; Horovod's default is 1 ms, and the environment variable, if set, wins). Every
     # wake-up is a round of messages between the ranks, whether or not anything is ready, and on a box
     # whose cores the ranks' compute threads already fill those rounds cost more than the latency a longer
-    # cycle adds. Measured np=2, 1 thread each, 3 round-robin runs of 300 steps (bench/results/train.md).
+    # cycle adds. Measured np=2, 1 thread each, 3 round-robin runs of 300 steps: +22 % over 1 ms on an AVX2
+    # host, the same as 1 ms on an AVX512-BF16 one (README, "Horovod"; bench/results/train.md).
     horovod_cycle_time_ms: float = 5.0
     # L2 on the embedding rows a batch looks up (mean over the batch of each feature's squared norm): the
     # regularisation sparse tables need, as rows of rare IDs are updated rarely (not weight decay on the table)
