@@ -31,7 +31,7 @@ the lifecycle itself loses or gains against the drift-free run, the logs' own di
 (reported, no target).
 
 Memory growth (recpipe.bench.lifecycle_memory): peak trainer RSS against table size over 10 days
-(3 quick), with and without eviction.
+(3 quick), with and without eviction, measured while the DAG runs go (peak RSS is per process).
 """
 from __future__ import annotations
 
@@ -216,11 +216,15 @@ def bench_lifecycle(work: str, say: Callable[[str], None], quick: bool = False, 
     if not quick:
         runs["drift_no_evict"] = (logs["drift"], lifecycle_config(steps, max_size, evict=False,
                                                                   eval_fraction=eval_fraction))
-    # the runs at once: they share nothing but the (read-only) logs, and what they report is table
-    # sizes, AUCs and skew checks, not speed; one after another they were most of the suite's time
-    with ThreadPoolExecutor(len(runs)) as pool:
+    # the runs at once, and the memory growth runs beside them: they share nothing but the (read-only)
+    # logs, and what they report is table sizes, AUCs, skew checks and each process's own peak RSS, not
+    # speed; one after another they were most of the suite's time. The pruned exports' QPS is measured
+    # after all of them, alone.
+    with ThreadPoolExecutor(len(runs) + 1) as pool:
+        growth = pool.submit(bench_memory_growth, work, say, quick)
         started = {name: pool.submit(_run, work, name, log, cfg, days, say) for name, (log, cfg) in runs.items()}
         results = {name: job.result() for name, job in started.items()}
+        memory = growth.result()
     oracle = {log: oracle_aucs(log, days, eval_fraction) for log in logs.values()}
     for name, (log, _) in runs.items():
         for d, auc in zip(results[name], oracle[log]):
@@ -236,7 +240,6 @@ def bench_lifecycle(work: str, say: Callable[[str], None], quick: bool = False, 
                    "export_prune_weight_bytes_vs_fp32": p["pruned"]["weight_bytes"] / p["full"]["weight_bytes"],
                    "export_prune_qps_vs_fp32": p["pruned"]["qps"] / p["full"]["qps"],
                    "export_prune_auc_delta_abs": abs(p["pruned"]["sample_auc"] - p["full"]["sample_auc"])})
-    memory = bench_memory_growth(work, say, quick)
     ratios.update(memory["ratios"])
     if "drift_no_evict" in results:
         ratios["lifecycle_no_evict_slots_vs_evict"] = (results["drift_no_evict"][-1]["item_slots"]

@@ -4,8 +4,10 @@ without (it then only grows).
 
 Each day: `recpipe preprocess` of the day's partition extending the previous day's transform, then
 `recpipe train` warm-started from the previous day's model, run under recpipe.bench.measure so its
-peak RSS is its own. Table MB: every embedding table's rows × width × 4 bytes × 2 (float32 weights
-and the Adagrad accumulator).
+peak RSS is its own. The two runs (with and without eviction) go at once, beside the lifecycle
+suite's DAG runs: each process's peak RSS is its own whatever runs beside it, and this reports
+memory, not speed (`train_wall_s` is each day's wall time with the others beside it). Table MB:
+every embedding table's rows × width × 4 bytes × 2 (float32 weights and the Adagrad accumulator).
 
 Ratio keys: lifecycle_train_rss_no_evict_vs_evict (the last day's peak RSS without eviction ÷ with),
 lifecycle_rss_mb_per_table_mb (least-squares slope of peak RSS on table MB over the days of both runs).
@@ -15,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
@@ -96,8 +99,10 @@ def bench_memory_growth(work: str, say: Callable[[str], None], quick: bool = Fal
         generate_log(GenerateSpec(rows=per_day * n_days, days=n_days, seed=9, start_date=START, num_users=2_000,
                                   num_items=num_items, item_drift=drift), log)
     max_size = int(num_items * 1.25)
-    runs = {"evict": _run(work, "memory_evict", log, memory_config(steps, max_size, True), days, say),
-            "no_evict": _run(work, "memory_no_evict", log, memory_config(steps, max_size, False), days, say)}
+    with ThreadPoolExecutor(2) as pool:
+        started = {name: pool.submit(_run, work, f"memory_{name}", log, memory_config(steps, max_size, evict),
+                                     days, say) for name, evict in (("evict", True), ("no_evict", False))}
+        runs = {name: job.result() for name, job in started.items()}
     points = [(d["table_mb"], d["train_peak_rss_mb"]) for r in runs.values() for d in r]
     x, y = (np.array(v, dtype=np.float64) for v in zip(*points))
     slope = float(np.polyfit(x, y, 1)[0]) if np.ptp(x) > 0 else float("nan")
