@@ -1,4 +1,6 @@
 """Distributed training and faults: ParameterServerStrategy on 127.0.0.1, worker and trainer kills."""
+import json
+import math
 import os
 import signal
 import subprocess
@@ -155,6 +157,44 @@ def test_horovod_dense_sparse_gradients(tmp_path, preprocessed, mode):
     state = __import__("json").load(open(tmp_path / "m" / "train_state.json"))
     assert state["sparse_gradients"] == mode and state["gradient_groups"] == 2 and state["ranks"] == 2
     assert state["cycle_time_ms"] == 2.5
+
+
+_ONE_RANK_STEP = """
+import json, sys
+from features.config import load_config  # first: features sets TF_USE_LEGACY_KERAS before TensorFlow loads
+import horovod.tensorflow as hvd
+from features.preprocessed import PreprocessedData
+from trainers.data import make_dataset
+from trainers.hvd import _step_function
+from trainers.models import build_model, dummy_batch
+from trainers.optim import optimizer_for
+data, cfg_path, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+hvd.init()
+cfg = load_config(cfg_path)
+model = build_model(cfg, PreprocessedData(data).transform())
+optimizer = optimizer_for(cfg, "fp32", loss_scale=True)
+model.compile(optimizer=optimizer)
+model(dummy_batch(cfg))
+optimizer.build(model.trainable_variables)
+step = _step_function(cfg, model, optimizer)
+it = iter(make_dataset(cfg, data, "train", cfg.train.batch_size, training=True))
+graph = step.get_concrete_function(it).graph
+print(json.dumps({"size": hvd.size(), "losses": [float(step(it)) for _ in range(steps)],
+                  "horovod_ops": sorted({op.type for op in graph.get_operations() if op.type.startswith("Horovod")})}))
+"""
+
+
+def test_a_one_rank_horovod_step_runs_no_collective_and_takes_its_batch_in_the_function(preprocessed,
+                                                                                        small_cfg_path):
+    """At size 1 there is nothing to average: the step has no Horovod op (each would wait for the
+    background thread's next cycle, train.horovod_cycle_time_ms, and cost a 1-rank run 13 % of its
+    rate), and it reads its batch from the iterator inside the function, as Keras' fit does."""
+    out = subprocess.run([sys.executable, "-c", _ONE_RANK_STEP, preprocessed[0], small_cfg_path, "5"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["size"] == 1 and got["horovod_ops"] == [], got
+    assert len(got["losses"]) == 5 and all(map(math.isfinite, got["losses"])), got
 
 
 def test_horovod_cycle_time_comes_from_the_config_unless_the_environment_sets_it(monkeypatch):

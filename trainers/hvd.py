@@ -348,7 +348,7 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
         auc = next((m for m in model.metrics if m.name == "auc"), None)
         loss = math.nan
         for i in range(start, total):
-            loss_t = step(next(it))
+            loss_t = step(it)
             if i == start:
                 hvd.broadcast_variables(model.variables, root_rank=0)
                 hvd.broadcast_variables(optimizer.variables(), root_rank=0)
@@ -442,8 +442,9 @@ def _exchange_dense(mode: str, shape: tf.TensorShape, ranks: int, batch_rows: in
 
 
 def _step_function(cfg: Config, model: tf.keras.Model, optimizer) -> Callable:
-    """One synchronous step: local gradients (accumulated over micro-batches if configured), one
-    exchange (allreduce; IndexedSlices allgathered or densified per train.sparse_gradients), apply."""
+    """One synchronous step on an iterator's next batch: local gradients (accumulated over micro-batches
+    if configured), one exchange (allreduce; IndexedSlices allgathered or densified per
+    train.sparse_gradients), apply."""
     import horovod.tensorflow as hvd
 
     as_dense = [_exchange_dense(cfg.train.sparse_gradients, v.shape, hvd.size(), cfg.train.batch_size)
@@ -457,6 +458,8 @@ def _step_function(cfg: Config, model: tf.keras.Model, optimizer) -> Callable:
         kind (dense tensors, IndexedSlices), `groups` grouped ones. The kinds are grouped apart:
         Horovod 0.28.1's grouped_allreduce mis-pairs the IndexedSlices of a mixed list with the list's
         first tensors (AttributeError: no dense_shape) unless every IndexedSlices comes first."""
+        if hvd.size() == 1:  # nothing to average: a collective would only wait for the background thread's cycle
+            return grads
         grads = [tf.convert_to_tensor(g) if dense and isinstance(g, tf.IndexedSlices) else g
                  for g, dense in zip(grads, as_dense)]
         if groups is None:
@@ -470,7 +473,8 @@ def _step_function(cfg: Config, model: tf.keras.Model, optimizer) -> Callable:
         return out
 
     @tf.function(reduce_retracing=True)
-    def step(batch):
+    def step(iterator):
+        batch = next(iterator)  # inside the function, as Keras' fit does: the batch's tensors never reach Python
         if accum > 1:  # accumulate locally over the micro-batches, then ONE exchange per step
             grads, loss = accumulated_gradients(model, batch, accum, optimizer if scaled else None)
             grads = reduce(grads)
