@@ -166,17 +166,13 @@ import horovod.tensorflow as hvd
 from features.preprocessed import PreprocessedData
 from trainers.data import make_dataset
 from trainers.hvd import _step_function
-from trainers.models import build_model, dummy_batch
+from trainers.models import compiled_model
 from trainers.optim import optimizer_for
 data, cfg_path, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 hvd.init()
 cfg = load_config(cfg_path)
-model = build_model(cfg, PreprocessedData(data).transform())
-optimizer = optimizer_for(cfg, "fp32", loss_scale=True)
-model.compile(optimizer=optimizer)
-model(dummy_batch(cfg))
-optimizer.build(model.trainable_variables)
-step = _step_function(cfg, model, optimizer)
+model = compiled_model(cfg, PreprocessedData(data).transform(), optimizer_for(cfg, "fp32", loss_scale=True))
+step = _step_function(cfg, model, model.optimizer)
 it = iter(make_dataset(cfg, data, "train", cfg.train.batch_size, training=True))
 graph = step.get_concrete_function(it).graph
 print(json.dumps({"size": hvd.size(), "losses": [float(step(it)) for _ in range(steps)],

@@ -41,7 +41,7 @@ from trainers.errors import TrainError
 from trainers.gradients import accumulated_gradients
 from trainers.health import check_loss
 from trainers.model_dir import ModelDir, TrainState
-from trainers.models import build_model, dummy_batch
+from trainers.models import compiled_model
 from trainers.optim import optimizer_for, precision_policy
 from trainers.options import TrainOptions, host_list, run_flags
 from trainers.progress import EVENTS_ENV, Reporter, follow_events
@@ -310,11 +310,8 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
 
     with precision_policy(opts.run.precision):
         tf.keras.utils.set_random_seed(cfg.train.seed)
-        model = build_model(cfg, artifact)
-        optimizer = optimizer_for(cfg, opts.run.precision, loss_scale=True)
-        model.compile(optimizer=optimizer)  # same checkpoint layout as the local and PS strategies
-        model(dummy_batch(cfg))
-        optimizer.build(model.trainable_variables)
+        model = compiled_model(cfg, artifact, optimizer_for(cfg, opts.run.precision, loss_scale=True))
+        optimizer = model.optimizer  # compiled as the local and PS strategies are: the same checkpoint layout
         ckpt, manager = model_dir.checkpoint(model, optimizer)
         if manager.latest_checkpoint:  # every rank restores the same files; broadcast keeps them identical
             ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()

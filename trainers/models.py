@@ -19,7 +19,7 @@ from features.config import Config, embedding_dim
 from trainers.gradients import accumulated_gradients
 from trainers.layers import CrossStack, DotInteractionBlock, SparseEmbeddings, mlp, register
 
-__all__ = ["RankingModel", "RetrievalModel", "build_model", "dummy_batch", "embedding_layer"]
+__all__ = ["RankingModel", "RetrievalModel", "build_model", "compiled_model", "dummy_batch", "embedding_layer"]
 
 
 class _Model(tfrs.Model):
@@ -259,6 +259,18 @@ def build_model(cfg: Config, artifact: TransformArtifact) -> tf.keras.Model:
                         grad_accum_steps=t.grad_accum_steps,
                         wide=embedding_layer(cfg, artifact, one_wide=True, name="wide") if m.wide else None,
                         dropout=m.dropout, embedding_l2=cfg.train.embedding_l2, name=f"{m.type}_ranking")
+
+
+def compiled_model(cfg: Config, artifact: TransformArtifact, optimizer: tf.keras.optimizers.Optimizer,
+                   steps_per_execution: int = 1) -> tf.keras.Model:
+    """build_model compiled with `optimizer`, every variable and optimizer slot created: a restore
+    then checks them all, and a step does not trace twice (once creating the slots, once without).
+    Call it inside the precision policy (and strategy scope) the model trains under."""
+    model = build_model(cfg, artifact)
+    model.compile(optimizer=optimizer, steps_per_execution=steps_per_execution)
+    model(dummy_batch(cfg))
+    model.optimizer.build(model.trainable_variables)
+    return model
 
 
 def known_ids(cfg: Config, artifact: TransformArtifact) -> int:

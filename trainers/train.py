@@ -21,7 +21,7 @@ from trainers.errors import TrainError
 from trainers.health import check_loss
 from trainers.hvd import train_horovod
 from trainers.model_dir import ModelDir, TrainState
-from trainers.models import build_model, dummy_batch
+from trainers.models import compiled_model
 from trainers.optim import optimizer_for, precision_policy
 from trainers.options import TrainOptions
 from trainers.progress import Reporter
@@ -121,12 +121,7 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
     with precision_policy(opts.run.precision):
         tf.keras.utils.set_random_seed(cfg.train.seed)
         with strategy.scope():
-            model = build_model(cfg, artifact)
-            model.compile(optimizer=optimizer_for(cfg), steps_per_execution=cfg.train.tuning.steps_per_execution)
-            model(dummy_batch(cfg))  # create every variable, so restore checks them all
-            # and the optimizer's slots too: created inside the first step, they would make tf.function
-            # trace the train step twice (once creating them, once without)
-            model.optimizer.build(model.trainable_variables)
+            model = compiled_model(cfg, artifact, optimizer_for(cfg), cfg.train.tuning.steps_per_execution)
         ckpt, manager = model_dir.checkpoint(model)
         start = 0
         if manager.latest_checkpoint:
