@@ -2,6 +2,7 @@
 import json
 from pathlib import Path
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -11,7 +12,8 @@ import yaml
 from conftest import small_config_dict
 from features.config import parse_config as parse_cfg
 from features.canonical import LABEL_KEY
-from trainers.data import DataError, make_dataset
+from trainers.data import DataError, make_dataset, record_count, shard_files
+from features.records import parse_record
 from trainers.evaluate import evaluate
 from trainers.models import dummy_batch
 from trainers.errors import TrainError
@@ -35,6 +37,31 @@ def test_input_context_shards_rows(preprocessed, small_cfg):
     counts = [sum(int(x[LABEL_KEY].shape[0]) for x in
                   make_dataset(small_cfg, preprocessed[0], "eval", 100, training=False, input_context=c)) for c in ctxs]
     assert sum(counts) == preprocessed[1].rows_eval and min(counts) > 0
+
+
+def test_fewer_files_than_pipelines_split_the_records_so_each_parses_only_its_own(tmp_path, preprocessed, small_cfg):
+    """One train file of several records, two input pipelines (two Horovod ranks or PS workers):
+    pipeline i reads records i, i+2, ... whole, so none parses the other's rows (before, each parsed
+    every record and kept every other batch)."""
+    data = tmp_path / "pre"
+    shutil.copytree(preprocessed[0], data)
+    files = shard_files(str(data), "train")
+    before = record_count(files)
+    raw = b"".join(Path(f).read_bytes() for f in files)
+    for f in files:
+        os.remove(f)
+    one = files[0]
+    Path(one).write_bytes(raw * 3)  # every record three times, in one file
+    assert record_count([one]) == sum(1 for _ in tf.data.TFRecordDataset(one)) == 3 * before
+    rows = [int(r[LABEL_KEY].shape[0]) for r in tf.data.TFRecordDataset(one).map(parse_record(small_cfg))]
+    assert len(rows) >= 2
+    ctxs = [tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i) for i in range(2)]
+    got = [sum(int(b[LABEL_KEY].shape[0]) for b in make_dataset(small_cfg, str(data), "train", 100, training=False,
+                                                                 input_context=c)) for c in ctxs]
+    assert got == [sum(rows[0::2]), sum(rows[1::2])]
+    Path(one).write_bytes(raw + b"\x05\x00\x00")  # a cut-off length field
+    with pytest.raises(DataError, match=r"part-.*truncated TFRecord framing"):
+        record_count([one])
 
 
 def test_trained_model_learns(trained, preprocessed):

@@ -9,7 +9,7 @@ from features.errors import RecpipeError
 from features.preprocessed import PreprocessedData
 from features.records import parse_record
 
-__all__ = ["DataError", "shard_files", "make_dataset", "synthetic_dataset"]
+__all__ = ["DataError", "shard_files", "make_dataset", "record_count", "synthetic_dataset"]
 
 
 class DataError(RecpipeError, ValueError):
@@ -22,6 +22,25 @@ def shard_files(data_dir: str, split: str) -> list[str]:
     if not files:
         raise DataError(f"{data.split_dir(split)}: no *.tfrecord shards (run `recpipe preprocess` first)")
     return files
+
+
+def record_count(files: list[str]) -> int:
+    """How many TFRecord records the files hold, from their framing alone (each record: an 8-byte
+    little-endian length, a 4-byte CRC, the data, a 4-byte CRC): payloads are skipped, not read.
+    Plain Python I/O through tf.io.gfile, so it also runs while a dataset function is traced."""
+    n = 0
+    for path in files:
+        size = tf.io.gfile.stat(path).length
+        with tf.io.gfile.GFile(path, "rb") as fh:
+            at = 0
+            while at < size:
+                head = fh.read(8)
+                if len(head) < 8:
+                    raise DataError(f"{path}: truncated TFRecord framing at byte {at} (run `recpipe preprocess` again)")
+                at += 12 + int.from_bytes(head, "little") + 4
+                fh.seek(at)
+                n += 1
+    return n
 
 
 def _row_shuffler(seed: int):
@@ -41,28 +60,30 @@ def make_dataset(cfg: Config, data_dir: str, split: str, batch_size: int, *, tra
     measured on 450k rows, 375k rows/s against 18k rows/s for unbatch + ragged_batch.
     Training: shard files shuffled and interleaved, records shuffled, rows shuffled inside each
     record, repeated forever, fixed-size batches. Evaluation: one ordered pass, last batch kept.
-    With an InputContext, each input pipeline reads its own files (or every n-th batch, when
-    there are fewer files than pipelines) and batch_size is the per-replica size.
+    With an InputContext, each input pipeline reads its own files; with fewer files than pipelines
+    its own records (each a batch of rows: it parses only those); with fewer records than pipelines
+    every n-th batch. batch_size is the per-replica size.
     """
     files = shard_files(data_dir, split)
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    shard_batches = False
-    if input_context is not None and input_context.num_input_pipelines > 1:
-        if len(files) >= input_context.num_input_pipelines:
-            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-        else:
-            shard_batches = True
-    if training:
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 4),
-                       num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
+    pipelines = input_context.num_input_pipelines if input_context is not None else 1
+    by = "files" if len(files) >= pipelines else "records" if record_count(files) >= pipelines else "batches"
+    if by == "records":  # fewer files than pipelines: each parses only its own records, read in file order
+        ds = tf.data.TFRecordDataset(files).shard(pipelines, input_context.input_pipeline_id)
+    else:
+        ds = tf.data.Dataset.from_tensor_slices(files)
+        if pipelines > 1 and by == "files":
+            ds = ds.shard(pipelines, input_context.input_pipeline_id)
+        if training:
+            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+        ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 4),
+                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
     ds = ds.map(parse_record(cfg), num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
     if training:
         ds = ds.shuffle(shuffle_records, seed=seed, reshuffle_each_iteration=True)
         ds = ds.map(_row_shuffler(seed), num_parallel_calls=tf.data.AUTOTUNE, deterministic=False).repeat()
     ds = ds.rebatch(batch_size, drop_remainder=training)
-    if shard_batches:
-        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if by == "batches":  # fewer records than pipelines (a tiny split): every n-th batch
+        ds = ds.shard(pipelines, input_context.input_pipeline_id)
     return tuned(ds, cfg)
 
 
