@@ -145,7 +145,8 @@ class TuningSpec:
     prefetch_batches: int = 0          # prefetch buffer in batches (0: AUTOTUNE)
     intra_op_threads: int = 0          # TensorFlow thread pools (0: TensorFlow's default = cores)
     inter_op_threads: int = 0
-    allocator: Literal["system", "tcmalloc", "jemalloc"] = "system"  # LD_PRELOADed by `recpipe train`
+    # LD_PRELOADed by `recpipe train`; auto: tcmalloc when installed, else system
+    allocator: Literal["auto", "system", "tcmalloc", "jemalloc"] = "auto"
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,7 @@ def _train_allocator(a) -> str:
                  os.path.join(PreprocessedData(a.data).transform_dir, "config.yaml")):
         if path and os.path.exists(path):
             return load_config(path).train.tuning.allocator
-    return "system"
+    return "auto"
 
 
 def _run_options(a) -> RunOptions:
@@ -314,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--data", required=True, help="a `recpipe preprocess` output folder")
     t.add_argument("--model-dir", required=True, help="checkpoints go here; rerunning resumes")
     _add_run_options(t)
-    t.add_argument("--allocator", choices=["system", "tcmalloc", "jemalloc"],
+    t.add_argument("--allocator", choices=["auto", "system", "tcmalloc", "jemalloc"],
                    help="memory allocator (default: train.tuning.allocator); preloaded by re-executing")
     t.add_argument("--synthetic-input", action="store_true",
                    help="benchmarks: train on one random in-memory batch (same structure) instead of the shards")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 import os
 import subprocess
 import sys
@@ -133,23 +132,30 @@ def test_allocator_lookup_and_clear_errors(monkeypatch):
     assert allocator.loaded_allocator() == "system"
     with pytest.raises(allocator.AllocatorError, match="mimalloc"):
         allocator.find_library("mimalloc")
+    assert allocator.resolve("auto") == ("tcmalloc", "auto")  # installed by `make install`
+    assert allocator.resolve("system") == ("system", "configured")
     monkeypatch.setattr(allocator, "_DIRS", ("/nonexistent",))
     with pytest.raises(allocator.AllocatorError, match="apt-get install libjemalloc2"):
         allocator.find_library("jemalloc")
+    name, why = allocator.resolve("auto")  # no library: the system allocator, and why
+    assert name == "system" and "apt-get install libtcmalloc-minimal4" in why
 
 
-def test_train_runs_under_the_configured_allocator(tmp_path, preprocessed):
+def test_train_runs_under_tcmalloc_by_default_and_the_system_allocator_when_asked(tmp_path, preprocessed):
     from trainers.allocator import find_library
     find_library("tcmalloc")  # installed by `make install` (scripts/system_deps.sh); fails loudly if not
-    d = small_config_dict()
-    d["train"]["tuning"] = {"allocator": "tcmalloc"}
-    cfg_path = tmp_path / "tc.yaml"
-    cfg_path.write_text(yaml.safe_dump(d))
-    out = subprocess.run([sys.executable, "-m", "recpipe.cli", "train", "--data", preprocessed[0], "--model-dir",
-                          str(tmp_path / "m"), "--config", str(cfg_path), "--steps", "5"],
-                         capture_output=True, text=True, check=True).stdout
-    assert "allocator tcmalloc" in out
-    assert json.loads(Path(tmp_path / "m" / "train_state.json").read_text())["steps_done"] == 5
+    for allocator in ("auto", "system"):
+        d = small_config_dict()
+        if allocator != "auto":
+            d["train"]["tuning"] = {"allocator": allocator}
+        cfg_path = tmp_path / f"{allocator}.yaml"
+        cfg_path.write_text(yaml.safe_dump(d))
+        model_dir = tmp_path / allocator
+        out = subprocess.run([sys.executable, "-m", "recpipe.cli", "train", "--data", preprocessed[0], "--model-dir",
+                              str(model_dir), "--config", str(cfg_path), "--steps", "5"],
+                             capture_output=True, text=True, check=True).stdout
+        assert ("allocator tcmalloc" in out) == (allocator == "auto"), out
+        assert json.loads((model_dir / "train_state.json").read_text())["steps_done"] == 5
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "criteo_10k.csv").exists(), reason="needs ../shared/data/criteo_sample")
@@ -178,3 +184,4 @@ def test_logistic_regression_baseline_beside_dcn_v2_on_the_criteo_sample(tmp_pat
         auc[name] = evaluate(str(tmp_path / name), str(tmp_path / "pre"))["auc"]
     assert auc["logistic"] > 0.72 and auc["dcn_v2"] > 0.72, auc
     assert abs(auc["logistic"] - auc["dcn_v2"]) < 0.03, auc
+

@@ -48,7 +48,7 @@ KNOBS: dict[str, dict] = {
     "data_lean": {"data_ram_budget_mb": 64, "prefetch_batches": 1},
     "threads_1": {"intra_op_threads": 1, "inter_op_threads": 1},
     "inter_op_1": {"inter_op_threads": 1},
-    "tcmalloc": {"allocator": "tcmalloc"},
+    "system_malloc": {"allocator": "system"},  # the default, auto, is tcmalloc where installed
     "jemalloc": {"allocator": "jemalloc"},
 }
 DENSE_HEAVY = {"task": "ranking", "type": "dcn_v2", "cross_layers": 3, "deep_layers": [1024, 1024, 512, 256]}
