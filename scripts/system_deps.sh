@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # System libraries the trainer's allocator knob preloads (train.tuning.allocator: auto, the default,
-# picks tcmalloc; or tcmalloc | jemalloc; see trainers/allocator.py). Installed from Debian's packages when missing; quick when present.
+# picks tcmalloc; or tcmalloc | jemalloc; see trainers/allocator.py). Installed from Debian's packages
+# when missing; quick when present.
 set -euo pipefail
 have() { compgen -G "/usr/lib/*/$1" >/dev/null || compgen -G "/usr/lib/$1" >/dev/null; }
 missing=()

@@ -184,4 +184,3 @@ def test_logistic_regression_baseline_beside_dcn_v2_on_the_criteo_sample(tmp_pat
         auc[name] = evaluate(str(tmp_path / name), str(tmp_path / "pre"))["auc"]
     assert auc["logistic"] > 0.72 and auc["dcn_v2"] > 0.72, auc
     assert abs(auc["logistic"] - auc["dcn_v2"]) < 0.03, auc
-
