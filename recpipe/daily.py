@@ -29,7 +29,7 @@ from features.preprocessed import PreprocessedData
 from serving.version import ExportBase
 from trainers.options import RunOptions, TrainOptions
 
-__all__ = ["DailyConfig", "DayDir", "load_daily_config", "run_step", "STEPS"]
+__all__ = ["DailyConfig", "DayDir", "load_daily_config", "run_step", "STEPS", "train_allocator"]
 
 STEPS = ("ready", "preprocess", "train", "evaluate", "bless", "push")
 
@@ -125,6 +125,12 @@ def step_train(dc: DailyConfig, day: str, say) -> int:
     train(TrainOptions(d.data.root, d.model_root, dc.config, run=dc.train,
                        warm_start=warm if warm is not None and os.path.isdir(warm) else None), say=say)
     return 0
+
+
+def train_allocator(project: str) -> str:
+    """train.tuning.allocator of the project's config: the step's process re-executes itself with it
+    before TensorFlow is imported, as `recpipe train` does (trainers.allocator.reexec_with)."""
+    return load_config(load_daily_config(project).config).train.tuning.allocator
 
 
 def step_evaluate(dc: DailyConfig, day: str, say) -> int:

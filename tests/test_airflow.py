@@ -75,6 +75,9 @@ def test_daily_runs_bless_push_idempotent_and_refuse_a_worse_model(airflow, tmp_
     versions = sorted(os.listdir(tmp_path / "serving"))
     assert len(versions) == 1
     assert json.loads(Path(tmp_path / "work" / "2026-01-01" / "blessing.json").read_text())["reason"] == "no model is served yet"
+    # the train step re-executed itself under the config's allocator (auto: tcmalloc, installed by make install)
+    assert json.loads(Path(tmp_path / "work" / "2026-01-01" / "model" / "train_state.json").read_text()
+                      )["allocator"] == "tcmalloc"
 
     day2 = run("2026-01-02", good)
     assert day2["state"] == "success", day2

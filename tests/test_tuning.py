@@ -155,7 +155,8 @@ def test_train_runs_under_tcmalloc_by_default_and_the_system_allocator_when_aske
                               str(model_dir), "--config", str(cfg_path), "--steps", "5"],
                              capture_output=True, text=True, check=True).stdout
         assert ("allocator tcmalloc" in out) == (allocator == "auto"), out
-        assert json.loads((model_dir / "train_state.json").read_text())["steps_done"] == 5
+        state = json.loads((model_dir / "train_state.json").read_text())
+        assert state["steps_done"] == 5 and state["allocator"] == ("tcmalloc" if allocator == "auto" else "system")
 
 
 @pytest.mark.skipif(not (SHARED_DATA / "criteo_10k.csv").exists(), reason="needs ../shared/data/criteo_sample")

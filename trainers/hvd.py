@@ -36,6 +36,7 @@ from features.artifact import TransformArtifact
 from features.config import Config
 from features.preprocessed import PreprocessedData
 from trainers.advisor import allreduces_table
+from trainers.allocator import loaded_allocator
 from trainers.data import make_dataset, synthetic_dataset
 from trainers.errors import TrainError
 from trainers.gradients import accumulated_gradients
@@ -377,7 +378,8 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
                            cfg.train.batch_size, ranks=size, sparse_gradients=cfg.train.sparse_gradients,
                            gradient_groups=cfg.train.gradient_groups, cycle_time_ms=cycle_ms,
                            data_dir=PreprocessedData(opts.data_dir).root,
-                           best_step=validator.history.best_step if validator is not None else None)
+                           best_step=validator.history.best_step if validator is not None else None,
+                           allocator=loaded_allocator())
         if rank == 0:
             model_dir.write_state(state)
         return state

@@ -53,6 +53,7 @@ class TrainState:
     cycle_time_ms: Optional[float] = None   # Horovod: its background thread's cycle (HOROVOD_CYCLE_TIME)
     data_dir: str = ""
     best_step: Optional[int] = None     # the checkpoint kept by validation (None: no validation split)
+    allocator: str = ""                 # the trainer process's malloc (trainers.allocator.loaded_allocator)
 
     @classmethod
     def unchanged(cls, steps_done: int, strategy: str, precision: str, batch_size: int, data_dir: str) -> "TrainState":

@@ -16,6 +16,7 @@ from features.artifact import TransformArtifact
 from features.config import Config
 from features.preprocessed import PreprocessedData
 from trainers.advisor import advise
+from trainers.allocator import loaded_allocator
 from trainers.data import make_dataset, synthetic_dataset
 from trainers.errors import TrainError
 from trainers.health import check_loss
@@ -168,6 +169,7 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
         state = TrainState(done, done - start, start, overall, steady, checkpoints.last_logs.get("loss", math.nan),
                            opts.run.strategy, opts.run.precision, cfg.train.batch_size,
                            data_dir=PreprocessedData(opts.data_dir).root,
-                           best_step=validator.history.best_step if validator is not None else None)
+                           best_step=validator.history.best_step if validator is not None else None,
+                           allocator=loaded_allocator())
         model_dir.write_state(state)
         return state
