@@ -19,8 +19,9 @@ import pyarrow.compute as pc
 from features.config import Config, SparseFeature
 from features.errors import RecpipeError
 
-__all__ = ["LABEL_KEY", "SchemaError", "raw_kind", "check_schema", "validate_batch", "canonicalize",
-           "as_string", "list_parts", "dense_prenorm", "numeric", "DEFAULT_SEPARATOR", "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
+__all__ = ["LABEL_KEY", "SchemaError", "plain_type", "plain_columns", "raw_kind", "check_schema", "validate_batch",
+           "canonicalize", "as_string", "list_parts", "dense_prenorm", "numeric", "DEFAULT_SEPARATOR",
+           "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
 
 LABEL_KEY = "target.label"  # not a valid feature name, so it cannot collide
 DEFAULT_SEPARATOR = "|"
@@ -37,8 +38,52 @@ class SchemaError(RecpipeError, ValueError):
     """A log file's columns do not fit the config; the message names file, column and feature."""
 
 
+_SECONDS = {"s": 1, "ms": 10 ** 3, "us": 10 ** 6, "ns": 10 ** 9}
+
+
+def plain_type(tp: pa.DataType) -> pa.DataType:
+    """The type a column is read as: dictionary-encoded values (pandas categoricals) as their values'
+    type, timestamps and dates (any unit or time zone) as float64 seconds since the epoch, UTC, and
+    lists of either as lists of those."""
+    if pa.types.is_dictionary(tp):
+        return plain_type(tp.value_type)
+    if pa.types.is_timestamp(tp) or pa.types.is_date(tp):
+        return pa.float64()
+    if pa.types.is_list(tp):
+        return pa.list_(plain_type(tp.value_type))
+    if pa.types.is_large_list(tp):
+        return pa.large_list(plain_type(tp.value_type))
+    return tp
+
+
+def _plain(arr: pa.Array) -> pa.Array:
+    tp = arr.type
+    if pa.types.is_dictionary(tp):
+        return _plain(arr.dictionary_decode())
+    if pa.types.is_timestamp(tp):
+        return pc.divide(pc.cast(pc.cast(arr, pa.int64()), pa.float64()), float(_SECONDS[tp.unit]))
+    if pa.types.is_date32(tp):
+        return pc.multiply(pc.cast(pc.cast(arr, pa.int32()), pa.float64()), 86_400.0)
+    if pa.types.is_date64(tp):
+        return pc.divide(pc.cast(pc.cast(arr, pa.int64()), pa.float64()), 1_000.0)
+    if (pa.types.is_list(tp) or pa.types.is_large_list(tp)) and plain_type(tp) != tp:
+        return type(arr).from_arrays(arr.offsets, _plain(arr.values), mask=arr.is_null())
+    return arr
+
+
+def plain_columns(table: pa.Table) -> pa.Table:
+    """`table` with every column of a type plain_type() changes converted to it (nulls kept)."""
+    for i, field in enumerate(table.schema):
+        if plain_type(field.type) != field.type:
+            column = pa.chunked_array([_plain(c) for c in table.column(i).chunks], plain_type(field.type))
+            table = table.set_column(i, field.name, column)
+    return table
+
+
 def raw_kind(tp: pa.DataType) -> str | None:
-    """The artifact's name for an Arrow type, or None when no feature can read it."""
+    """The artifact's name for an Arrow type (as plain_type() reads it), or None when no feature can
+    read it."""
+    tp = plain_type(tp)
     if pa.types.is_string(tp) or pa.types.is_large_string(tp):
         return "string"
     if pa.types.is_integer(tp) or pa.types.is_boolean(tp):
@@ -57,6 +102,9 @@ def check_schema(schema: pa.Schema, cfg: Config, source: str) -> dict[str, str]:
     kinds: dict[str, str] = {}
     for col in cfg.raw_columns():
         idx = schema.get_field_index(col)
+        if len(schema.get_all_field_indices(col)) > 1:
+            raise SchemaError(f"{source}: column {col!r} required by the config appears "
+                              f"{len(schema.get_all_field_indices(col))} times")
         if idx < 0:
             raise SchemaError(f"{source}: column {col!r} required by the config is missing "
                               f"(file has: {', '.join(schema.names[:12])}{'...' if len(schema.names) > 12 else ''})")

@@ -22,7 +22,7 @@ from apache_beam.metrics import Metrics
 
 from features import fsio
 from features.artifact import TransformArtifact
-from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, numeric, validate_batch
+from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, numeric, plain_columns, validate_batch
 from features.config import Config
 from features.days import day_name, day_number
 from features.preprocessed import SPLITS
@@ -72,7 +72,7 @@ class _ReadFile(beam.DoFn):
                 if self._rows_in is not None:
                     self._rows_in.inc(n)
                 yield RawBatch(path, start, np.arange(first_global + start, first_global + start + n),
-                               pa.Table.from_batches([batch]))
+                               plain_columns(pa.Table.from_batches([batch])))
                 start += n
         except (OSError, pa.ArrowException) as e:
             raise ValueError(f"{path}: unreadable after row {start} ({type(e).__name__}: "

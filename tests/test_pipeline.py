@@ -7,6 +7,7 @@ import os
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
@@ -213,6 +214,7 @@ def test_bad_rows_are_dead_lettered_exactly(tmp_path, small_log, small_cfg):
     ("no_such_path", "no such file or directory"),
     ("type_drift", "column 'I1' is float but int"),
     ("wrong_type", "cannot feed sparse feature 'user_id'"),
+    ("duplicate_column", "column 'I1' required by the config appears 2 times"),
 ])
 def test_bad_inputs_fail_naming_the_file(tmp_path, small_log, small_cfg, case, message):
     src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
@@ -238,6 +240,8 @@ def test_bad_inputs_fail_naming_the_file(tmp_path, small_log, small_cfg, case, m
     elif case == "type_drift":
         _write(str(d / "a.parquet"), t)
         _write(bad_file, t.set_column(t.schema.get_field_index("I1"), "I1", pa.array(t.column("I1").to_pylist(), pa.float64())))
+    elif case == "duplicate_column":
+        _write(bad_file, pa.Table.from_arrays([*t.columns, t.column("I1")], names=[*t.column_names, "I1"]))
     elif case == "wrong_type":
         _write(bad_file, t.set_column(t.schema.get_field_index("user_id"), "user_id", pa.array([1.5] * 50)))
     spec = str(d) if case in ("type_drift",) else bad_file
@@ -324,6 +328,42 @@ def test_string_typed_numbers_are_parsed_per_row(tmp_path, small_log, small_cfg)
     assert res.rows_train + res.rows_eval == 298
     art = TransformArtifact.read(str(tmp_path / "out" / "transform"))
     assert art.raw_schema["label"] == "string" and art.raw_schema["I1"] == "string"
+
+
+def test_categorical_columns_and_arrow_timestamps_read_as_their_plain_values(tmp_path, small_log, small_cfg):
+    """A log written from pandas categoricals (dictionary-encoded strings, lists of them) with an Arrow
+    timestamp (milliseconds, UTC) instead of epoch seconds preprocesses to the same rows, vocabularies
+    and split as the plain log; a null timestamp is dead-lettered as with int64."""
+    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
+    plain = pq.read_table(src).slice(0, 300)
+    t = plain
+    for name in ("user_id", "item_id", "C1"):
+        t = t.set_column(t.schema.get_field_index(name), name, pc.dictionary_encode(t.column(name)))
+    hist = pa.array(t.column("hist_items").to_pylist(), pa.list_(pa.dictionary(pa.int32(), pa.string())))
+    t = t.set_column(t.schema.get_field_index("hist_items"), "hist_items", hist)
+    millis = [v * 1000 for v in t.column("ts").to_pylist()]
+    millis[7] = None
+    t = t.set_column(t.schema.get_field_index("ts"), "ts",
+                     pa.array(millis, pa.int64()).cast(pa.timestamp("ms", tz="UTC")))
+    ts = plain.column("ts").to_pylist()
+    ts[7] = None
+    plain = plain.set_column(plain.schema.get_field_index("ts"), "ts", pa.array(ts, pa.int64()))
+    results = {}
+    for name, table in (("plain", plain), ("typed", t)):
+        res = run_preprocess(small_cfg, _write(str(tmp_path / name / "part-0.parquet"), table),
+                             str(tmp_path / f"{name}_out"), IN_MEMORY, say=lambda _: None)
+        assert res.dead_letter == {"null_timestamp": 1}
+        results[name] = (res.rows_train, res.rows_eval, TransformArtifact.read(str(tmp_path / f"{name}_out" /
+                                                                                   "transform")))
+    assert results["typed"][:2] == results["plain"][:2]
+    typed, ours = results["typed"][2], results["plain"][2]
+    assert typed.vocabularies == ours.vocabularies
+    assert typed.raw_schema["ts"] == "float" and typed.raw_schema["user_id"] == "string"
+    assert typed.raw_schema["hist_items"] == "list<string>"
+    for split in ("train", "eval"):
+        files = {n: sorted(glob.glob(str(tmp_path / f"{n}_out" / split / "*"))) for n in ("plain", "typed")}
+        assert files["plain"] and [Path(f).read_bytes() for f in files["typed"]] == \
+            [Path(f).read_bytes() for f in files["plain"]], split  # the same examples, byte for byte
 
 
 def test_url_input_through_pyarrow_filesystems(tmp_path, small_log, small_cfg):
