@@ -42,15 +42,17 @@ class VocabState:
         return sum(v is not None for v in self.values)
 
 
-def advance_vocabulary(prev: Optional[VocabState], today: Iterable[tuple[str, int]], day: int,
+def advance_vocabulary(prev: Optional[VocabState], today: Iterable[tuple[str, int]], day: Optional[int],
                        spec: VocabSpec) -> VocabState:
     """Day `day`'s vocabulary from the previous state (None: the first day) and the day's
-    (value, train rows) counts; see the module docstring for the rules."""
+    (value, train rows) counts; see the module docstring for the rules. `day` None: a run with no day
+    (no dt= partition, no --day), only for a vocabulary that neither evicts nor admits over a window."""
     seen = {v: c for v, c in today if c > 0}
     values = list(prev.values) if prev else []
     counts = list(prev.counts) if prev else []
     last = list(prev.last_seen) if prev else []
-    unknown_day = prev.day if prev is not None and prev.day is not None else day - 1  # older artifacts
+    # the last day seen of values an older artifact did not date (eviction needs a day: preprocess.run_day)
+    unknown_day = prev.day if prev is not None and prev.day is not None else day - 1 if day is not None else None
     known: dict[str, int] = {}
     for i, v in enumerate(values):
         if v is None:

@@ -40,6 +40,14 @@ def test_admission_counts_the_window_of_days():
     assert one_day.values == [] and one_day.pending == []  # window_days 1 keeps nothing pending
 
 
+def test_runs_without_days_extend_a_plain_vocabulary():
+    """No dt= partition and no --day (allowed when nothing evicts or admits over a window): a second run
+    extends the first run's vocabulary; it used to fail with a TypeError on the missing day."""
+    first = advance_vocabulary(None, [("a", 3), ("b", 1)], None, VocabSpec(min_count=2))
+    second = advance_vocabulary(first, [("b", 2), ("c", 5)], None, VocabSpec(min_count=2))
+    assert first.values == ["a"] and second.values == ["a", "c", "b"] and second.day is None
+
+
 def test_eviction_frees_slots_that_new_values_reuse_and_kept_ids_never_change():
     spec = VocabSpec(min_count=1, max_size=3, evict_unseen_days=2)
     s = advance_vocabulary(None, [("a", 5), ("b", 4), ("c", 3)], 0, spec)
