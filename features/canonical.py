@@ -19,9 +19,9 @@ import pyarrow.compute as pc
 from features.config import Config, SparseFeature
 from features.errors import RecpipeError
 
-__all__ = ["LABEL_KEY", "SchemaError", "plain_type", "plain_columns", "raw_kind", "check_schema", "validate_batch",
-           "canonicalize", "as_string", "list_parts", "dense_prenorm", "numeric", "DEFAULT_SEPARATOR",
-           "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
+__all__ = ["LABEL_KEY", "SchemaError", "NULL_KIND", "plain_type", "plain_columns", "raw_kind", "check_schema",
+           "validate_batch", "canonicalize", "as_string", "list_parts", "dense_prenorm", "numeric",
+           "DEFAULT_SEPARATOR", "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
 
 LABEL_KEY = "target.label"  # not a valid feature name, so it cannot collide
 DEFAULT_SEPARATOR = "|"
@@ -39,15 +39,20 @@ class SchemaError(RecpipeError, ValueError):
 
 
 _SECONDS = {"s": 1, "ms": 10 ** 3, "us": 10 ** 6, "ns": 10 ** 9}
+# The kind of a column of Arrow type null (pandas writes an all-None column so): every value missing, so
+# any feature can read it, as the kind the other files (or the previous transform) give the column.
+NULL_KIND = "null"
+_KIND_TYPES = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "list<string>": pa.list_(pa.string()),
+               "list<int>": pa.list_(pa.int64())}
 
 
 def plain_type(tp: pa.DataType) -> pa.DataType:
     """The type a column is read as: dictionary-encoded values (pandas categoricals) as their values'
-    type, timestamps and dates (any unit or time zone) as float64 seconds since the epoch, UTC, and
-    lists of either as lists of those."""
+    type, timestamps and dates (any unit or time zone) as float64 seconds since the epoch, UTC, decimals
+    (SQL exports) as float64, and lists of these as lists of those."""
     if pa.types.is_dictionary(tp):
         return plain_type(tp.value_type)
-    if pa.types.is_timestamp(tp) or pa.types.is_date(tp):
+    if pa.types.is_timestamp(tp) or pa.types.is_date(tp) or pa.types.is_decimal(tp):
         return pa.float64()
     if pa.types.is_list(tp):
         return pa.list_(plain_type(tp.value_type))
@@ -66,15 +71,20 @@ def _plain(arr: pa.Array) -> pa.Array:
         return pc.multiply(pc.cast(pc.cast(arr, pa.int32()), pa.float64()), 86_400.0)
     if pa.types.is_date64(tp):
         return pc.divide(pc.cast(pc.cast(arr, pa.int64()), pa.float64()), 1_000.0)
+    if pa.types.is_decimal(tp):
+        return pc.cast(arr, pa.float64())
     if (pa.types.is_list(tp) or pa.types.is_large_list(tp)) and plain_type(tp) != tp:
         return type(arr).from_arrays(arr.offsets, _plain(arr.values), mask=arr.is_null())
     return arr
 
 
-def plain_columns(table: pa.Table) -> pa.Table:
-    """`table` with every column of a type plain_type() changes converted to it (nulls kept)."""
+def plain_columns(table: pa.Table, kinds: dict[str, str] | None = None) -> pa.Table:
+    """`table` with every column of a type plain_type() changes converted to it (nulls kept), and every
+    column of type null made a column of nulls of its kind in `kinds` (the run's raw schema)."""
     for i, field in enumerate(table.schema):
-        if plain_type(field.type) != field.type:
+        if pa.types.is_null(field.type) and kinds and kinds.get(field.name) in _KIND_TYPES:
+            table = table.set_column(i, field.name, pa.nulls(table.num_rows, _KIND_TYPES[kinds[field.name]]))
+        elif plain_type(field.type) != field.type:
             column = pa.chunked_array([_plain(c) for c in table.column(i).chunks], plain_type(field.type))
             table = table.set_column(i, field.name, column)
     return table
@@ -84,6 +94,8 @@ def raw_kind(tp: pa.DataType) -> str | None:
     """The artifact's name for an Arrow type (as plain_type() reads it), or None when no feature can
     read it."""
     tp = plain_type(tp)
+    if pa.types.is_null(tp):
+        return NULL_KIND
     if pa.types.is_string(tp) or pa.types.is_large_string(tp):
         return "string"
     if pa.types.is_integer(tp) or pa.types.is_boolean(tp):
@@ -114,7 +126,7 @@ def check_schema(schema: pa.Schema, cfg: Config, source: str) -> dict[str, str]:
         kinds[col] = kind
 
     def need(col: str, allowed: tuple[str, ...], what: str) -> None:
-        if kinds[col] not in allowed:
+        if kinds[col] not in (*allowed, NULL_KIND):
             raise SchemaError(f"{source}: column {col!r} ({kinds[col]}) cannot feed {what}; "
                               f"expected {' or '.join(allowed)}")
 

@@ -20,6 +20,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from features import fsio
 from features.artifact import TransformArtifact
+from features.canonical import NULL_KIND, SchemaError
 from features.config import Config, config_to_dict
 from features.days import day_number
 from features.errors import RecpipeError
@@ -86,9 +87,21 @@ def load_previous_transform(path: str, cfg: Config, raw_schema: dict[str, str]) 
             raise PreprocessError(f"{path}: previous transform has a different '{key}' section; "
                                   f"IDs can only be kept stable for the same features")
     for col, kind in raw_schema.items():
-        if prev.raw_schema.get(col, kind) != kind:
+        if kind != NULL_KIND and prev.raw_schema.get(col, kind) != kind:
             raise PreprocessError(f"{path}: column {col!r} was {prev.raw_schema[col]} there, {kind} now")
     return prev
+
+
+def typed_schema(raw_schema: dict[str, str], previous: TransformArtifact | None, input_spec: str) -> dict[str, str]:
+    """raw_schema with a column that holds only nulls (Arrow type null) in every input file typed as in
+    the previous transform; without one nothing says what such a column holds, which is an error."""
+    known = previous.raw_schema if previous is not None else {}
+    untyped = [c for c, kind in raw_schema.items() if kind == NULL_KIND and known.get(c, NULL_KIND) == NULL_KIND]
+    if untyped:
+        raise SchemaError(f"{input_spec}: column(s) {', '.join(map(repr, untyped))} hold only nulls (Arrow type "
+                          f"null) in every input file, so nothing says what they hold; write them typed, or extend "
+                          f"a previous transform (--previous-transform) that has them")
+    return {c: known[c] if kind == NULL_KIND else kind for c, kind in raw_schema.items()}
 
 
 def run_day(cfg: Config, day: str | None, files: list[str], previous: TransformArtifact | None) -> int | None:
@@ -131,13 +144,13 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     if cfg.input.timestamp or cfg.split.by == "user":
         split_cols = [c for c in columns if c in {cfg.label.column, cfg.input.timestamp, cfg.split.user,
                                                   cfg.split_order, *(d.column for d in cfg.features.dense)}]
-        good_for_split = (p | "ReadForSplit" >> ReadClickLogs(files_arg, split_cols)
+        good_for_split = (p | "ReadForSplit" >> ReadClickLogs(files_arg, split_cols, raw_schema)
                           | "ValidateForSplit" >> ValidateRows(cfg, dead_letter=False))
     else:
         good_for_split = None
     cutoff = (good_for_split if good_for_split is not None else p) | "SplitCutoffs" >> SplitCutoffs(cfg, total)
     # Pass 2: analysis on the train rows.
-    train_rows = (p | "ReadForAnalysis" >> ReadClickLogs(files_arg, columns)
+    train_rows = (p | "ReadForAnalysis" >> ReadClickLogs(files_arg, columns, raw_schema)
                   | "ValidateForAnalysis" >> ValidateRows(cfg, dead_letter=False)
                   | "TrainRows" >> SplitRows(cfg, cutoff, count=False)).train
     vocabs = train_rows | "ComputeVocabularies" >> ComputeVocabularies(cfg, previous, day)
@@ -146,7 +159,7 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     artifact = (vocabs, stats) | "AssembleArtifact" >> AssembleArtifact(cfg, raw_schema, split_info, _versions(),
                                                                         lineage, day)
     # Pass 3: read -> validate -> split -> transform -> write, fused; accounts for every row.
-    batches = p | "ReadClickLogs" >> ReadClickLogs(files_arg, columns, count_rows=True)
+    batches = p | "ReadClickLogs" >> ReadClickLogs(files_arg, columns, raw_schema, count_rows=True)
     validated = batches | "ValidateRows" >> ValidateRows(cfg)
     splits = validated.good | "SplitByTime" >> SplitRows(cfg, cutoff)
     transform_dir = out.transform_dir
@@ -259,6 +272,7 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
     files = list_input_files(input_spec)
     raw_schema, inputs = inspect_inputs(files, cfg)
     previous = load_previous_transform(previous_transform, cfg, raw_schema) if previous_transform else None
+    raw_schema = typed_schema(raw_schema, previous, input_spec)
     day_no = run_day(cfg, day, files, previous)
     total = sum(f.num_rows for f in inputs)
     say(f"preprocess: {len(inputs)} file(s), {total} rows")

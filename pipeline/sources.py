@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from features.canonical import SchemaError, check_schema
+from features.canonical import NULL_KIND, SchemaError, check_schema
 from features.config import Config
 from features.errors import RecpipeError
 from features.fsio import resolve
@@ -96,20 +96,25 @@ def open_parquet(path: str) -> pq.ParquetFile:
 
 
 def inspect_inputs(files: list[str], cfg: Config) -> tuple[dict[str, str], list[InputFile]]:
-    """Check every file's footer against the config; return (raw schema, files with row offsets)."""
+    """Check every file's footer against the config; return (raw schema, files with row offsets). A
+    column of Arrow type null (all values missing) takes the kind of the files that type it; it stays
+    NULL_KIND if no file does."""
     raw_schema: dict[str, str] | None = None
-    first_source = ""
+    source: dict[str, str] = {}  # the first file that typed each column
     out: list[InputFile] = []
     offset = 0
     for path in files:
         pf = open_parquet(path)
         kinds = check_schema(pf.schema_arrow, cfg, path)
         if raw_schema is None:
-            raw_schema, first_source = kinds, path
-        else:
-            for col, kind in kinds.items():
-                if raw_schema[col] != kind:
-                    raise SchemaError(f"{path}: column {col!r} is {kind} but {raw_schema[col]} in {first_source}")
+            raw_schema = dict.fromkeys(kinds, NULL_KIND)
+        for col, kind in kinds.items():
+            if kind == NULL_KIND:
+                continue
+            if raw_schema[col] == NULL_KIND:
+                raw_schema[col], source[col] = kind, path
+            elif raw_schema[col] != kind:
+                raise SchemaError(f"{path}: column {col!r} is {kind} but {raw_schema[col]} in {source[col]}")
         n = pf.metadata.num_rows
         out.append(InputFile(path, n, offset))
         offset += n

@@ -56,8 +56,8 @@ class RawBatch:
 
 # ------------------------------------------------------------------------- read
 class _ReadFile(beam.DoFn):
-    def __init__(self, columns: list[str], batch_rows: int, count_rows: bool):
-        self._columns = columns
+    def __init__(self, columns: list[str], kinds: dict[str, str], batch_rows: int, count_rows: bool):
+        self._columns, self._kinds = columns, kinds
         self._batch_rows = batch_rows
         self._rows_in = Metrics.counter(NAMESPACE, "rows_in") if count_rows else None
 
@@ -72,7 +72,7 @@ class _ReadFile(beam.DoFn):
                 if self._rows_in is not None:
                     self._rows_in.inc(n)
                 yield RawBatch(path, start, np.arange(first_global + start, first_global + start + n),
-                               plain_columns(pa.Table.from_batches([batch])))
+                               plain_columns(pa.Table.from_batches([batch]), self._kinds))
                 start += n
         except (OSError, pa.ArrowException) as e:
             raise ValueError(f"{path}: unreadable after row {start} ({type(e).__name__}: "
@@ -90,16 +90,17 @@ class ReadClickLogs(beam.PTransform):
     Only the transform pass counts `rows_in`.
     """
 
-    def __init__(self, files: list[tuple[str, int]], columns: list[str], batch_rows: int = 65_536,
-                 count_rows: bool = False):
+    def __init__(self, files: list[tuple[str, int]], columns: list[str], kinds: dict[str, str],
+                 batch_rows: int = 65_536, count_rows: bool = False):
         super().__init__()
-        self._files, self._columns, self._batch_rows, self._count = files, columns, batch_rows, count_rows
+        self._files, self._columns, self._kinds = files, columns, kinds
+        self._batch_rows, self._count = batch_rows, count_rows
 
     def expand(self, pbegin):
         return (pbegin
                 | "Files" >> beam.Create(self._files)
                 | "Spread" >> beam.Reshuffle()
-                | "Read" >> beam.ParDo(_ReadFile(self._columns, self._batch_rows, self._count)))
+                | "Read" >> beam.ParDo(_ReadFile(self._columns, self._kinds, self._batch_rows, self._count)))
 
 
 # ------------------------------------------------------------------------- validate

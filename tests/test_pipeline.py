@@ -1,4 +1,5 @@
 """The Beam job: stages under TestPipeline, and whole runs with exact row accounting and clear errors."""
+import decimal
 import glob
 import json
 from pathlib import Path
@@ -364,6 +365,49 @@ def test_categorical_columns_and_arrow_timestamps_read_as_their_plain_values(tmp
         files = {n: sorted(glob.glob(str(tmp_path / f"{n}_out" / split / "*"))) for n in ("plain", "typed")}
         assert files["plain"] and [Path(f).read_bytes() for f in files["typed"]] == \
             [Path(f).read_bytes() for f in files["plain"]], split  # the same examples, byte for byte
+
+
+def test_columns_of_nulls_and_decimals_read_as_missing_values_and_floats(tmp_path, small_log, small_cfg):
+    """A day's file where a column holds only nulls (Arrow type null: pandas writes an all-None column
+    so) reads as missing values of the kind the other files give it, and a decimal dense column as
+    floats: the same examples, byte for byte, as the typed twin. A column null in every file is typed by
+    the previous transform, or else an error naming it."""
+    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
+    t = pq.read_table(src).slice(0, 300)
+    i2 = t.column("I2").to_pylist()
+    typed_second = t.slice(150)
+    untyped_second = typed_second
+    for name in ("I1", "C1", "hist_items"):
+        i = t.schema.get_field_index(name)
+        typed_second = typed_second.set_column(i, name, pa.nulls(150, t.schema.field(i).type))
+        untyped_second = untyped_second.set_column(i, name, pa.nulls(150))
+    twins = {"typed": [t.slice(0, 150), typed_second], "untyped": [t.slice(0, 150), untyped_second]}
+    dec = pa.array([None if v is None else decimal.Decimal(v) for v in i2], pa.decimal128(14, 2))
+    twins["untyped"] = [x.set_column(x.schema.get_field_index("I2"), "I2", dec.slice(k * 150, 150))
+                        for k, x in enumerate(twins["untyped"])]
+    twins["typed"] = [x.set_column(x.schema.get_field_index("I2"), "I2", pa.array(i2[k * 150:(k + 1) * 150],
+                                                                                   pa.float64()))
+                      for k, x in enumerate(twins["typed"])]
+    for name, tables in twins.items():
+        for k, table in enumerate(tables):
+            _write(str(tmp_path / name / f"part-{k}.parquet"), table)
+        res = run_preprocess(small_cfg, str(tmp_path / name), str(tmp_path / f"{name}_out"), IN_MEMORY,
+                             say=lambda _: None)
+        assert res.rows_in == 300 and not res.dead_letter
+    arts = [TransformArtifact.read(str(tmp_path / f"{n}_out" / "transform")) for n in ("typed", "untyped")]
+    assert arts[0].raw_schema == arts[1].raw_schema and arts[0].vocabularies == arts[1].vocabularies
+    for split in ("train", "eval"):
+        files = {n: sorted(glob.glob(str(tmp_path / f"{n}_out" / split / "*"))) for n in ("typed", "untyped")}
+        assert files["typed"] and [Path(f).read_bytes() for f in files["untyped"]] == \
+            [Path(f).read_bytes() for f in files["typed"]], split
+    only_nulls = str(tmp_path / "only_nulls" / "part-0.parquet")
+    _write(only_nulls, twins["untyped"][1])
+    with pytest.raises(SchemaError, match="column\\(s\\) 'hist_items', 'C1', 'I1' hold only nulls"):
+        run_preprocess(small_cfg, only_nulls, str(tmp_path / "nulls_out"), IN_MEMORY, say=lambda _: None)
+    res = run_preprocess(small_cfg, only_nulls, str(tmp_path / "nulls_out"), IN_MEMORY, say=lambda _: None,
+                         previous_transform=str(tmp_path / "typed_out"))
+    assert res.rows_in == 150 and TransformArtifact.read(str(tmp_path / "nulls_out" / "transform")).raw_schema == \
+        arts[0].raw_schema
 
 
 def test_url_input_through_pyarrow_filesystems(tmp_path, small_log, small_cfg):
