@@ -1,15 +1,19 @@
 """tf.data input: stream the preprocessed shards (features.records) into model batches."""
 from __future__ import annotations
 
+import contextlib
+import re
+from typing import Iterator
+
 import tensorflow as tf
 
 from features.canonical import LABEL_KEY
 from features.config import Config
 from features.errors import RecpipeError
-from features.preprocessed import PreprocessedData
+from features.preprocessed import SPLITS, PreprocessedData
 from features.records import parse_record
 
-__all__ = ["DataError", "shard_files", "make_dataset", "record_count", "synthetic_dataset"]
+__all__ = ["DataError", "shard_files", "make_dataset", "record_count", "synthetic_dataset", "naming_bad_shards"]
 
 
 class DataError(RecpipeError, ValueError):
@@ -27,6 +31,8 @@ def shard_files(data_dir: str, split: str) -> list[str]:
 def record_count(files: list[str]) -> int:
     """How many TFRecord records the files hold, from their framing alone (each record: an 8-byte
     little-endian length, a 4-byte CRC, the data, a 4-byte CRC): payloads are skipped, not read.
+    A file that does not end where its last record does (cut short by a partial copy, or with bytes
+    after it) is a DataError naming it, instead of TensorFlow's DataLossError that names no file.
     Plain Python I/O through tf.io.gfile, so it also runs while a dataset function is traced."""
     n = 0
     for path in files:
@@ -35,12 +41,43 @@ def record_count(files: list[str]) -> int:
             at = 0
             while at < size:
                 head = fh.read(8)
-                if len(head) < 8:
-                    raise DataError(f"{path}: truncated TFRecord framing at byte {at} (run `recpipe preprocess` again)")
-                at += 12 + int.from_bytes(head, "little") + 4
+                end = at + 12 + int.from_bytes(head, "little") + 4
+                if len(head) < 8 or end > size:
+                    raise DataError(f"{path}: truncated TFRecord framing at byte {at}: record {n} "
+                                    f"{'needs ' + str(end) + ' bytes' if len(head) == 8 else 'has no length'}, the "
+                                    f"file has {size} (copied partly? run `recpipe preprocess` again)")
+                at = end
                 fh.seek(at)
                 n += 1
     return n
+
+
+def corrupt_records(files: list[str]) -> list[str]:
+    """'FILE: record N: why' for the first record of each file whose checksum TensorFlow refuses (reads
+    every payload: for the error path)."""
+    bad = []
+    for path in files:
+        n = 0
+        try:
+            for _ in tf.data.TFRecordDataset(path):
+                n += 1
+        except tf.errors.DataLossError as e:
+            why = re.sub(r"\{\{.*?\}\}|\[Op:.*", "", e.message, flags=re.S)  # TF's node and op names
+            bad.append(f"{path}: record {n}: {' '.join(why.split())[:200]}")
+    return bad
+
+
+@contextlib.contextmanager
+def naming_bad_shards(data_dir: str) -> Iterator[None]:
+    """Turn TensorFlow's DataLossError while reading the shards of `data_dir` (a record whose checksum
+    does not match: its message names no file) into a DataError naming the corrupt shards and records."""
+    try:
+        yield
+    except tf.errors.DataLossError as e:
+        data = PreprocessedData(data_dir)
+        bad = [b for split in SPLITS for b in corrupt_records(data.shard_files(split))]
+        where = "; ".join(bad) if bad else f"no shard under {data.root} fails when read alone"
+        raise DataError(f"corrupt preprocessed data: {where} (run `recpipe preprocess` again)") from e
 
 
 def _row_shuffler(seed: int):
@@ -66,7 +103,8 @@ def make_dataset(cfg: Config, data_dir: str, split: str, batch_size: int, *, tra
     """
     files = shard_files(data_dir, split)
     pipelines = input_context.num_input_pipelines if input_context is not None else 1
-    by = "files" if len(files) >= pipelines else "records" if record_count(files) >= pipelines else "batches"
+    records = record_count(files)  # also checks every file's framing
+    by = "files" if len(files) >= pipelines else "records" if records >= pipelines else "batches"
     if by == "records":  # fewer files than pipelines: each parses only its own records, read in file order
         ds = tf.data.TFRecordDataset(files).shard(pipelines, input_context.input_pipeline_id)
     else:

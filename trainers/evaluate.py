@@ -6,6 +6,7 @@ import os
 from features import fsio
 from features.config import SliceSpec
 from features.preprocessed import PreprocessedData
+from trainers.data import naming_bad_shards
 from trainers.errors import TrainError
 from trainers.model_dir import ModelDir, check_data_matches, load_trained
 from trainers.plots import reliability_png, slices_png
@@ -31,8 +32,9 @@ def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_s
     if slices is not None:  # instead of the config's evaluate.slices, checked as they would be there
         cfg = check_slices(cfg, slices)
     slicing = Slicing(tuple(cfg.evaluate.slices), artifact) if cfg.evaluate.slices else None
-    metrics = score(cfg, model, data_dir, "eval", batch_size, slices=slicing)
-    metrics["baselines"] = baselines(cfg, data_dir, "eval")  # every number with its reference beside it
+    with naming_bad_shards(data_dir):
+        metrics = score(cfg, model, data_dir, "eval", batch_size, slices=slicing)
+        metrics["baselines"] = baselines(cfg, data_dir, "eval")  # every number with its reference beside it
     if "reliability" in metrics:
         reliability_png(metrics["reliability"], metrics["positive_rate"], ModelDir(model_dir).reliability_png)
     if "slices" in metrics:

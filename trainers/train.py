@@ -17,7 +17,7 @@ from features.config import Config
 from features.preprocessed import PreprocessedData
 from trainers.advisor import advise
 from trainers.allocator import loaded_allocator
-from trainers.data import make_dataset, synthetic_dataset
+from trainers.data import make_dataset, naming_bad_shards, synthetic_dataset
 from trainers.errors import TrainError
 from trainers.health import check_loss
 from trainers.hvd import train_horovod
@@ -34,6 +34,11 @@ __all__ = ["TrainError", "TrainOptions", "TrainState", "train", "set_threads"]
 
 
 def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
+    with naming_bad_shards(opts.data_dir):
+        return _train(opts, say)
+
+
+def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
     cluster = tf_config() if opts.run.strategy == "ps" else None
     if cluster is not None and cluster.task_type != "chief":  # a TFJob runs one command in every replica
         say(f"train: serving PS-cluster task {cluster.task_type} {cluster.task_index} until killed")
