@@ -7,9 +7,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -47,6 +49,7 @@ class LoadedVersion:
     signature_defs: object           # tensorflow.core.protobuf.meta_graph_pb2 signature_def map
     loaded: object = None            # the loaded SavedModel object: keeps its variables alive
     examples_fn: object = None       # the predict_examples ConcreteFunction (ranking exports), else None
+    list_inputs: Optional[frozenset] = None  # inputs a list per row may feed (multivalent); None: any string input
     _kinds: dict = field(init=False, repr=False)  # input -> ("s"|"i"|"f", numpy dtype), read per request
     _groups: list = field(init=False, repr=False)  # [(dtype, [input names])]: one block per dtype
     _packed: object = field(init=False, repr=False)  # ConcreteFunction of the blocks -> [outputs]
@@ -153,8 +156,11 @@ def _graph_error(message: str) -> str:
     TensorFlow's framing ("Graph execution error", "Detected at node", the node list)."""
     for line in message.splitlines():
         line = line.strip()
-        if line.startswith("assertion failed: ["):
-            return line[len("assertion failed: ["):].split("]", 1)[0].replace("\\'", "'")
+        if line.startswith("assertion failed: ["):  # its data: "[message] [values]", each in brackets
+            parts = re.findall(r"\[([^\[\]]*)\]", line[len("assertion failed: "):])
+            if parts and parts[1:2] == ["Condition x == y did not hold element-wise:"]:
+                parts = parts[:1]  # assert_equal's own framing after the message
+            return " ".join(parts).replace("\\'", "'")
         if line and not line.startswith(("Graph execution error", "Detected at node", "<stack traces", "[[")):
             return line.replace("Name: <unknown>, ", "")
     return message.splitlines()[0] if message else "invalid examples"
@@ -171,8 +177,9 @@ def load_version(path: str, version: int) -> LoadedVersion:
     with open(os.path.join(path, "saved_model.pb"), "rb") as fh:
         proto.ParseFromString(fh.read())
     sig_defs = proto.meta_graphs[0].signature_def
+    meta = ExportedVersion(path, version).meta()  # None: a SavedModel exported by something else
     lv = LoadedVersion(version, path, fn, inputs, sorted(fn.structured_outputs), sig_defs, loaded,
-                       loaded.signatures.get(EXAMPLES_SIGNATURE))
+                       loaded.signatures.get(EXAMPLES_SIGNATURE), meta.list_columns() if meta else None)
     _warm_up(lv)
     return lv
 

@@ -52,8 +52,9 @@ _PATH = re.compile(r"^/v1/models/(?P<name>[A-Za-z0-9_.\-]+)(?:/versions/(?P<vers
 _POST_VERBS = (":predict", ":classify", ":regress")
 
 
-def _column(name: str, values: list, kind_dtype: tuple[str, object]) -> np.ndarray:
-    """JSON values of one input of `kind_dtype` (registry.dtype_kind) -> a numpy column; null/absent means missing."""
+def _column(name: str, values: list, kind_dtype: tuple[str, object], lists: bool = True) -> np.ndarray:
+    """JSON values of one input of `kind_dtype` (registry.dtype_kind) -> a numpy column; null/absent means
+    missing. `lists`: a row's value may be a list (a multivalent input's items, joined as serving joins them)."""
     kind, np_dtype = kind_dtype
     if kind == "s":
         out = []
@@ -65,6 +66,9 @@ def _column(name: str, values: list, kind_dtype: tuple[str, object]) -> np.ndarr
             elif is_b64(v):
                 out.append(b64_bytes(v, f"input {name!r} row {i}"))
             elif isinstance(v, list):
+                if not lists:
+                    raise RequestError(f"input {name!r} row {i}: expects one string, got a list (only a multivalent "
+                                       f"feature's input takes a list)")
                 if not all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in v):
                     raise RequestError(f"input {name!r} row {i}: list items must be strings or integers")
                 if any("|" in str(x) for x in v):
@@ -98,8 +102,13 @@ def _column(name: str, values: list, kind_dtype: tuple[str, object]) -> np.ndarr
     return np.array(out_f, dtype=np_dtype)
 
 
-def parse_predict_body(body: Any, inputs: dict[str, tf.TensorSpec]) -> tuple[dict[str, np.ndarray], bool]:
-    """Return (columns, row_format). Missing keys/nulls are missing values (not for int inputs)."""
+def parse_predict_body(body: Any, inputs: dict[str, tf.TensorSpec], list_inputs: frozenset | None = None
+                       ) -> tuple[dict[str, np.ndarray], bool]:
+    """Return (columns, row_format). Missing keys/nulls are missing values (not for int inputs).
+    list_inputs: the inputs whose rows may be lists (None: any string input)."""
+    def column(n: str, values: list) -> np.ndarray:
+        return _column(n, values, dtype_kind(inputs[n].dtype), list_inputs is None or n in list_inputs)
+
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
     sig = body.get("signature_name", SIGNATURE)
@@ -113,7 +122,7 @@ def parse_predict_body(body: Any, inputs: dict[str, tf.TensorSpec]) -> tuple[dic
         if not isinstance(rows, list) or not rows:
             raise RequestError("'instances' must be a non-empty list")
         if len(names) == 1 and not all(isinstance(r, dict) for r in rows):
-            return {names[0]: _column(names[0], rows, dtype_kind(inputs[names[0]].dtype))}, True
+            return {names[0]: column(names[0], rows)}, True
         for i, r in enumerate(rows):
             if not isinstance(r, dict):
                 raise RequestError(f"instances[{i}] must be an object of input name -> value")
@@ -122,11 +131,11 @@ def parse_predict_body(body: Any, inputs: dict[str, tf.TensorSpec]) -> tuple[dic
                 raise RequestError(f"instances[{i}]: unknown input {unknown[0]!r}")
         cols = {}
         for n in names:
-            values, kind = [r.get(n) for r in rows], dtype_kind(inputs[n].dtype)
-            if kind[0] == "i" and any(v is None for v in values):
+            values = [r.get(n) for r in rows]
+            if dtype_kind(inputs[n].dtype)[0] == "i" and any(v is None for v in values):
                 i = next(i for i, v in enumerate(values) if v is None)
                 raise RequestError(f"instances[{i}]: integer input {n!r} is missing")
-            cols[n] = _column(n, values, kind)
+            cols[n] = column(n, values)
         return cols, True
     cols_in = body["inputs"]
     if not isinstance(cols_in, dict):
@@ -145,7 +154,7 @@ def parse_predict_body(body: Any, inputs: dict[str, tf.TensorSpec]) -> tuple[dic
         values = cols_in[n]
         if not isinstance(values, list):
             raise RequestError(f"inputs[{n!r}] must be a list (one value per row)")
-        cols[n] = _column(n, values, dtype_kind(inputs[n].dtype))
+        cols[n] = column(n, values)
     if len({len(c) for c in cols.values()}) > 1:
         raise RequestError("inputs: all inputs need the same number of rows")
     if not next(iter(cols.values())).size:
@@ -271,7 +280,7 @@ class RestApp:
             result = classes(scores) if route[1] == ":classify" else [float(p) for p in scores]
             return 200, {"result": result}, "application/json"
         try:
-            cols, row_format = parse_predict_body(body, lv.inputs)
+            cols, row_format = parse_predict_body(body, lv.inputs, lv.list_inputs)
             self.metrics.stage("parse", time.perf_counter() - t0)
             outputs = await self.predictor.predict_async(lv, cols)
             t0 = time.perf_counter()

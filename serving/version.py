@@ -48,6 +48,10 @@ class ExportMeta:
     def typed_config(self) -> Config:
         return parse_config(self.config)
 
+    def list_columns(self) -> frozenset[str]:
+        """The raw columns a multivalent feature reads: the only inputs whose request values may be lists."""
+        return frozenset(f.column for f in self.typed_config().column_sparse if f.multivalent)
+
     @classmethod
     def from_dict(cls, data: dict) -> "ExportMeta":
         return cls(data["config"], data["raw_schema"], data["model_dir"], int(data["version"]),

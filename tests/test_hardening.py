@@ -178,7 +178,9 @@ def test_4_every_request_gets_an_answer_and_a_counted_status(exported, small_log
                  "Infinity": b'{"instances": [{"I1": Infinity}]}',
                  "1e400": b'{"instances": [{"I1": 1e400}]}',
                  "bad base64": json.dumps({"instances": [{"user_id": {"b64": "!!!"}}]}).encode(),
-                 "separator in a list item": json.dumps({"instances": [{"hist_items": ["a|b", "c"]}]}).encode()}
+                 "separator in a list item": json.dumps({"instances": [{"hist_items": ["a|b", "c"]}]}).encode(),
+                 # a list for a single-valued input was joined into one unknown token and scored
+                 "a list for one ID": json.dumps({"instances": [{"user_id": ["u1", "u2"]}]}).encode()}
         for what, body in cases.items():
             code, payload = _http(url, body, "POST")
             assert code == 400 and json.loads(payload)["error"], (what, code, payload)
@@ -194,9 +196,27 @@ def test_4_every_request_gets_an_answer_and_a_counted_status(exported, small_log
         text = metrics.decode()
         assert 'code="0"' not in text and 'code="ERROR"' not in text
         assert 'recpipe_requests_total{api="grpc_predict",code="NOT_FOUND"} 1.0' in text
-        assert 'recpipe_requests_total{api="rest_predict",code="400"} 6.0' in text
+        assert 'recpipe_requests_total{api="rest_predict",code="400"} 7.0' in text
+        # tf.Examples carry float32: 1e39 arrived as inf and was scored; the graph refuses it (TF Serving too)
+        regress = f"http://127.0.0.1:{srv.rest_port}/v1/models/small:regress"
+        code, payload = _http(regress, {"examples": [{"I1": 1e39}]}, "POST")
+        assert code == 400 and json.loads(payload)["error"].endswith("value that is inf or beyond float32 (the "
+                                                                     "trainer's data dead-letters such rows): I1")
+        assert _http(regress, {"examples": [{"I1": 1e38}]}, "POST")[0] == 200
     finally:
         srv.stop()
+
+
+def test_4_the_saved_model_itself_refuses_inf_as_tf_serving_would_run_it(exported):
+    """The serving graph, without recpipe's request checks in front of it: an inf dense input is an error
+    naming the feature; NaN is a missing value and scores."""
+    import tensorflow as tf
+    fn = tf.saved_model.load(exported[1]).signatures["serving_default"]
+    row = {name: tf.constant([""] if spec.dtype == tf.string else [0], spec.dtype)
+           for name, spec in fn.structured_input_signature[1].items()}
+    assert math.isfinite(float(fn(**{**row, "I1": tf.constant([math.nan])})["score"][0]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"value that is inf or beyond float32.*\] \[I1 I3\]"):
+        fn(**{**row, "I1": tf.constant([math.inf]), "I3": tf.constant([-math.inf])})
 
 
 def test_4_slow_clients_hold_no_thread_and_are_cut_off(exported, small_log, small_cfg):
