@@ -29,7 +29,7 @@ from features.preprocessed import PreprocessedData
 from serving.version import ExportBase
 from trainers.options import RunOptions, TrainOptions
 
-__all__ = ["DailyConfig", "DayDir", "load_daily_config", "run_step", "STEPS", "train_allocator"]
+__all__ = ["DailyConfig", "DayDir", "auc_verdict", "load_daily_config", "run_step", "STEPS", "train_allocator"]
 
 STEPS = ("ready", "preprocess", "train", "evaluate", "bless", "push")
 
@@ -168,12 +168,8 @@ def step_bless(dc: DailyConfig, day: str, say) -> int:
         batch = read_single_batch(cfg, d.data.eval_sample_records)
         labels = sample.column(cfg.label.column).to_numpy(zero_copy_only=False).astype(float)
         new_auc = roc_auc(labels, tf.sigmoid(model(batch))[:, 0].numpy())
-        served_auc = sample_auc(served, sample)
-        ok = new_auc >= served_auc - dc.bless_tolerance
-        verdict = {"blessed": bool(ok), "metric": "auc", "new": new_auc, "served": served_auc,
-                   "served_version": served.path, "tolerance": dc.bless_tolerance, "rows": sample.num_rows,
-                   "reason": f"new AUC {new_auc:.4f} vs served {served_auc:.4f} on the same "
-                             f"{sample.num_rows} eval rows"}
+        verdict = {**auc_verdict(labels, new_auc, sample_auc(served, sample), dc.bless_tolerance),
+                   "served_version": served.path}
     else:
         new, old = new_metrics["recall_at_10"], served.meta().metrics["recall_at_10"]
         verdict = {"blessed": bool(new >= old - dc.bless_tolerance), "metric": "recall_at_10", "new": new,
@@ -184,6 +180,20 @@ def step_bless(dc: DailyConfig, day: str, say) -> int:
     fsio.write_json(d.blessing_path, verdict, only_if_changed=True)
     say(f"daily bless: {'BLESSED' if verdict['blessed'] else 'NOT blessed'}: {verdict['reason']}")
     return 0
+
+
+def auc_verdict(labels, new_auc: float, served_auc: float, tolerance: float) -> dict:
+    """Bless the new model when its AUC on the day's eval sample is at most `tolerance` below the served
+    model's on the same rows. A sample of one class has no AUC: not blessed, saying so (before, the
+    verdict read 'new AUC nan vs served nan', and a low click rate can leave a day's sample so)."""
+    rows, positives = len(labels), sum(1 for v in labels if v > 0.5)
+    out = {"metric": "auc", "new": new_auc, "served": served_auc, "tolerance": tolerance, "rows": rows}
+    if positives in (0, rows):
+        return {**out, "blessed": False,
+                "reason": f"AUC undefined: all {rows} eval-sample rows have label {int(positives > 0)}, so the "
+                          f"models cannot be compared; the served one stays"}
+    return {**out, "blessed": bool(new_auc >= served_auc - tolerance),
+            "reason": f"new AUC {new_auc:.4f} vs served {served_auc:.4f} on the same {rows} eval rows"}
 
 
 def step_push(dc: DailyConfig, day: str, say) -> int:

@@ -106,6 +106,15 @@ def test_daily_runs_bless_push_idempotent_and_refuse_a_worse_model(airflow, tmp_
     assert (tmp_path / "work" / "2026-01-03" / "metrics.json").exists()  # kept with its metrics
 
 
+def test_bless_on_a_sample_of_one_class_says_why_and_keeps_the_served_model():
+    from recpipe.daily import auc_verdict
+    nan = float("nan")
+    one_class = auc_verdict([0.0] * 1000, nan, nan, 0.005)
+    assert one_class["blessed"] is False and "all 1000 eval-sample rows have label 0" in one_class["reason"]
+    assert auc_verdict([1.0, 0.0], 0.70, 0.704, 0.005)["blessed"] is True
+    assert auc_verdict([1.0, 0.0], 0.69, 0.70, 0.005)["blessed"] is False
+
+
 RUN_ONE = """
 import json, sys, pendulum
 from airflow.dag_processing.dagbag import DagBag
