@@ -467,6 +467,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         kind = "" if isinstance(e, (RecpipeError, OSError, ValueError)) else f"{type(e).__name__}: "
         print(f"recpipe {args.command}: error: {kind}{_one_line(e)}", file=sys.stderr)
+        if args.command == "train" and getattr(args, "strategy", None) == "ps":
+            # a PS chief's remote eager context logs hundreds of lines per lost task as the interpreter
+            # tears it down, burying the line above; the tasks this process started are stopped already
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
         return 1
     return rc if isinstance(rc, int) else 0
 

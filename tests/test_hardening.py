@@ -448,6 +448,28 @@ def test_11_a_dead_rank_is_named_with_its_signal_and_the_checkpoint(tmp_path, pr
     assert "the last checkpoint is step" in line
 
 
+def test_11_a_dead_ps_task_is_named_with_its_signal_and_the_checkpoint(tmp_path, preprocessed, small_cfg_path):
+    """A PS task of the local PS cluster killed mid-run: the chief failed with TensorFlow's
+    'UnavailableError: ... Connection reset by peer [Op:__inference_tf_function_save_...]'."""
+    from test_strategies import _wait_for_checkpoint
+    model_dir = str(tmp_path / "ps")
+    proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "train", "--data", preprocessed[0], "--model-dir",
+                             model_dir, "--config", small_cfg_path, "--strategy", "ps", "--steps", "20000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for_checkpoint(proc, model_dir)
+        ps = [pid for pid, cmd in _descendants(proc.pid) if "-m trainers.ps" in cmd and cmd.split()[-2:] == ["ps", "1"]]
+        os.kill(ps[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    line = err.strip().splitlines()[-1]  # the last line: not buried under TensorFlow's teardown of the PS context
+    assert "PS task 1 (127.0.0.1:" in line and "died (killed by SIGKILL)" in line, line
+    assert "the last checkpoint is step" in line and "rerun the same command to resume" in line, line
+
+
 def _descendants(pid: int) -> list[tuple[int, str]]:
     from test_strategies import _children
     out, todo = [], [pid]

@@ -22,7 +22,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -38,7 +37,7 @@ from features.preprocessed import PreprocessedData
 from trainers.advisor import allreduces_table
 from trainers.allocator import loaded_allocator
 from trainers.data import make_dataset, synthetic_dataset
-from trainers.errors import TrainError
+from trainers.errors import TrainError, how_it_ended
 from trainers.gradients import accumulated_gradients
 from trainers.health import check_loss
 from trainers.model_dir import ModelDir, TrainState
@@ -135,17 +134,6 @@ def _supervise(start: Callable[[dict], list[subprocess.Popen]], say: Callable[[s
 _DIED = re.compile(r"Process (\d+) exit with status code (-?\d+)")
 
 
-def how_it_ended(code: int) -> str:
-    """An exit status in words: a signal's name, or the exit code."""
-    signum = -code if code < 0 else code - 128 if 128 < code < 160 else None
-    if signum:
-        try:
-            return f"killed by {signal.Signals(signum).name}"
-        except ValueError:
-            pass
-    return f"exit code {code}"
-
-
 # what a rank prints when it fails: the CLI's "recpipe train: error: ...", or a traceback's last line;
 # under horovodrun each line starts with "[rank]<stdout>:" or "[rank]<stderr>:"
 _RANK_PREFIX = re.compile(r"^\[(\d+)\]<std(?:out|err)>:")
@@ -178,12 +166,10 @@ def rank_died(opts: TrainOptions, rank: int, code: int, where: str = "", output:
     """output: the last lines of the rank's own process, or of horovodrun's (then each prefixed by its
     rank): the rank's last failure line there, if any, is given as the cause. Another rank's error
     (e.g. a collective failing because this rank was killed) is not."""
-    step = ModelDir(opts.model_dir).latest_step()
-    resume = (f"the last checkpoint is step {step} in {ModelDir(opts.model_dir).checkpoints_dir}; rerun the same "
-              f"command to resume from it" if step else "no checkpoint was written yet; a rerun starts over")
     causes = [f[1] for f in map(_failure, output) if f is not None and f[0] in (None, rank)]
     return TrainError(f"horovod rank {rank}{where} died ({how_it_ended(code)}"
-                      f"{': ' + causes[-1] if causes else ''}), so the job stopped: {resume}")
+                      f"{': ' + causes[-1] if causes else ''}), so the job stopped: "
+                      f"{ModelDir(opts.model_dir).resume_hint()}")
 
 
 def launch(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:

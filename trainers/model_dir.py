@@ -113,6 +113,12 @@ class ModelDir:
         """The weights kept by validation (a tf.train.Checkpoint prefix), if training kept any."""
         return self.best_prefix if os.path.exists(self.best_prefix + ".index") else None
 
+    def resume_hint(self) -> str:
+        """What a rerun of the same command does after a job died: resume from the last checkpoint, or start over."""
+        step = self.latest_step()
+        return (f"the last checkpoint is step {step} in {self.checkpoints_dir}; rerun the same command to resume "
+                f"from it" if step else "no checkpoint was written yet; a rerun starts over")
+
     def latest_step(self) -> int:
         latest = self.latest_checkpoint()
         return int(latest.rsplit("-", 1)[1]) if latest else 0

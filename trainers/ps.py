@@ -177,6 +177,12 @@ class LocalPSCluster:
                     self.say(f"train: worker {index} exited ({proc.returncode}); restarting it")
                     self._start(job, index)
 
+    def dead_ps(self) -> list[tuple[int, str, int]]:
+        """(index, address, exit status) of every PS task that has exited (a PS is not restarted: its
+        variables were in its memory)."""
+        return [(i, self.cluster.ps[i], p.returncode) for (job, i), p in sorted(self.procs.items())
+                if job == "ps" and p.poll() is not None]
+
     def start(self) -> "LocalPSCluster":
         for i in range(len(self.cluster.ps)):
             self._start("ps", i)

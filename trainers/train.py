@@ -18,7 +18,7 @@ from features.preprocessed import PreprocessedData
 from trainers.advisor import advise
 from trainers.allocator import loaded_allocator
 from trainers.data import make_dataset, naming_bad_shards, synthetic_dataset
-from trainers.errors import TrainError
+from trainers.errors import TrainError, how_it_ended
 from trainers.health import check_loss
 from trainers.hvd import train_horovod
 from trainers.model_dir import ModelDir, TrainState
@@ -62,7 +62,15 @@ def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
         say(f"train: PS cluster from TF_CONFIG: chief {c.chief}, {len(c.workers)} workers, {len(c.ps)} PS")
         return _fit(cfg, artifact, opts, total, make_strategy(c), say)
     with LocalPSCluster(run.ps_workers, run.ps_servers, run.ps_task_threads, say=say) as local:
-        return _fit(cfg, artifact, opts, total, make_strategy(local.cluster), say)
+        try:
+            return _fit(cfg, artifact, opts, total, make_strategy(local.cluster), say)
+        except tf.errors.OpError as e:  # e.g. UnavailableError at the next checkpoint, naming no task
+            dead = local.dead_ps()
+            if not dead:
+                raise
+            i, addr, code = dead[0]
+            raise TrainError(f"PS task {i} ({addr}) died ({how_it_ended(code)}), so the job stopped: "
+                             f"{ModelDir(opts.model_dir).resume_hint()}") from e
 
 
 def set_threads(intra: int, inter: int) -> None:
