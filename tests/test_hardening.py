@@ -422,50 +422,47 @@ def test_9_criteo_converter_keeps_bad_rows_for_the_dead_letter(tmp_path):
     assert res.dead_letter == {"label_unparsable": 1}  # ... so preprocess dead-letters exactly that row
 
 
-# ------------------------------------------------------------------ 11: a Horovod rank dies
-def test_11_a_dead_rank_is_named_with_its_signal_and_the_checkpoint(tmp_path, preprocessed, small_cfg_path):
+# ------------------------------------------------------------------ 11: a Horovod rank or a PS task dies
+def _last_line_after_killing(model_dir: str, train_args: list[str], victim) -> str:
+    """Start `recpipe train TRAIN_ARGS --model-dir MODEL_DIR`, SIGKILL the first descendant process
+    victim(pid, cmdline) picks once a checkpoint is written, and return the run's last stderr line."""
     from test_strategies import _wait_for_checkpoint
-    model_dir = str(tmp_path / "hvd")
-    proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "train", "--data", preprocessed[0], "--model-dir",
-                             model_dir, "--config", small_cfg_path, "--strategy", "horovod", "--np", "2",
-                             "--steps", "3000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "train", "--model-dir", model_dir, *train_args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for_checkpoint(proc, model_dir)
-        ranks = []
+        found = []
         deadline = time.monotonic() + 60
-        while not ranks and time.monotonic() < deadline:
-            ranks = [pid for pid, cmd in _descendants(proc.pid) if cmd.split()[:1] == [sys.executable]
-                     and "-m recpipe.cli train" in cmd and pid != proc.pid and _env_of(pid).get("HOROVOD_RANK") == "1"]
+        while not found and time.monotonic() < deadline:
+            found = [pid for pid, cmd in _descendants(proc.pid) if pid != proc.pid and victim(pid, cmd)]
             time.sleep(0.2)
-        os.kill(ranks[0], signal.SIGKILL)
+        os.kill(found[0], signal.SIGKILL)
         _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1
-    line = err.strip().splitlines()[-1]
+    return err.strip().splitlines()[-1]  # the last line: not buried under what TensorFlow logs at exit
+
+
+def test_11_a_dead_rank_is_named_with_its_signal_and_the_checkpoint(tmp_path, preprocessed, small_cfg_path):
+    line = _last_line_after_killing(
+        str(tmp_path / "hvd"), ["--data", preprocessed[0], "--config", small_cfg_path, "--strategy", "horovod",
+                                "--np", "2", "--steps", "3000"],
+        lambda pid, cmd: cmd.split()[:1] == [sys.executable] and "-m recpipe.cli train" in cmd
+        and _env_of(pid).get("HOROVOD_RANK") == "1")
     assert "horovod rank 1 died (killed by SIGKILL)" in line and "rerun the same command to resume" in line, line
     assert "the last checkpoint is step" in line
 
 
 def test_11_a_dead_ps_task_is_named_with_its_signal_and_the_checkpoint(tmp_path, preprocessed, small_cfg_path):
     """A PS task of the local PS cluster killed mid-run: the chief failed with TensorFlow's
-    'UnavailableError: ... Connection reset by peer [Op:__inference_tf_function_save_...]'."""
-    from test_strategies import _wait_for_checkpoint
-    model_dir = str(tmp_path / "ps")
-    proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "train", "--data", preprocessed[0], "--model-dir",
-                             model_dir, "--config", small_cfg_path, "--strategy", "ps", "--steps", "20000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for_checkpoint(proc, model_dir)
-        ps = [pid for pid, cmd in _descendants(proc.pid) if "-m trainers.ps" in cmd and cmd.split()[-2:] == ["ps", "1"]]
-        os.kill(ps[0], signal.SIGKILL)
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1
-    line = err.strip().splitlines()[-1]  # the last line: not buried under TensorFlow's teardown of the PS context
+    'UnavailableError: ... Connection reset by peer [Op:__inference_tf_function_save_...]' and then
+    about 380 lines of its remote context's teardown."""
+    line = _last_line_after_killing(
+        str(tmp_path / "ps"), ["--data", preprocessed[0], "--config", small_cfg_path, "--strategy", "ps",
+                               "--steps", "20000"],
+        lambda pid, cmd: "-m trainers.ps" in cmd and cmd.split()[-2:] == ["ps", "1"])
     assert "PS task 1 (127.0.0.1:" in line and "died (killed by SIGKILL)" in line, line
     assert "the last checkpoint is step" in line and "rerun the same command to resume" in line, line
 
