@@ -31,9 +31,8 @@ def shard_files(data_dir: str, split: str) -> list[str]:
 def record_count(files: list[str]) -> int:
     """How many TFRecord records the files hold, from their framing alone (each record: an 8-byte
     little-endian length, a 4-byte CRC, the data, a 4-byte CRC): payloads are skipped, not read.
-    A file that does not end where its last record does (cut short by a partial copy, or with bytes
-    after it) is a DataError naming it, instead of TensorFlow's DataLossError that names no file.
-    Plain Python I/O through tf.io.gfile, so it also runs while a dataset function is traced."""
+    A file that does not end where its last record does (cut short by a partial copy) is a DataError
+    naming it. Plain Python I/O through tf.io.gfile, so it also runs while a dataset function is traced."""
     n = 0
     for path in files:
         size = tf.io.gfile.stat(path).length
@@ -53,8 +52,8 @@ def record_count(files: list[str]) -> int:
 
 
 def corrupt_records(files: list[str]) -> list[str]:
-    """'FILE: record N: why' for the first record of each file whose checksum TensorFlow refuses (reads
-    every payload: for the error path)."""
+    """'FILE: record N: why' for the first record of each file TensorFlow cannot read (a checksum that
+    does not match, a file cut short); reads every payload, so it is for the error path."""
     bad = []
     for path in files:
         n = 0
@@ -70,7 +69,9 @@ def corrupt_records(files: list[str]) -> list[str]:
 @contextlib.contextmanager
 def naming_bad_shards(data_dir: str) -> Iterator[None]:
     """Turn TensorFlow's DataLossError while reading the shards of `data_dir` (a record whose checksum
-    does not match: its message names no file) into a DataError naming the corrupt shards and records."""
+    does not match, a file cut short by a partial copy: its message names no file) into a DataError
+    naming the damaged shards and records. Nothing is checked up front: on a remote filesystem, walking
+    every record's framing before training would cost a request per record."""
     try:
         yield
     except tf.errors.DataLossError as e:
@@ -103,8 +104,7 @@ def make_dataset(cfg: Config, data_dir: str, split: str, batch_size: int, *, tra
     """
     files = shard_files(data_dir, split)
     pipelines = input_context.num_input_pipelines if input_context is not None else 1
-    records = record_count(files)  # also checks every file's framing
-    by = "files" if len(files) >= pipelines else "records" if records >= pipelines else "batches"
+    by = "files" if len(files) >= pipelines else "records" if record_count(files) >= pipelines else "batches"
     if by == "records":  # fewer files than pipelines: each parses only its own records, read in file order
         ds = tf.data.TFRecordDataset(files).shard(pipelines, input_context.input_pipeline_id)
     else:
