@@ -113,16 +113,15 @@ def check_schema(schema: pa.Schema, cfg: Config, source: str) -> dict[str, str]:
     """Check a file's schema against the config; return {column: raw kind} for the columns used."""
     kinds: dict[str, str] = {}
     for col in cfg.raw_columns():
-        idx = schema.get_field_index(col)
-        if len(schema.get_all_field_indices(col)) > 1:
-            raise SchemaError(f"{source}: column {col!r} required by the config appears "
-                              f"{len(schema.get_all_field_indices(col))} times")
-        if idx < 0:
+        found = schema.get_all_field_indices(col)
+        if len(found) > 1:
+            raise SchemaError(f"{source}: column {col!r} required by the config appears {len(found)} times")
+        if not found:
             raise SchemaError(f"{source}: column {col!r} required by the config is missing "
                               f"(file has: {', '.join(schema.names[:12])}{'...' if len(schema.names) > 12 else ''})")
-        kind = raw_kind(schema.field(idx).type)
+        kind = raw_kind(schema.field(found[0]).type)
         if kind is None:
-            raise SchemaError(f"{source}: column {col!r} has unsupported type {schema.field(idx).type}")
+            raise SchemaError(f"{source}: column {col!r} has unsupported type {schema.field(found[0]).type}")
         kinds[col] = kind
 
     def need(col: str, allowed: tuple[str, ...], what: str) -> None:
