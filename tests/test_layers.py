@@ -56,6 +56,36 @@ def test_cross_stack_roundtrip(low_rank):
     assert copy.num_layers == 2 and copy.low_rank == low_rank
 
 
+@pytest.mark.parametrize("low_rank", [None, 3])
+def test_cross_layers_compute_in_the_mixed_precision_dtype(tmp_path, low_rank):
+    """Under mixed_bfloat16 every cross matmul runs in bfloat16 on float32 variables (TFRS 0.7.7's Cross ran
+    them in float32), and a checkpoint of TFRS's own Cross stack loads into ours, value for value."""
+    import tensorflow_recommenders as tfrs
+    from trainers.optim import precision_policy
+    embedded = [tf.random.normal([5, 4]), tf.random.normal([5, 4])]
+    with precision_policy("bf16"):
+        stack = CrossStack(2, low_rank)
+        fn = tf.function(lambda: stack([tf.cast(e, tf.bfloat16) for e in embedded]))
+        graph = fn.get_concrete_function().graph
+    matmuls = [op for op in graph.get_operations() if op.type == "MatMul"]
+    assert len(matmuls) == 2 * (1 if low_rank is None else 2)
+    assert {op.get_attr("T") for op in matmuls} == {tf.bfloat16}
+    assert fn().dtype == tf.bfloat16 and {v.dtype for v in stack.variables} == {tf.float32}
+
+    theirs = [tfrs.layers.dcn.Cross(projection_dim=low_rank) for _ in range(2)]
+    x0 = tf.concat(embedded, axis=1)
+    for layer in theirs:
+        layer(x0, x0)
+    ours = CrossStack(2, low_rank)
+    ours(embedded)
+    path = tf.train.Checkpoint(cross=theirs).save(str(tmp_path / "ckpt"))
+    tf.train.Checkpoint(cross=ours.cross).restore(path).assert_consumed()
+    for a, b in zip(theirs, ours.cross):
+        assert [w.shape for w in a.get_weights()] == [w.shape for w in b.get_weights()]
+        for wa, wb in zip(a.get_weights(), b.get_weights()):
+            np.testing.assert_array_equal(wa, wb)
+
+
 def test_dot_interaction_roundtrip():
     embedded = [tf.random.normal([5, 4]) for _ in range(3)]
     dense = tf.random.normal([5, 2])

@@ -2,6 +2,7 @@
 
 SparseEmbeddings   every sparse feature's lookup in its (possibly shared) table; multivalent
                    features pooled; optional unique-then-gather ID dedup
+Cross              TFRS's DCN-v2 cross layer, computing in the mixed-precision policy's compute dtype
 CrossStack         DCN-v2's interaction: cross layers over [embeddings, dense]
 DotInteractionBlock  DLRM's interaction: bottom MLP on the dense features, pairwise dot products
 An interaction block maps (list of embedded features, dense matrix or None) to the top MLP's input.
@@ -13,7 +14,7 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
-__all__ = ["flat_ids", "ids_by_table", "pooled_features", "mlp", "SparseEmbeddings", "CrossStack",
+__all__ = ["flat_ids", "ids_by_table", "pooled_features", "mlp", "SparseEmbeddings", "Cross", "CrossStack",
            "DotInteractionBlock"]
 
 register = tf.keras.utils.register_keras_serializable(package="recpipe")
@@ -101,6 +102,23 @@ class SparseEmbeddings(tf.keras.layers.Layer):
 
 
 @register
+class Cross(tfrs.layers.dcn.Cross):
+    """`tfrs.layers.dcn.Cross` whose matmuls run in the layer's compute dtype. TFRS 0.7.7 builds the
+    layer's Dense sublayers with `dtype=self.dtype`, the *variable* dtype, so under `mixed_bfloat16`
+    they compute in float32 and the cross layers, half the default model's step, gained nothing from
+    bf16. Here they take the layer's own policy: bfloat16 compute, float32 variables. The sublayers,
+    their variables and their checkpoint names are TFRS's, so checkpoints of either load in the other."""
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        policy = self.dtype_policy
+        for name in ("_dense", "_dense_u", "_dense_v"):
+            dense = getattr(self, name, None)
+            if dense is not None:  # not built yet, so its variables are made under the new policy
+                setattr(self, name, tf.keras.layers.Dense.from_config({**dense.get_config(), "dtype": policy}))
+
+
+@register
 class CrossStack(tf.keras.layers.Layer):
     """DCN-v2: x0 = [embeddings..., dense]; x_{l+1} = x0 * (W x_l + b) + x_l for each cross layer
     (low_rank: W = U V with rank low_rank)."""
@@ -108,7 +126,7 @@ class CrossStack(tf.keras.layers.Layer):
     def __init__(self, num_layers: int, low_rank: Optional[int] = None, **kwargs):
         super().__init__(**kwargs)
         self.num_layers, self.low_rank = num_layers, low_rank
-        self.cross = [tfrs.layers.dcn.Cross(projection_dim=low_rank, name=f"cross_{i}") for i in range(num_layers)]
+        self.cross = [Cross(projection_dim=low_rank, name=f"cross_{i}") for i in range(num_layers)]
 
     def call(self, embedded: list, dense: Optional[tf.Tensor] = None) -> tf.Tensor:
         x0 = tf.concat([*embedded, dense] if dense is not None else embedded, axis=1)
