@@ -170,6 +170,12 @@ def _why(key: str, found: dict) -> str:
                            f"{share['embeddings_loss_optimizer']:.0%}: those are memory-bound gathers and "
                            f"scatters, which no matmul unit speeds up.")
         bound = ours / max(f, 1e-9) / peer
+        if "real_bf16" in runs and "tfrs_fit_bf16" in runs:
+            faster = "bf16" if med("tfrs_fit_bf16") >= peer else "fp32"
+            head += (f"In bf16 ours makes {med('real_bf16'):,.0f} ex/s against the peer's {med('tfrs_fit_bf16'):,.0f} "
+                     f"({med('real_bf16') / med('tfrs_fit_bf16'):.2f}x; the peer's faster precision here is "
+                     f"{faster}): TFRS 0.7.7's Cross layer computes in float32 under mixed_bfloat16, which the peer "
+                     f"keeps and ours (trainers.layers.Cross) does not. ")
         return head + (f"The default's cross and deep layers, the same matmuls in both, alone take {f:.0%} of our "
                        f"step at this CPU's measured fp32 matmul ceiling ({c['fp32']['median']:,.0f} GFLOP/s): with "
                        f"every other cost (lookups, optimizer, input) at zero, ours would reach {bound:.2f}x the "
