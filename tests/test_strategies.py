@@ -65,6 +65,24 @@ def test_ps_strategy_trains_sharded_and_restores_locally(tmp_path, preprocessed,
     assert ps_auc > 0.6 and abs(ps_auc - local_auc) < 0.08, (ps_auc, local_auc)
 
 
+def test_ps_shards_only_the_tables_so_mixed_precision_trains(tmp_path, preprocessed, small_cfg_path, monkeypatch):
+    """Keras' mixed precision cannot wrap a sharded Dense kernel (an AutoCastVariable needs a ResourceVariable),
+    so the PS strategy shards the embedding tables and nothing else, and bf16 trains under it. Shards of at
+    least 1 KiB here: a rule by size alone would shard the small model's Dense kernels too."""
+    import tensorflow as tf
+
+    import trainers.ps
+    from trainers.ps import TablePartitioner
+    partitioner = TablePartitioner({(1000, 16)}, 1 << 10, 4)
+    assert partitioner(tf.TensorShape([1000, 16]), tf.float32) == [4, 1]
+    assert partitioner(tf.TensorShape([477, 477]), tf.float32) == [1, 1]
+    assert partitioner(tf.TensorShape([477]), tf.float32) == [1]
+    monkeypatch.setattr(trainers.ps, "MIN_SHARD_BYTES", 1 << 10)
+    r = train(TrainOptions(preprocessed[0], str(tmp_path / "ps_bf16"), small_cfg_path,
+                           run=RunOptions(strategy="ps", precision="bf16", steps=20)), say=lambda _: None)
+    assert r.steps_done == 20 and math.isfinite(r.final_loss)
+
+
 def test_ps_job_survives_a_killed_worker(tmp_path, preprocessed, small_cfg_path):
     model_dir = str(tmp_path / "ps_kill")
     proc = _train_cli(preprocessed[0], model_dir, "--config", small_cfg_path, "--strategy", "ps", "--steps", "600")

@@ -19,7 +19,8 @@ from features.config import Config, embedding_dim
 from trainers.gradients import accumulated_gradients
 from trainers.layers import CrossStack, DotInteractionBlock, SparseEmbeddings, mlp, register
 
-__all__ = ["RankingModel", "RetrievalModel", "build_model", "compiled_model", "dummy_batch", "embedding_layer"]
+__all__ = ["RankingModel", "RetrievalModel", "build_model", "compiled_model", "dummy_batch", "embedding_layer",
+           "table_shapes"]
 
 
 class _Model(tfrs.Model):
@@ -230,6 +231,13 @@ def embedding_layer(cfg: Config, artifact: TransformArtifact, names: Optional[se
     tables = {name: {"rows": rows, "dim": 1 if one_wide else embedding_dim(cfg, cfg.sparse_by_name[name])}
               for name, rows in artifact.table_sizes().items() if name in used}
     return SparseEmbeddings(tables, features, dedup=cfg.train.tuning.dedup_ids, name=name)
+
+
+def table_shapes(cfg: Config, artifact: TransformArtifact) -> set[tuple[int, int]]:
+    """Every shape an embedding table of this config can have: its rows by its width, or by 1 (logistic
+    regression, a wide logit). What the PS strategy shards (trainers.ps.TablePartitioner)."""
+    return {(rows, width) for name, rows in artifact.table_sizes().items()
+            for width in (embedding_dim(cfg, cfg.sparse_by_name[name]), 1)}
 
 
 def _interaction(cfg: Config) -> Optional[tf.keras.layers.Layer]:

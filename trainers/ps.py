@@ -3,7 +3,8 @@
 Every worker and PS task is its own process running a `tf.distribute.Server` (with the servers
 in the coordinator's process, model.fit hangs). The coordinator is the `recpipe train` process (the
 `chief` task): it builds the model under the strategy (embedding tables are split over the PS tasks
-by a MinSizePartitioner), dispatches steps to the workers through model.fit, and writes checkpoints.
+by TablePartitioner, dense weights stay whole), dispatches steps to the workers through model.fit,
+and writes checkpoints.
 
 TF_CONFIG is the contract with a cluster manager (Kubeflow's TFJob operator writes it; so can a
 user), e.g. for the coordinator:
@@ -31,7 +32,8 @@ import tensorflow as tf
 
 from trainers.errors import TrainError
 
-__all__ = ["PSCluster", "TFConfig", "LocalPSCluster", "make_strategy", "serve_task", "tf_config"]
+__all__ = ["PSCluster", "TFConfig", "LocalPSCluster", "TablePartitioner", "make_strategy", "serve_task",
+           "tf_config"]
 
 MIN_SHARD_BYTES = 256 << 10
 
@@ -98,12 +100,33 @@ def tf_config() -> Optional[TFConfig]:
     return TFConfig(PSCluster(chief[0], jobs["worker"], jobs["ps"]), task_type, index)
 
 
-def make_strategy(cluster: PSCluster) -> tf.distribute.experimental.ParameterServerStrategy:
-    """The strategy of the coordinator (task chief 0): its server binds the chief address's port."""
+class TablePartitioner(tf.distribute.experimental.partitioners.Partitioner):
+    """Shards the embedding tables over the PS tasks by MinSizePartitioner's rule (shards of at least
+    `min_shard_bytes`, at most `max_shards`) and keeps every other variable whole on one PS task.
+    A table is a variable of exactly a table's shape, so its optimizer slots shard alike. Dense kernels
+    stay whole because Keras' mixed precision wraps them in an AutoCastVariable, which cannot hold a
+    ShardedVariable: sharding every variable of 256 KiB or more made `--strategy ps --precision bf16`
+    fail on the default model's first cross kernel."""
+
+    def __init__(self, table_shapes: set[tuple[int, int]], min_shard_bytes: int, max_shards: int):
+        self.table_shapes = {tuple(s) for s in table_shapes}
+        self.by_size = tf.distribute.experimental.partitioners.MinSizePartitioner(
+            min_shard_bytes=min_shard_bytes, max_shards=max_shards)
+
+    def __call__(self, shape, dtype, axis=0):
+        shape = tf.TensorShape(shape)
+        if tuple(shape.as_list()) in self.table_shapes:
+            return self.by_size(shape, dtype, axis)
+        return [1] * shape.rank
+
+
+def make_strategy(cluster: PSCluster, table_shapes: set[tuple[int, int]]
+                  ) -> tf.distribute.experimental.ParameterServerStrategy:
+    """The strategy of the coordinator (task chief 0): its server binds the chief address's port; the
+    tables (`table_shapes`: rows x width, models.table_shapes) are sharded over the PS tasks."""
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
         tf.train.ClusterSpec(cluster.spec()), task_type="chief", task_id=0, rpc_layer="grpc")
-    partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
-        min_shard_bytes=MIN_SHARD_BYTES, max_shards=len(cluster.ps))
+    partitioner = TablePartitioner(table_shapes, MIN_SHARD_BYTES, len(cluster.ps))
     return tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
 
 

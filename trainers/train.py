@@ -22,7 +22,7 @@ from trainers.errors import TrainError, how_it_ended
 from trainers.health import check_loss
 from trainers.hvd import train_horovod
 from trainers.model_dir import ModelDir, TrainState
-from trainers.models import compiled_model
+from trainers.models import compiled_model, table_shapes
 from trainers.optim import optimizer_for, precision_policy
 from trainers.options import TrainOptions
 from trainers.progress import Reporter
@@ -60,10 +60,11 @@ def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
     if cluster is not None:
         c = cluster.cluster
         say(f"train: PS cluster from TF_CONFIG: chief {c.chief}, {len(c.workers)} workers, {len(c.ps)} PS")
-        return _fit(cfg, artifact, opts, total, make_strategy(c), say)
+        return _fit(cfg, artifact, opts, total, make_strategy(c, table_shapes(cfg, artifact)), say)
     with LocalPSCluster(run.ps_workers, run.ps_servers, run.ps_task_threads, say=say) as local:
         try:
-            return _fit(cfg, artifact, opts, total, make_strategy(local.cluster), say)
+            return _fit(cfg, artifact, opts, total,
+                        make_strategy(local.cluster, table_shapes(cfg, artifact)), say)
         except tf.errors.OpError as e:  # e.g. UnavailableError at the next checkpoint, naming no task
             dead = local.dead_ps()
             if not dead:
