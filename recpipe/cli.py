@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -443,9 +444,27 @@ def _one_line(e: BaseException) -> str:
     inside: the cause is the last line that says something (not a bracket or a `[while running ...]`)."""
     if isinstance(e, RecpipeError):
         return " ".join(str(e).split())[:1000] or type(e).__name__
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if len(ln.strip().strip("()[]{}'\",. ")) > 2]
+    # Keras ends a layer's error with the arguments of the call ("• x=tf.Tensor(...)"): the cause is above them
+    text, layer = str(e).split("\nCall arguments received by layer")[0], ""
+    named = re.match(r"\s*Exception encountered when calling layer '([^']+)' \(type (\w+)\)", text)
+    if named:
+        text, layer = text[named.end():], f"layer '{named.group(1)}' ({named.group(2)}): "
+    lines = [ln.strip() for ln in text.strip().splitlines() if len(ln.strip().strip("()[]{}'\",. ")) > 2]
     lines = [ln for ln in lines if not ln.startswith("[while running")] or lines
-    return lines[-1][:1000] if lines else type(e).__name__
+    return (layer + lines[-1])[:1000] if lines else type(e).__name__
+
+
+def _ps_chief(args) -> bool:
+    return args.command == "train" and getattr(args, "strategy", None) == "ps"
+
+
+def _exit_now(code: int) -> None:
+    """End a PS chief here. Its remote eager context logs hundreds of gRPC errors per task as the
+    interpreter tears it down, after a successful run too, burying the run's last line; the tasks this
+    process started are stopped and its checkpoints and train_state.json written by then."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -459,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         rc = fn(args, extra) if getattr(args, "beam", False) else fn(args)
+        if _ps_chief(args):
+            _exit_now(rc if isinstance(rc, int) else 0)
     except KeyboardInterrupt:
         print(f"recpipe {args.command}: interrupted", file=sys.stderr)
         return 130
@@ -467,12 +488,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         kind = "" if isinstance(e, (RecpipeError, OSError, ValueError)) else f"{type(e).__name__}: "
         print(f"recpipe {args.command}: error: {kind}{_one_line(e)}", file=sys.stderr)
-        if args.command == "train" and getattr(args, "strategy", None) == "ps":
-            # a PS chief's remote eager context logs hundreds of lines per lost task as the interpreter
-            # tears it down, burying the line above; the tasks this process started are stopped already
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
+        if _ps_chief(args):
+            _exit_now(1)
         return 1
     return rc if isinstance(rc, int) else 0
 

@@ -84,3 +84,20 @@ def test_demo_on_the_real_criteo_sample(tmp_path):
     assert summary["data"] == "criteo_10k" and summary["eval_examples"] == 999
     assert summary["auc"] > 0.65, summary  # real clicks, 9k training rows
     assert len(summary["scores"]) == 5 and "server stopped" in out
+
+
+def test_a_keras_layer_error_is_reported_by_its_cause_not_its_call_arguments():
+    """Keras ends a layer's error with the call's arguments ("• x=tf.Tensor(...)"): the one error line
+    names the layer and the cause instead."""
+    import tensorflow as tf
+
+    from recpipe.cli import _one_line
+
+    class Failing(tf.keras.layers.Layer):
+        def call(self, x):
+            raise ValueError("variable must be of type tf.ResourceVariable")
+
+    with pytest.raises(ValueError) as raised:
+        Failing(name="cross_0")(tf.zeros([2, 3]))
+    assert "Call arguments received" in str(raised.value)
+    assert _one_line(raised.value) == "layer 'cross_0' (Failing): variable must be of type tf.ResourceVariable"

@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,6 +98,7 @@ def test_ps_job_survives_a_killed_worker(tmp_path, preprocessed, small_cfg_path)
             proc.kill()
     assert proc.returncode == 0, out
     assert "exited (-9); restarting it" in out, out
+    assert re.match(r"train: 60[0-2] steps done", out.strip().splitlines()[-1]), out[-3000:]  # no teardown noise
     # A step whose worker died after pushing its update is rescheduled: at-least-once, so >= 600.
     assert 600 <= _latest_step(model_dir) <= 602
 
