@@ -234,10 +234,11 @@ def embedding_layer(cfg: Config, artifact: TransformArtifact, names: Optional[se
 
 
 def table_shapes(cfg: Config, artifact: TransformArtifact) -> set[tuple[int, int]]:
-    """Every shape an embedding table of this config can have: its rows by its width, or by 1 (logistic
-    regression, a wide logit). What the PS strategy shards (trainers.ps.TablePartitioner)."""
-    return {(rows, width) for name, rows in artifact.table_sizes().items()
-            for width in (embedding_dim(cfg, cfg.sparse_by_name[name]), 1)}
+    """Every shape (rows, width) an embedding table of this config can have, as embedding_layer makes it:
+    at its width, or one wide (logistic regression, a wide logit). What the PS strategy shards
+    (trainers.ps.TablePartitioner). Layers only: no variable is created."""
+    return {(t["rows"], t["dim"]) for one_wide in (False, True)
+            for t in embedding_layer(cfg, artifact, one_wide=one_wide).table_specs.values()}
 
 
 def _interaction(cfg: Config) -> Optional[tf.keras.layers.Layer]:

@@ -106,7 +106,7 @@ class TablePartitioner(tf.distribute.experimental.partitioners.Partitioner):
     A table is a variable of exactly a table's shape, so its optimizer slots shard alike. Dense kernels
     stay whole because Keras' mixed precision wraps them in an AutoCastVariable, which cannot hold a
     ShardedVariable: sharding every variable of 256 KiB or more made `--strategy ps --precision bf16`
-    fail on the default model's first cross kernel."""
+    fail on the default model's first Dense kernel of that size."""
 
     def __init__(self, table_shapes: set[tuple[int, int]], min_shard_bytes: int, max_shards: int):
         self.table_shapes = {tuple(s) for s in table_shapes}
