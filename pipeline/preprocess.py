@@ -25,7 +25,7 @@ from features.config import Config, config_to_dict
 from features.days import day_number
 from features.errors import RecpipeError
 from features.preprocessed import SPLITS, PreprocessedData
-from pipeline.options import beam_args_with_defaults, check_beam_args
+from pipeline.options import beam_args_with_defaults, check_beam_args, pipeline_runner
 from pipeline.sources import inspect_inputs, list_input_files, partition_day
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
                                  ComputeDenseStats, ComputeVocabularies, CountRows, PackArtifact, ReadClickLogs,
@@ -287,7 +287,7 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
 
     options = PipelineOptions(beam_args)
     try:
-        p = beam.Pipeline(options=options)
+        p = beam.Pipeline(runner=pipeline_runner(options), options=options)
         build_pipeline(p, cfg, inputs, raw_schema, PreprocessedData(staging), previous, previous_transform, day_no)
         result = p.run()
         result.wait_until_finish()

@@ -21,6 +21,7 @@ from features.canonical import LABEL_KEY
 from features.config import parse_config
 from features.preprocessed import SPLITS
 from features.records import parse_record
+from pipeline.options import pipeline_runner
 from pipeline.preprocess import PreprocessError, run_preprocess
 from pipeline.sources import InputError, inspect_inputs, list_input_files
 from pipeline.analysis import (merge_count_tables, merge_dense_stats, select_vocabulary,
@@ -28,6 +29,12 @@ from pipeline.analysis import (merge_count_tables, merge_dense_stats, select_voc
                                token_count_tables)
 from pipeline.transforms import ComputeVocabularies, RawBatch, ValidateRows, _MergeCountTables
 from features.canonical import SchemaError, canonicalize
+
+
+def _test_pipeline() -> BeamTestPipeline:
+    """A TestPipeline on the runner `recpipe preprocess` uses for these options."""
+    options = beam.options.pipeline_options.PipelineOptions(IN_MEMORY)
+    return BeamTestPipeline(runner=pipeline_runner(options), options=options)
 
 
 def _count_rows(out_dir, split, cfg):
@@ -96,7 +103,7 @@ def test_validate_rows_routes_bad_rows_with_reasons():
                       "I1": pa.array([1.0, 1.0, 1.0, 1.0]), "I2": pa.array([0.0, 0.0, float("inf"), 0.0]),
                       "I3": pa.array([1, 2, 3, 4])})
     cfg_small = parse_config({**small_config_dict(), "features": {"dense": small_config_dict()["features"]["dense"]}})
-    with BeamTestPipeline(options=beam.options.pipeline_options.PipelineOptions(IN_MEMORY)) as p:
+    with _test_pipeline() as p:
         out = (p | beam.Create([RawBatch("f.parquet", 10, np.arange(4), table)]) | ValidateRows(cfg_small))
         good_rows = out.good | "GoodRows" >> beam.FlatMap(lambda b: b.table.column("label").to_pylist())
         dead = out.dead_letter | "Dead" >> beam.FlatMap(
@@ -114,7 +121,7 @@ def test_compute_vocabularies_min_count_top_k_and_shared():
         {"name": "rare", "column": "rare", "vocab": {"min_count": 5}}]}})
     t1 = pa.table({"label": [0, 1, 0], "item": ["x", "y", "z"], "hist": [["x"], ["y", "x"], []], "rare": ["a", "b", "c"]})
     t2 = pa.table({"label": [0, 1], "item": ["z", "w"], "hist": [["y"], ["w"]], "rare": ["a", "a"]})
-    with BeamTestPipeline(options=beam.options.pipeline_options.PipelineOptions(IN_MEMORY)) as p:
+    with _test_pipeline() as p:
         vocabs = (p | beam.Create([canonicalize(t1, cfg), canonicalize(t2, cfg)]) | ComputeVocabularies(cfg))
         # x:3 y:3 w:2 z:2 -> top 2 by count, ties by value: x, y ; 'rare' has nothing >= 5
         as_lists = vocabs | beam.MapTuple(lambda owner, vc: (owner, (vc[0].to_pylist(), vc[1].to_pylist())))
@@ -148,6 +155,30 @@ def test_the_beam_job_never_loads_tensorflow(tmp_path, small_log, small_cfg_path
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "rows in = 6000" in proc.stdout and proc.stdout.strip().endswith("no tf"), proc.stdout
+
+
+def test_direct_runner_runs_in_process_without_trying_prism(tmp_path, small_log, small_cfg_path):
+    """Beam's DirectRunner tries every job on Prism first: it fetches Prism's binary from GitHub at run
+    time (where that works, the job runs on a runner never tested here; where not, it falls back) and
+    leaves an empty $TMPDIR/beam-temp* folder per run. `recpipe preprocess` runs DirectRunner's in-process
+    FnApiRunner directly, in both of its running modes; `--runner=PrismRunner` still reaches Prism."""
+    import subprocess
+    import sys
+    from apache_beam.options.pipeline_options import PipelineOptions
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    code = ("import sys; from apache_beam.runners.portability import prism_runner; "
+            "prism_runner.PrismRunner.run_pipeline = lambda *a, **k: sys.exit('Prism was tried'); "
+            "from recpipe.cli import main; sys.exit(main(sys.argv[1:]))")
+    for i, mode in enumerate([[], ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]]):
+        proc = subprocess.run([sys.executable, "-c", code, "preprocess", "--config", small_cfg_path, "--input",
+                               small_log, "--output", str(tmp_path / f"out{i}"), *mode], capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "TMPDIR": str(temp)})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "rows in = 6000" in proc.stdout
+    assert not list(temp.glob("beam-temp*"))
+    assert pipeline_runner(PipelineOptions(["--runner=PrismRunner"])) is None
+    assert pipeline_runner(PipelineOptions(["--runner=pipeline.dask_runner.DaskRunner"])) is None
 
 
 def test_written_files_must_hold_the_counted_rows(tmp_path, preprocessed):
