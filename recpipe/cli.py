@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -142,6 +143,8 @@ def _run_options(a) -> RunOptions:
 def cmd_train(a) -> None:
     from trainers.allocator import reexec_with
     reexec_with(_train_allocator(a), a.argv, _say)
+    if _ps_chief(a):  # after the re-exec, which would orphan the folder
+        _own_tempdir()
     from trainers.options import TrainOptions
     from trainers.train import train
     r = train(TrainOptions(data_dir=a.data, model_dir=a.model_dir, config_path=a.config, run=_run_options(a),
@@ -458,12 +461,21 @@ def _ps_chief(args) -> bool:
     return args.command == "train" and getattr(args, "strategy", None) == "ps"
 
 
+def _own_tempdir() -> None:
+    """Point this process's temporary files at a folder of its own, which _exit_now removes: os._exit
+    runs no atexit handler, and TensorFlow's AutoGraph deletes the source files it writes to the temp
+    folder (13 per PS run) only in one, so every PS run used to leave them in /tmp."""
+    tempfile.tempdir = tempfile.mkdtemp(prefix="recpipe-ps-chief-")
+
+
 def _exit_now(code: int) -> None:
     """End a PS chief here. Its remote eager context logs hundreds of gRPC errors per task as the
     interpreter tears it down, after a successful run too, burying the run's last line; the tasks this
     process started are stopped and its checkpoints and train_state.json written by then."""
     sys.stdout.flush()
     sys.stderr.flush()
+    if tempfile.tempdir and os.path.basename(tempfile.tempdir).startswith("recpipe-ps-chief-"):
+        shutil.rmtree(tempfile.tempdir, ignore_errors=True)
     os._exit(code)
 
 

@@ -39,9 +39,9 @@ def _latest_step(model_dir: str) -> int:
     return int(latest.rsplit("-", 1)[1]) if latest else 0
 
 
-def _train_cli(data, model_dir, *extra):
+def _train_cli(data, model_dir, *extra, env=None):
     return subprocess.Popen([sys.executable, "-m", "recpipe.cli", "train", "--data", data, "--model-dir", model_dir,
-                             *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             *extra], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
 def _wait_for_checkpoint(proc, model_dir, timeout=300):
@@ -85,8 +85,10 @@ def test_ps_shards_only_the_tables_so_mixed_precision_trains(tmp_path, preproces
 
 
 def test_ps_job_survives_a_killed_worker(tmp_path, preprocessed, small_cfg_path):
-    model_dir = str(tmp_path / "ps_kill")
-    proc = _train_cli(preprocessed[0], model_dir, "--config", small_cfg_path, "--strategy", "ps", "--steps", "600")
+    model_dir, temp = str(tmp_path / "ps_kill"), tmp_path / "tmp"
+    temp.mkdir()
+    proc = _train_cli(preprocessed[0], model_dir, "--config", small_cfg_path, "--strategy", "ps", "--steps", "600",
+                      env={**os.environ, "TMPDIR": str(temp)})
     try:
         _wait_for_checkpoint(proc, model_dir)
         workers = [pid for pid, cmd in _children(proc.pid) if "trainers.ps" in cmd and " worker " in cmd]
@@ -101,6 +103,9 @@ def test_ps_job_survives_a_killed_worker(tmp_path, preprocessed, small_cfg_path)
     assert re.match(r"train: 60[0-2] steps done", out.strip().splitlines()[-1]), out[-3000:]  # no teardown noise
     # A step whose worker died after pushing its update is rescheduled: at-least-once, so >= 600.
     assert 600 <= _latest_step(model_dir) <= 602
+    # the chief ends with os._exit, so no atexit handler removes AutoGraph's sources: they went to a
+    # folder of its own, removed on the way out
+    assert not list(temp.iterdir()), sorted(p.name for p in temp.iterdir())[:5]
 
 
 def test_killed_trainer_resumes_from_last_checkpoint(tmp_path, preprocessed, small_cfg_path):
