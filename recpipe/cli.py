@@ -499,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         kind = "" if isinstance(e, (RecpipeError, OSError, ValueError)) else f"{type(e).__name__}: "
+        if _ps_chief(args):  # the coordinator's threads go on logging their workers' failures: not after this line
+            logging.disable(logging.CRITICAL)
         print(f"recpipe {args.command}: error: {kind}{_one_line(e)}", file=sys.stderr)
         if _ps_chief(args):
             _exit_now(1)
