@@ -468,12 +468,19 @@ def _own_tempdir() -> None:
     tempfile.tempdir = tempfile.mkdtemp(prefix="recpipe-ps-chief-")
 
 
-def _exit_now(code: int) -> None:
+def _exit_now(code: int, last_line: str | None = None) -> None:
     """End a PS chief here. Its remote eager context logs hundreds of gRPC errors per task as the
     interpreter tears it down, after a successful run too, burying the run's last line; the tasks this
-    process started are stopped and its checkpoints and train_state.json written by then."""
+    process started are stopped and its checkpoints and train_state.json written by then.
+    `last_line` goes to stderr last: ClusterCoordinator's threads and TensorFlow's runtime go on logging
+    their workers' failures, and did after the error line (2 runs in 5 of a killed PS task), so from here
+    everything else written to stderr goes to /dev/null."""
     sys.stdout.flush()
     sys.stderr.flush()
+    if last_line is not None:
+        err = os.dup(2)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+        os.write(err, (last_line + "\n").encode())
     if tempfile.tempdir and os.path.basename(tempfile.tempdir).startswith("recpipe-ps-chief-"):
         shutil.rmtree(tempfile.tempdir, ignore_errors=True)
     os._exit(code)
@@ -499,11 +506,10 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         kind = "" if isinstance(e, (RecpipeError, OSError, ValueError)) else f"{type(e).__name__}: "
-        if _ps_chief(args):  # the coordinator's threads go on logging their workers' failures: not after this line
-            logging.disable(logging.CRITICAL)
-        print(f"recpipe {args.command}: error: {kind}{_one_line(e)}", file=sys.stderr)
+        line = f"recpipe {args.command}: error: {kind}{_one_line(e)}"
         if _ps_chief(args):
-            _exit_now(1)
+            _exit_now(1, last_line=line)
+        print(line, file=sys.stderr)
         return 1
     return rc if isinstance(rc, int) else 0
 

@@ -200,11 +200,18 @@ class LocalPSCluster:
                     self.say(f"train: worker {index} exited ({proc.returncode}); restarting it")
                     self._start(job, index)
 
-    def dead_ps(self) -> list[tuple[int, str, int]]:
+    def dead_ps(self, grace: float = 0.0) -> list[tuple[int, str, int]]:
         """(index, address, exit status) of every PS task that has exited (a PS is not restarted: its
-        variables were in its memory)."""
-        return [(i, self.cluster.ps[i], p.returncode) for (job, i), p in sorted(self.procs.items())
-                if job == "ps" and p.poll() is not None]
+        variables were in its memory), waiting up to `grace` seconds for one to: a killed task's
+        connections reset while it is still exiting, so the chief's error can come before its exit
+        status (1 run in 4 of a killed PS task on a loaded machine)."""
+        deadline = time.monotonic() + grace
+        while True:
+            dead = [(i, self.cluster.ps[i], p.returncode) for (job, i), p in sorted(self.procs.items())
+                    if job == "ps" and p.poll() is not None]
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.05)
 
     def start(self) -> "LocalPSCluster":
         for i in range(len(self.cluster.ps)):

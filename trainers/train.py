@@ -66,7 +66,7 @@ def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
             return _fit(cfg, artifact, opts, total,
                         make_strategy(local.cluster, table_shapes(cfg, artifact)), say)
         except tf.errors.OpError as e:  # e.g. UnavailableError at the next checkpoint, naming no task
-            dead = local.dead_ps()
+            dead = local.dead_ps(grace=5.0)
             if not dead:
                 raise
             i, addr, code = dead[0]
