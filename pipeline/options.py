@@ -1,5 +1,6 @@
-"""Beam options of `recpipe preprocess`: the defaults, recpipe's short forms, and a check that every
-option is one Beam knows (Beam itself only logs "Discarding unparseable args" and runs on).
+"""Beam options of `recpipe preprocess`: the defaults, recpipe's short forms, a check that every
+option is one Beam knows (Beam itself only logs "Discarding unparseable args" and runs on), and the
+runner they select.
 
 Short forms: `--runner dask` = `--runner=pipeline.dask_runner.DaskRunner`; `--dask-address ADDR` =
 `--dask_client_address=ADDR`.
@@ -7,7 +8,6 @@ Short forms: `--runner dask` = `--runner=pipeline.dask_runner.DaskRunner`; `--da
 from __future__ import annotations
 
 import difflib
-
 from typing import Optional
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
@@ -18,9 +18,9 @@ from features.errors import RecpipeError
 __all__ = ["DEFAULT_BEAM_ARGS", "DASK_RUNNER", "BeamOptionsError", "beam_args_with_defaults", "unknown_options",
            "check_beam_args", "pipeline_runner"]
 
-# DirectRunner in one process; any --runner/--direct_* option given by the user wins. Measured on a
-# 1M-row generated log (2 cores): in_memory 37 s; multi_processing 52 s AND it dropped rows (the
-# row accounting check failed the run), so it is not the default. See README "Runners".
+# DirectRunner in one process; any --runner/--direct_* option given by the user wins. multi_processing
+# is not the default: it once dropped rows (the row accounting check failed the run) and, since the job
+# was restructured, balances but is slower on 2 cores. Figures in README "Runners".
 DEFAULT_BEAM_ARGS = ("--runner=DirectRunner", "--direct_running_mode=in_memory")
 DASK_RUNNER = "pipeline.dask_runner.DaskRunner"
 _RUNNER_ALIASES = {"dask": DASK_RUNNER, "direct": "DirectRunner"}

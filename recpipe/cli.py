@@ -461,11 +461,14 @@ def _ps_chief(args) -> bool:
     return args.command == "train" and getattr(args, "strategy", None) == "ps"
 
 
+_CHIEF_TEMP_PREFIX = "recpipe-ps-chief-"
+
+
 def _own_tempdir() -> None:
     """Point this process's temporary files at a folder of its own, which _exit_now removes: os._exit
     runs no atexit handler, and TensorFlow's AutoGraph deletes the source files it writes to the temp
     folder (13 per PS run) only in one, so every PS run used to leave them in /tmp."""
-    tempfile.tempdir = tempfile.mkdtemp(prefix="recpipe-ps-chief-")
+    tempfile.tempdir = tempfile.mkdtemp(prefix=_CHIEF_TEMP_PREFIX)
 
 
 def _exit_now(code: int, last_line: str | None = None) -> None:
@@ -481,7 +484,7 @@ def _exit_now(code: int, last_line: str | None = None) -> None:
         err = os.dup(2)
         os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
         os.write(err, (last_line + "\n").encode())
-    if tempfile.tempdir and os.path.basename(tempfile.tempdir).startswith("recpipe-ps-chief-"):
+    if tempfile.tempdir and os.path.basename(tempfile.tempdir).startswith(_CHIEF_TEMP_PREFIX):
         shutil.rmtree(tempfile.tempdir, ignore_errors=True)
     os._exit(code)
 
