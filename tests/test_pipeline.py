@@ -19,7 +19,7 @@ from conftest import CONFIGS, IN_MEMORY, SHARED_DATA, small_config_dict
 from features.artifact import TransformArtifact
 from features.canonical import LABEL_KEY
 from features.config import parse_config
-from features.preprocessed import SPLITS
+from features.preprocessed import SPLITS, PreprocessedData
 from features.records import parse_record
 from pipeline.options import pipeline_runner
 from pipeline.preprocess import PreprocessError, run_preprocess
@@ -394,6 +394,35 @@ def test_categorical_columns_and_arrow_timestamps_read_as_their_plain_values(tmp
     assert typed.raw_schema["hist_items"] == "list<string>"
     for split in ("train", "eval"):  # the same examples, byte for byte
         assert _shard_bytes(tmp_path / "plain_out", split) == _shard_bytes(tmp_path / "typed_out", split), split
+
+
+def test_binary_columns_read_as_strings_and_non_utf8_rows_are_dead_lettered(tmp_path, small_log, small_cfg):
+    """Impala, Hive and older Spark SQL write strings as Parquet BYTE_ARRAY without the UTF8 annotation,
+    which Arrow reads as binary (it was 'unsupported type binary'): binary, large binary and list-of-binary
+    columns preprocess to the same examples, byte for byte, as their string twins, and a value that is not
+    UTF-8 is dead-lettered naming its row and column."""
+    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
+    plain = pq.read_table(src).slice(0, 300)
+    t = plain
+    for name, tp in (("item_id", pa.binary()), ("C1", pa.large_binary()), ("hist_items", pa.list_(pa.binary()))):
+        t = t.set_column(t.schema.get_field_index(name), name, t.column(name).cast(tp))
+    for name, table in (("plain", plain), ("binary", t)):
+        run_preprocess(small_cfg, _write(str(tmp_path / name / "part-0.parquet"), table), str(tmp_path / f"{name}_out"),
+                       IN_MEMORY, say=lambda _: None)
+    art = TransformArtifact.read(str(tmp_path / "binary_out" / "transform"))
+    assert art.raw_schema["item_id"] == "string" and art.raw_schema["hist_items"] == "list<string>"
+    assert art.vocabularies == TransformArtifact.read(str(tmp_path / "plain_out" / "transform")).vocabularies
+    for split in ("train", "eval"):
+        assert _shard_bytes(tmp_path / "plain_out", split) == _shard_bytes(tmp_path / "binary_out", split), split
+
+    items = t.column("item_id").to_pylist()
+    items[5] = b"\xff\xfe item"
+    bad = t.set_column(t.schema.get_field_index("item_id"), "item_id", pa.array(items, pa.binary()))
+    res = run_preprocess(small_cfg, _write(str(tmp_path / "bad" / "part-0.parquet"), bad), str(tmp_path / "bad_out"),
+                         IN_MEMORY, say=lambda _: None)
+    assert res.dead_letter == {"invalid_utf8": 1} and res.rows_in == res.rows_out + 1
+    dead = pq.read_table(PreprocessedData(str(tmp_path / "bad_out")).dead_letter_files()).to_pylist()
+    assert [(d["row"], d["reason"], d["field"]) for d in dead] == [(5, "invalid_utf8", "item_id")]
 
 
 def _shard_bytes(out: Path, split: str) -> list[bytes]:
