@@ -50,10 +50,11 @@ def plain_type(tp: pa.DataType) -> pa.DataType:
     """The type a column is read as: dictionary-encoded values (pandas categoricals) as their values'
     type, timestamps and dates (any unit or time zone) as float64 seconds since the epoch, UTC, decimals
     (SQL exports) as float64, binary (Parquet BYTE_ARRAY without the UTF8 annotation, as Impala, Hive
-    and older Spark SQL write strings) as string, and lists of these as lists of those."""
+    and older Spark SQL write strings) and the view layouts of strings and binary (Arrow's Utf8View, as
+    pyarrow writes a string_view column back) as string, and lists of these as lists of those."""
     if pa.types.is_dictionary(tp):
         return plain_type(tp.value_type)
-    if pa.types.is_binary(tp):
+    if pa.types.is_binary(tp) or pa.types.is_string_view(tp) or pa.types.is_binary_view(tp):
         return pa.string()
     if pa.types.is_large_binary(tp):
         return pa.large_string()
@@ -78,8 +79,11 @@ def _plain(arr: pa.Array) -> pa.Array:
         return pc.divide(pc.cast(pc.cast(arr, pa.int64()), pa.float64()), 1_000.0)
     if pa.types.is_decimal(tp):
         return pc.cast(arr, pa.float64())
-    if pa.types.is_binary(tp) or pa.types.is_large_binary(tp):  # the same buffers; rows that are not
-        return arr.view(plain_type(tp))                         # UTF-8 are dead-lettered (invalid_utf8)
+    # binary: the same buffers; rows that are not UTF-8 are dead-lettered (invalid_utf8)
+    if pa.types.is_binary(tp) or pa.types.is_large_binary(tp):
+        return arr.view(plain_type(tp))
+    if pa.types.is_string_view(tp) or pa.types.is_binary_view(tp):
+        return pc.cast(arr, pa.binary()).view(pa.string())
     if (pa.types.is_list(tp) or pa.types.is_large_list(tp)) and plain_type(tp) != tp:
         return type(arr).from_arrays(arr.offsets, _plain(arr.values), mask=arr.is_null())
     return arr

@@ -396,21 +396,25 @@ def test_categorical_columns_and_arrow_timestamps_read_as_their_plain_values(tmp
         assert _shard_bytes(tmp_path / "plain_out", split) == _shard_bytes(tmp_path / "typed_out", split), split
 
 
-def test_binary_columns_read_as_strings_and_non_utf8_rows_are_dead_lettered(tmp_path, small_log, small_cfg):
+def test_binary_and_view_columns_read_as_strings_and_non_utf8_rows_are_dead_lettered(tmp_path, small_log, small_cfg):
     """Impala, Hive and older Spark SQL write strings as Parquet BYTE_ARRAY without the UTF8 annotation,
-    which Arrow reads as binary (it was 'unsupported type binary'): binary, large binary and list-of-binary
-    columns preprocess to the same examples, byte for byte, as their string twins, and a value that is not
+    which Arrow reads as binary, and pyarrow reads a string_view column back as string_view (both were
+    'unsupported type'): binary, large binary, list-of-binary, string_view and binary_view columns
+    preprocess to the same examples, byte for byte, as their string twins, and a value that is not
     UTF-8 is dead-lettered naming its row and column."""
     src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
     plain = pq.read_table(src).slice(0, 300)
     t = plain
-    for name, tp in (("item_id", pa.binary()), ("C1", pa.large_binary()), ("hist_items", pa.list_(pa.binary()))):
+    for name, tp in (("item_id", pa.binary()), ("C1", pa.large_binary()), ("hist_items", pa.list_(pa.binary())),
+                     ("C2", pa.string_view()), ("C3", pa.binary_view())):
         t = t.set_column(t.schema.get_field_index(name), name, t.column(name).cast(tp))
     for name, table in (("plain", plain), ("binary", t)):
         run_preprocess(small_cfg, _write(str(tmp_path / name / "part-0.parquet"), table), str(tmp_path / f"{name}_out"),
                        IN_MEMORY, say=lambda _: None)
     art = TransformArtifact.read(str(tmp_path / "binary_out" / "transform"))
-    assert art.raw_schema["item_id"] == "string" and art.raw_schema["hist_items"] == "list<string>"
+    assert pq.read_schema(str(tmp_path / "binary" / "part-0.parquet")).field("C2").type == pa.string_view()
+    assert art.raw_schema["item_id"] == art.raw_schema["C2"] == "string"
+    assert art.raw_schema["hist_items"] == "list<string>"
     assert art.vocabularies == TransformArtifact.read(str(tmp_path / "plain_out" / "transform")).vocabularies
     for split in ("train", "eval"):
         assert _shard_bytes(tmp_path / "plain_out", split) == _shard_bytes(tmp_path / "binary_out", split), split
