@@ -48,14 +48,22 @@ def partition_day(files: list[str]) -> str | None:
     return max(days) if days else None
 
 
+def _hidden(relative: str) -> bool:
+    """Whether a path below a listed directory has a part named like `_temporary`, `_SUCCESS` or
+    `.hive-staging_...`: what Spark and Hive leave beside a table's data (uncommitted task output,
+    markers), skipped as Spark, Hive and pyarrow.dataset skip them."""
+    return any(part.startswith((".", "_")) for part in relative.replace(os.sep, "/").split("/"))
+
+
 def list_input_files(spec: str) -> list[str]:
-    """A directory (searched recursively, e.g. dt=YYYY-MM-DD/ partitions), a glob, or one file."""
+    """A directory (searched recursively, e.g. dt=YYYY-MM-DD/ partitions; its `.parquet` files, none
+    under a hidden folder: see _hidden), a glob (every file it matches), or one file."""
     if "://" not in spec:
         if _is_glob(spec):
             files = [f for f in globlib.glob(spec, recursive=True) if os.path.isfile(f)]
         elif os.path.isdir(spec):
             files = [os.path.join(root, n) for root, _, names in os.walk(spec) for n in names
-                     if n.endswith(".parquet") and not n.startswith((".", "_"))]
+                     if n.endswith(".parquet") and not _hidden(os.path.relpath(os.path.join(root, n), spec))]
         elif os.path.isfile(spec):
             files = [spec]
         else:
@@ -76,8 +84,8 @@ def list_input_files(spec: str) -> list[str]:
         prefix = f"{scheme}://"
         if _is_glob(rest):
             found = [p for p in found if fnmatch.fnmatch(p, rest.split("/", 1)[-1]) or fnmatch.fnmatch(p, rest)]
-        else:
-            found = [p for p in found if p.endswith(".parquet") or info.type == pafs.FileType.File]
+        elif info.type != pafs.FileType.File:
+            found = [p for p in found if p.endswith(".parquet") and not _hidden(posixpath.relpath(p, path))]
         files = sorted(prefix + p for p in found)
     if not files:
         raise InputError(f"{spec}: no Parquet files found")

@@ -302,6 +302,28 @@ def test_listing_and_offsets(small_log, small_cfg):
     assert inputs[1].first_row == inputs[0].num_rows
 
 
+def test_a_tables_hidden_folders_and_markers_are_not_input(tmp_path, small_log, small_cfg):
+    """What Spark and Hive leave beside a table's data, an uncommitted task's `_temporary/` output, a
+    `.hive-staging_*` folder, `_SUCCESS`, is not read from a directory, local or by URL (a Parquet file
+    under `_temporary/` used to be read: its rows twice)."""
+    import shutil
+    log = tmp_path / "log"
+    shutil.copytree(small_log, log)
+    day = sorted(log.glob("dt=*"))[0]
+    part = sorted(day.glob("*.parquet"))[0]
+    for extra in (log / "_temporary" / "0" / "_temporary" / "attempt_0" / "part-00000.parquet",
+                  day / ".hive-staging_hive_2026" / "-ext-10000" / "000000_0.parquet", day / "_SUCCESS",
+                  day / ".part-00000.parquet.crc", day / "_common_metadata.parquet"):
+        extra.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(part, extra)
+    want = list_input_files(small_log)
+    files = list_input_files(str(log))
+    assert [os.path.relpath(f, log) for f in files] == [os.path.relpath(f, small_log) for f in want]
+    assert [f.split(str(log), 1)[1] for f in list_input_files("file://" + str(log))] == \
+        [f.split(str(log), 1)[1] for f in files]
+    assert run_preprocess(small_cfg, str(log), str(tmp_path / "out"), IN_MEMORY, say=lambda _: None).rows_in == 6000
+
+
 # ----------------------------------------------------------------------------- incremental days
 def test_incremental_vocabulary_keeps_ids():
     from features.config import VocabSpec
