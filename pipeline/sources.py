@@ -48,6 +48,21 @@ def partition_day(files: list[str]) -> str | None:
     return max(days) if days else None
 
 
+def _glob_match(path: str, pattern: str) -> bool:
+    """Whether a remote path matches a glob as glob.glob(recursive=True) matches a local one: `*`, `?`
+    and `[...]` within one path part, `**` as a whole part for any number of parts (none too), and a
+    part starting with '.' only by a pattern part that does (fnmatch's `*` also crosses '/')."""
+    def match(parts: list[str], pats: list[str]) -> bool:
+        if not pats:
+            return not parts
+        if pats[0] == "**":
+            return any(match(parts[i:], pats[1:]) for i in range(len(parts) + 1)
+                       if not any(p.startswith(".") for p in parts[:i]))
+        return bool(parts) and fnmatch.fnmatchcase(parts[0], pats[0]) and \
+            (pats[0].startswith(".") or not parts[0].startswith(".")) and match(parts[1:], pats[1:])
+    return match(path.split("/"), pattern.split("/"))
+
+
 def _hidden(relative: str) -> bool:
     """Whether a path below a listed directory has a part named like `_temporary`, `_SUCCESS` or
     `.hive-staging_...`: what Spark and Hive leave beside a table's data (uncommitted task output,
@@ -83,7 +98,7 @@ def list_input_files(spec: str) -> list[str]:
                      if i.type == pafs.FileType.File]
         prefix = f"{scheme}://"
         if _is_glob(rest):
-            found = [p for p in found if fnmatch.fnmatch(p, rest.split("/", 1)[-1]) or fnmatch.fnmatch(p, rest)]
+            found = [p for p in found if _glob_match(p, rest.split("/", 1)[-1]) or _glob_match(p, rest)]
         elif info.type != pafs.FileType.File:
             found = [p for p in found if p.endswith(".parquet") and not _hidden(posixpath.relpath(p, path))]
         files = sorted(prefix + p for p in found)

@@ -323,6 +323,13 @@ def test_a_tables_hidden_folders_and_markers_are_not_input(tmp_path, small_log, 
         [f.split(str(log), 1)[1] for f in files]
     assert run_preprocess(small_cfg, str(log), str(tmp_path / "out"), IN_MEMORY, say=lambda _: None).rows_in == 6000
 
+    # a glob reads every file it matches, the same by URL as on disk: `*` stays within one path part (fnmatch's
+    # crossed '/', so file://LOG/*/*.parquet also read _temporary/0/_temporary/attempt_0/part-00000.parquet)
+    for pattern in ("*/*.parquet", "dt=*/*.parquet", "**/*.parquet", "dt=2026-01-0[1]/*", "*/.*"):
+        local = list_input_files(str(log / pattern))
+        assert [f.split(str(log), 1)[1] for f in list_input_files("file://" + str(log / pattern))] == \
+            [f.split(str(log), 1)[1] for f in local], pattern
+
 
 # ----------------------------------------------------------------------------- incremental days
 def test_incremental_vocabulary_keeps_ids():
