@@ -63,22 +63,30 @@ def _glob_match(path: str, pattern: str) -> bool:
     return match(path.split("/"), pattern.split("/"))
 
 
-def _hidden(relative: str) -> bool:
-    """Whether a path below a listed directory has a part named like `_temporary`, `_SUCCESS` or
-    `.hive-staging_...`: what Spark and Hive leave beside a table's data (uncommitted task output,
-    markers), skipped as Spark, Hive and pyarrow.dataset skip them."""
-    return any(part.startswith((".", "_")) for part in relative.replace(os.sep, "/").split("/"))
+# Names of what Spark and Hive leave beside a table's data in its folder (an uncommitted task's
+# `_temporary/`, `.hive-staging_*`, `_SUCCESS`): a folder listing skips every file and folder named so,
+# as Spark, Hive and pyarrow.dataset do.
+_HIDDEN = (".", "_")
+
+
+def _parquet_files(folder: str) -> list[str]:
+    """The `.parquet` files below a local folder, none in or under a hidden one (never walked)."""
+    files = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(_HIDDEN)]
+        files += [os.path.join(root, n) for n in names if n.endswith(".parquet") and not n.startswith(_HIDDEN)]
+    return files
 
 
 def list_input_files(spec: str) -> list[str]:
-    """A directory (searched recursively, e.g. dt=YYYY-MM-DD/ partitions; its `.parquet` files, none
-    under a hidden folder: see _hidden), a glob (every file it matches), or one file."""
+    """A directory (searched recursively, e.g. dt=YYYY-MM-DD/ partitions; its `.parquet` files but those
+    whose name, or a folder's they are in, starts with `_` or `.`: see _HIDDEN), a glob (every file it
+    matches), or one file."""
     if "://" not in spec:
         if _is_glob(spec):
             files = [f for f in globlib.glob(spec, recursive=True) if os.path.isfile(f)]
         elif os.path.isdir(spec):
-            files = [os.path.join(root, n) for root, _, names in os.walk(spec) for n in names
-                     if n.endswith(".parquet") and not _hidden(os.path.relpath(os.path.join(root, n), spec))]
+            files = _parquet_files(spec)
         elif os.path.isfile(spec):
             files = [spec]
         else:
@@ -100,7 +108,8 @@ def list_input_files(spec: str) -> list[str]:
         if _is_glob(rest):
             found = [p for p in found if _glob_match(p, rest.split("/", 1)[-1]) or _glob_match(p, rest)]
         elif info.type != pafs.FileType.File:
-            found = [p for p in found if p.endswith(".parquet") and not _hidden(posixpath.relpath(p, path))]
+            found = [p for p in found if p.endswith(".parquet")
+                     and not any(part.startswith(_HIDDEN) for part in posixpath.relpath(p, path).split("/"))]
         files = sorted(prefix + p for p in found)
     if not files:
         raise InputError(f"{spec}: no Parquet files found")
