@@ -467,8 +467,12 @@ _CHIEF_TEMP_PREFIX = "recpipe-ps-chief-"
 def _own_tempdir() -> None:
     """Point this process's temporary files at a folder of its own, which _exit_now removes: os._exit
     runs no atexit handler, and TensorFlow's AutoGraph deletes the source files it writes to the temp
-    folder (13 per PS run) only in one, so every PS run used to leave them in /tmp."""
-    tempfile.tempdir = tempfile.mkdtemp(prefix=_CHIEF_TEMP_PREFIX)
+    folder (13 per PS run) only in one, so every PS run used to leave them in /tmp. Not in a worker or
+    PS task that TF_CONFIG starts: it serves until it is killed, so its folder would stay behind."""
+    from trainers.ps import tf_config
+    cluster = tf_config()
+    if cluster is None or cluster.task_type == "chief":
+        tempfile.tempdir = tempfile.mkdtemp(prefix=_CHIEF_TEMP_PREFIX)
 
 
 def _exit_now(code: int, last_line: str | None = None) -> None:

@@ -101,3 +101,23 @@ def test_a_keras_layer_error_is_reported_by_its_cause_not_its_call_arguments():
         Failing(name="cross_0")(tf.zeros([2, 3]))
     assert "Call arguments received" in str(raised.value)
     assert _one_line(raised.value) == "layer 'cross_0' (Failing): variable must be of type tf.ResourceVariable"
+
+
+def test_only_a_ps_chief_takes_a_temp_folder_of_its_own(tmp_path, monkeypatch):
+    """The PS chief's temporary files (AutoGraph's) go to a folder it removes as it exits; a worker or PS
+    task that TF_CONFIG starts serves until it is killed, so it takes none (each used to leave one)."""
+    import tempfile
+
+    from recpipe.cli import _own_tempdir
+    cluster = {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222"], "ps": ["10.0.0.3:2222"]}
+    for task, own in (("worker", False), ("ps", False), ("chief", True), (None, True)):
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+        if task is None:
+            monkeypatch.delenv("TF_CONFIG", raising=False)
+        else:
+            monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": task, "index": 0}}))
+        _own_tempdir()
+        made = [p.name for p in tmp_path.iterdir()]
+        assert (tempfile.tempdir != str(tmp_path)) == own and len(made) == int(own), (task, made)
+        for p in tmp_path.iterdir():
+            p.rmdir()
