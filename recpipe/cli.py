@@ -480,8 +480,8 @@ def _exit_now(code: int, last_line: str | None = None) -> None:
     interpreter tears it down, after a successful run too, burying the run's last line; the tasks this
     process started are stopped and its checkpoints and train_state.json written by then.
     `last_line` goes to stderr last: ClusterCoordinator's threads and TensorFlow's runtime go on logging
-    their workers' failures, and did after the error line (2 runs in 5 of a killed PS task), so from here
-    everything else written to stderr goes to /dev/null."""
+    their workers' failures until os._exit, and did after the error line when a PS task was killed, so
+    from here everything else written to stderr goes to /dev/null."""
     sys.stdout.flush()
     sys.stderr.flush()
     if last_line is not None:
