@@ -117,9 +117,11 @@ def list_input_files(spec: str) -> list[str]:
 
 
 def open_parquet(path: str) -> pq.ParquetFile:
+    """The file, its INT96 timestamps (as Hive, Impala and older Spark write them) read in microseconds:
+    pyarrow's default, nanoseconds, wraps a value past 2262 (Hive's 9999-12-31 sentinel) silently."""
     fs, p = resolve(path)
     try:
-        return pq.ParquetFile(fs.open_input_file(p))
+        return pq.ParquetFile(fs.open_input_file(p), coerce_int96_timestamp_unit="us")
     except FileNotFoundError:
         raise InputError(f"{path}: file disappeared") from None
     except Exception as e:  # pyarrow raises ArrowInvalid/OSError subclasses for damaged files

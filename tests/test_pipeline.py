@@ -425,6 +425,42 @@ def test_categorical_columns_and_arrow_timestamps_read_as_their_plain_values(tmp
         assert _shard_bytes(tmp_path / "plain_out", split) == _shard_bytes(tmp_path / "typed_out", split), split
 
 
+def test_nanosecond_and_int96_timestamps_read_as_epoch_seconds(tmp_path, small_log, small_cfg):
+    """pandas writes datetimes as Parquet TIMESTAMP(NANOS), and Hive, Impala and older Spark as INT96,
+    which Arrow reads in nanoseconds: both preprocess to the same examples, byte for byte, as the log
+    with int64 epoch seconds (nanoseconds since 1970 used to fail a safe cast to float64, 'Integer
+    value ... not in range', so such a log could not be read at all). Hive's 9999-12-31 sentinel in an
+    INT96 column reads as 9999-12-31 (Arrow's nanoseconds wrap it to a date in 1816 silently), so its
+    row is split as a year-9999 timestamp in int64 seconds is."""
+    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
+    plain = pq.read_table(src).slice(0, 300)
+    col = plain.schema.get_field_index("ts")
+    seconds = plain.column("ts").to_pylist()
+    sentinel = seconds[:7] + [253_402_214_400] + seconds[8:]  # 9999-12-31T00:00:00Z
+    logs = {
+        "plain": plain,
+        "nanos": plain.set_column(col, "ts", pa.array([v * 10 ** 9 for v in seconds], pa.int64())
+                                  .cast(pa.timestamp("ns"))),
+        "plain_9999": plain.set_column(col, "ts", pa.array(sentinel, pa.int64())),
+        "int96_9999": plain.set_column(col, "ts", pa.array([v * 10 ** 6 for v in sentinel], pa.int64())
+                                       .cast(pa.timestamp("us"))),
+    }
+    for name, table in logs.items():
+        path = str(tmp_path / name / "part-0.parquet")
+        os.makedirs(os.path.dirname(path))
+        pq.write_table(table, path, use_deprecated_int96_timestamps=name.startswith("int96"))
+        physical = pq.ParquetFile(path).schema.column(col).physical_type
+        assert physical == ("INT96" if name.startswith("int96") else "INT64"), (name, physical)
+        res = run_preprocess(small_cfg, path, str(tmp_path / f"{name}_out"), IN_MEMORY, say=lambda _: None)
+        assert res.rows_train + res.rows_eval == 300 and not res.dead_letter, name
+    for typed, twin in (("nanos", "plain"), ("int96_9999", "plain_9999")):
+        for split in ("train", "eval"):
+            assert _shard_bytes(tmp_path / f"{typed}_out", split) == _shard_bytes(tmp_path / f"{twin}_out", split), \
+                (typed, split)
+    # the sentinel moved row 7 from train to eval: the comparison above can tell a wrapped date apart
+    assert _shard_bytes(tmp_path / "plain_out", "eval") != _shard_bytes(tmp_path / "plain_9999_out", "eval")
+
+
 def test_binary_and_view_columns_read_as_strings_and_non_utf8_rows_are_dead_lettered(tmp_path, small_log, small_cfg):
     """Impala, Hive and older Spark SQL write strings as Parquet BYTE_ARRAY without the UTF8 annotation,
     which Arrow reads as binary, and pyarrow reads a string_view column back as string_view (both were
