@@ -10,6 +10,7 @@ the same canonical tensors from request tensors (features.transform.canonicalize
 """
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ from features.errors import RecpipeError
 
 __all__ = ["LABEL_KEY", "SchemaError", "NULL_KIND", "plain_type", "plain_columns", "raw_kind", "check_schema",
            "validate_batch", "canonicalize", "as_string", "list_parts", "dense_prenorm", "numeric",
-           "DEFAULT_SEPARATOR", "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
+           "times", "DEFAULT_SEPARATOR", "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
 
 LABEL_KEY = "target.label"  # not a valid feature name, so it cannot collide
 DEFAULT_SEPARATOR = "|"
@@ -181,6 +182,31 @@ def numeric(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(values, dtype=np.float64), np.zeros(n, dtype=bool)
 
 
+def times(arr: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """A timestamp (or split order) column as float64 and a mask of unparsable rows: numeric(), and in a
+    string column also ISO 8601 dates and date-times ("2026-01-01", "2026-01-01 12:30:00",
+    "2026-01-01T12:30:00.25+02:00", "...Z") as seconds since the epoch, UTC unless the value carries an
+    offset. One parser for every row (Python's datetime.fromisoformat), so which rows parse never depends
+    on what else a batch holds; only the rows that are not numbers pay for it."""
+    values, bad = numeric(arr)
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        strings = pc.utf8_trim_whitespace(_combined(arr).take(pa.array(rows))).to_pylist()
+        for i, s in zip(rows.tolist(), strings):
+            seconds = _iso_seconds(s)
+            if seconds is not None:
+                values[i], bad[i] = seconds, False
+    return values, bad
+
+
+def _iso_seconds(s: str) -> float | None:
+    try:
+        t = dt.datetime.fromisoformat(s)
+    except ValueError:
+        return None
+    return (t if t.tzinfo is not None else t.replace(tzinfo=dt.timezone.utc)).timestamp()
+
+
 @dataclass
 class BadRows:
     """Row indices (into the batch) that cannot be used, with a reason and the field at fault."""
@@ -256,13 +282,13 @@ def validate_batch(batch: pa.RecordBatch | pa.Table, cfg: Config) -> tuple[np.nd
     flag(np.isnan(lv), "null_label", cfg.label.column)
     flag(~np.isin(lv, (0.0, 1.0)), "label_not_0_1", cfg.label.column)
     if cfg.input.timestamp:
-        tv, tbad = numeric(batch.column(cfg.input.timestamp))
+        tv, tbad = times(batch.column(cfg.input.timestamp))
         flag(tbad, "timestamp_unparsable", cfg.input.timestamp)
         flag(~np.isfinite(tv), "null_timestamp", cfg.input.timestamp)
     if cfg.split.by == "user":
         flag(np.asarray(_combined(batch.column(cfg.split.user)).is_null().to_numpy(zero_copy_only=False), dtype=bool),
              "null_user", cfg.split.user)
-        ov, obad = numeric(batch.column(cfg.split_order))
+        ov, obad = times(batch.column(cfg.split_order))
         flag(obad, "order_unparsable", cfg.split_order)
         flag(~np.isfinite(ov), "null_order", cfg.split_order)
     for d in cfg.features.dense:

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from features.canonical import as_string, dense_prenorm, numeric
+from features.canonical import as_string, dense_prenorm, times
 from features.config import Config
 
 __all__ = ["ts_histogram", "split_sizes", "split_cutoffs_from_histogram", "split_cutoffs_by_row",
@@ -22,7 +22,7 @@ __all__ = ["ts_histogram", "split_sizes", "split_cutoffs_from_histogram", "split
 
 
 def ts_histogram(table: pa.Table, column: str) -> dict[float, int]:
-    values, counts = np.unique(numeric(table.column(column))[0], return_counts=True)
+    values, counts = np.unique(times(table.column(column))[0], return_counts=True)
     return dict(zip(values.tolist(), counts.tolist()))
 
 
@@ -62,7 +62,7 @@ LAST_ORDERS = 3  # distinct order values kept per user: eval's, validation's, an
 def user_last_orders(table: pa.Table, user: str, order: str) -> dict[str, list[float]]:
     """{user: their largest distinct order values in this batch, descending, at most LAST_ORDERS}."""
     users = np.asarray(as_string(table.column(user)).to_numpy(zero_copy_only=False), dtype=object)
-    values = numeric(table.column(order))[0]
+    values = times(table.column(order))[0]
     sort = np.lexsort((-values, users))
     out: dict[str, list[float]] = {}
     for u, v in zip(users[sort].tolist(), values[sort].tolist()):
@@ -81,7 +81,7 @@ def user_split_masks(table: pa.Table, user: str, order: str, last_orders: dict[s
     """(is_validation, is_eval) row masks: a row is eval when its order is its user's last and the user
     has an earlier one; validation (if asked) when it is the one before, and the user has a third."""
     users = as_string(table.column(user))
-    values = numeric(table.column(order))[0]
+    values = times(table.column(order))[0]
     distinct = pc.unique(users)
     orders = [last_orders.get(u, []) for u in distinct.to_pylist()]
     eval_at = np.array([o[0] if len(o) >= 2 else np.inf for o in orders], dtype=np.float64)

@@ -22,7 +22,7 @@ from apache_beam.metrics import Metrics
 
 from features import fsio
 from features.artifact import TransformArtifact
-from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, numeric, plain_columns, validate_batch
+from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, plain_columns, times, validate_batch
 from features.config import Config
 from features.days import day_name, day_number
 from features.preprocessed import SPLITS
@@ -215,7 +215,7 @@ class _Split(beam.DoFn):
             is_validation, is_eval = user_split_masks(b.table, cfg.split.user, cfg.split_order, cutoffs,
                                                       cfg.split.validation_fraction > 0)
         else:
-            key = numeric(b.table.column(cfg.input.timestamp))[0] if cfg.input.timestamp else \
+            key = times(b.table.column(cfg.input.timestamp))[0] if cfg.input.timestamp else \
                 b.positions.astype(np.float64)
             validation_cutoff, eval_cutoff = cutoffs
             is_eval = key > eval_cutoff

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from features.artifact import TransformArtifact
 from features.canonical import (LABEL_KEY, SchemaError, canonicalize, check_schema, dense_prenorm, numeric,
-                                validate_batch)
+                                times, validate_batch)
 from features.config import parse_config
 from features.batch_transform import BatchTransform
 from features.hashing import hash_buckets
@@ -74,6 +74,20 @@ def test_numeric_parses_strings_row_by_row():
     assert np.isnan(values[[1, 2, 3, 7]]).all()
     values, bad = numeric(pa.array([1, None, 3]))
     assert not bad.any() and np.isnan(values[1])
+
+
+def test_times_read_numbers_and_iso_8601_strings_as_epoch_seconds():
+    """A timestamp column of strings: epoch seconds, or ISO 8601 dates and date-times (UTC unless the
+    value carries an offset); anything else is unparsable, null and "" are missing."""
+    values, bad = times(pa.array(["1767225694", "2026-01-01T00:01:34Z", "2026-01-01 00:01:34",
+                                  "2026-01-01T02:01:34+02:00", " 2026-01-01T00:01:34.5 ", "2026-01-01",
+                                  "2026-13-01", "yesterday", None, ""]))
+    assert values[:4].tolist() == [1_767_225_694.0] * 4
+    assert values[4] == 1_767_225_694.5 and values[5] == 1_767_225_600.0
+    assert bad.tolist() == [False] * 6 + [True, True, False, False]
+    assert np.isnan(values[6:]).all()
+    values, bad = times(pa.array([1, None, 3]))
+    assert values[0] == 1 and np.isnan(values[1]) and not bad.any()
 
 
 def test_string_numbers_validate_and_canonicalize():

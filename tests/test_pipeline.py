@@ -1,4 +1,5 @@
 """The Beam job: stages under TestPipeline, and whole runs with exact row accounting and clear errors."""
+import datetime
 import decimal
 import glob
 import json
@@ -389,6 +390,32 @@ def test_string_typed_numbers_are_parsed_per_row(tmp_path, small_log, small_cfg)
     assert res.rows_train + res.rows_eval == 298
     art = TransformArtifact.read(str(tmp_path / "out" / "transform"))
     assert art.raw_schema["label"] == "string" and art.raw_schema["I1"] == "string"
+
+
+def test_iso_8601_string_timestamps_read_as_epoch_seconds(tmp_path, small_log, small_cfg):
+    """A log whose timestamps are ISO 8601 strings (as JSON event logs and CSV exports carry them: 'Z', an
+    offset, a space instead of 'T', no zone meaning UTC) preprocesses to the same examples, byte for
+    byte, as its twin with int64 epoch seconds (every row used to be dead-lettered as
+    timestamp_unparsable); a string that is no date-time is dead-lettered, naming the column."""
+    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
+    plain = pq.read_table(src).slice(0, 300)
+    col = plain.schema.get_field_index("ts")
+    forms = ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S+00:00", "%Y-%m-%dT%H:%M:%S.000")
+    seconds = plain.column("ts").to_pylist()
+    iso = [datetime.datetime.fromtimestamp(v, datetime.timezone.utc).strftime(forms[i % len(forms)])
+           for i, v in enumerate(seconds)]
+    iso[5], seconds[5] = "2026-13-01T00:00:00", None
+    logs = {"plain": plain.set_column(col, "ts", pa.array(seconds, pa.int64())),
+            "iso": plain.set_column(col, "ts", pa.array(iso))}
+    for name, table in logs.items():
+        res = run_preprocess(small_cfg, _write(str(tmp_path / name / "part-0.parquet"), table),
+                             str(tmp_path / f"{name}_out"), IN_MEMORY, say=lambda _: None)
+        assert res.dead_letter == {"null_timestamp" if name == "plain" else "timestamp_unparsable": 1}, name
+    dead = pq.read_table(glob.glob(str(tmp_path / "iso_out" / "dead_letter" / "*.parquet"))[0])
+    assert dead.select(["row", "reason", "field"]).to_pylist() == [
+        {"row": 5, "reason": "timestamp_unparsable", "field": "ts"}]
+    for split in ("train", "eval"):
+        assert _shard_bytes(tmp_path / "iso_out", split) == _shard_bytes(tmp_path / "plain_out", split), split
 
 
 def test_categorical_columns_and_arrow_timestamps_read_as_their_plain_values(tmp_path, small_log, small_cfg):

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from features.artifact import TransformArtifact
-from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, numeric, validate_batch
+from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, times, validate_batch
 from features.preprocessed import SPLITS, PreprocessedData
 from features.batch_transform import BatchTransform
 from features.record_codec import encode_batch, frame_record
@@ -46,7 +46,7 @@ def baseline_preprocess(cfg, input_spec: str, out_dir: str, batch_rows: int = 65
         return b if mask.all() else RawBatch(b.source, b.first_row, b.positions[mask], b.table.filter(pa.array(mask))), bad
 
     def split_key(b):
-        return numeric(b.table.column(cfg.input.timestamp))[0] if cfg.input.timestamp else b.positions.astype(float)
+        return times(b.table.column(cfg.input.timestamp))[0] if cfg.input.timestamp else b.positions.astype(float)
 
     if cfg.input.timestamp:
         hist: dict = collections.Counter()
