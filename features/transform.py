@@ -21,9 +21,11 @@ import tensorflow as tf
 from features.artifact import TransformArtifact
 from features.batch_transform import zscore_std
 from features.canonical import CROSS_SEPARATOR, DEFAULT_SEPARATOR, FLOAT32_MAX, list_parts
+from features.config import Config
 
 __all__ = ["FeatureTransform", "PackedVocabularies", "canonical_to_tensors", "canonicalize_request", "request_spec",
-           "request_from_arrow", "example_spec", "request_from_examples", "examples_from_arrow"]
+           "request_from_arrow", "int64_nulls", "string_ids", "example_spec", "request_from_examples",
+           "examples_from_arrow"]
 
 
 _KEY_SEPARATOR = "\x1f"  # vocabulary table keys "<owner index>\x1f<value>": an index holds no separator
@@ -238,29 +240,51 @@ def _finite(columns: list[tf.Tensor], names: list[str]) -> list[tf.Tensor]:
 
 
 def request_from_arrow(table: pa.Table, specs: dict[str, tf.TensorSpec]) -> dict[str, tf.Tensor]:
-    """Raw log rows as the serving signature takes them: lists joined by '|', null floats as NaN."""
+    """Raw log rows as the serving signature takes them: lists joined by '|', null floats as NaN, null
+    IDs as "" (an int64 input cannot carry one: int64_nulls() finds such rows; string_ids() makes
+    specs that can)."""
     request = {}
     for name, spec in specs.items():
         values = table.column(name).to_pylist()
         if spec.dtype == tf.string:
-            values = [DEFAULT_SEPARATOR.join(map(str, v)) if isinstance(v, list) else (v or "") for v in values]
+            values = ["" if v is None else DEFAULT_SEPARATOR.join(map(str, v)) if isinstance(v, list) else str(v)
+                      for v in values]
         elif spec.dtype == tf.float32:
             values = [np.nan if v is None else float(v) for v in values]
+        elif None in values:
+            raise ValueError(f"column {name!r} row {values.index(None)}: null, which the int64 input "
+                             f"{name!r} cannot carry (a tf.Example can leave it out)")
         request[name] = tf.constant(values, spec.dtype)
     return request
 
 
+def int64_nulls(table: pa.Table, specs: dict[str, tf.TensorSpec]) -> np.ndarray:
+    """Rows with a null in a column the signature takes as int64 (an integer ID column): a log may hold
+    them (the Beam job reads a null ID as ""), a request to an int64 input cannot."""
+    bad = np.zeros(table.num_rows, dtype=bool)
+    for name, spec in specs.items():
+        if spec.dtype == tf.int64:
+            bad |= np.asarray(table.column(name).is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    return bad
+
+
+def string_ids(specs: dict[str, tf.TensorSpec]) -> dict[str, tf.TensorSpec]:
+    """`specs` with integer ID inputs taken as the strings canonicalize_request makes of them ("" for
+    a missing one)."""
+    return {name: tf.TensorSpec(s.shape, tf.string, name=name) if s.dtype == tf.int64 else s
+            for name, s in specs.items()}
+
+
 # ------------------------------------------------------------------ tf.Example requests
-def example_spec(artifact: TransformArtifact) -> dict[str, tf.io.RaggedFeature]:
+def example_spec(cfg: Config, raw_schema: dict[str, str]) -> dict[str, tf.io.RaggedFeature]:
     """How a serialized tf.Example carries the raw columns request_spec names (TF Serving's
     classify/regress clients send these): an ID column as bytes_list (string columns) or int64_list
     (integer columns), a list column as a bytes_list/int64_list of its items (or one joined string
     when the log stores it joined), a dense column as float_list. Every feature may be absent: a
-    missing value, as a null in the log."""
-    cfg = artifact.config
+    missing value, as a null in the log. cfg, raw_schema: a transform artifact's, or an export's meta."""
     spec: dict[str, tf.io.RaggedFeature] = {}
     for f in cfg.column_sparse:
-        kind = artifact.raw_schema[f.column]
+        kind = raw_schema[f.column]
         spec[f.column] = tf.io.RaggedFeature(tf.int64 if kind in ("int", "list<int>") else tf.string)
     for d in cfg.features.dense:
         spec.setdefault(d.column, tf.io.RaggedFeature(tf.float32))
@@ -321,9 +345,9 @@ def request_from_examples(parsed: dict[str, tf.RaggedTensor], artifact: Transfor
     return out
 
 
-def examples_from_arrow(table: pa.Table, artifact: TransformArtifact) -> list[bytes]:
+def examples_from_arrow(table: pa.Table, cfg: Config, raw_schema: dict[str, str]) -> list[bytes]:
     """Raw log rows as serialized tf.Examples in the example_spec layout (nulls left out)."""
-    spec = example_spec(artifact)
+    spec = example_spec(cfg, raw_schema)
     columns = {name: table.column(name).to_pylist() for name in spec}
     out = []
     for i in range(table.num_rows):

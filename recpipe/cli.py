@@ -189,6 +189,10 @@ def cmd_export(a) -> None:
     exported = next(v for v in ExportBase(a.export_base).versions() if v.path == path)
     report = exported.skew_report()
     _say(f"export: skew check passed on {report['rows']} eval rows (max |diff| {report['max_abs_diff']:.2g})")
+    if "examples_rows" in report:
+        left = f", {report['rows_left_out']} with a null integer ID among them" if report.get("rows_left_out") else ""
+        _say(f"export: predict_examples scores all {report['examples_rows']} as tf.Examples like the trainer{left} "
+             f"(max |diff| {report['examples_max_abs_diff']:.2g})")
     if a.embedding_dtype != "float32" or a.dense_dtype != "float32":
         w = exported.meta().weights
         _say(f"export: {w['embedding_tables']} embedding table(s) stored as {w['embedding_dtype']}, "

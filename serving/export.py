@@ -23,7 +23,7 @@ import os
 
 import shutil
 import uuid
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import pyarrow as pa
@@ -36,7 +36,7 @@ from features.errors import RecpipeError
 from features.preprocessed import PreprocessedData
 from features.records import read_single_batch
 from features.transform import (FeatureTransform, canonicalize_request, example_spec, examples_from_arrow,
-                                request_from_arrow, request_from_examples, request_spec)
+                                int64_nulls, request_from_arrow, request_from_examples, request_spec, string_ids)
 from serving.prune import Pruning, prune_model, prune_vocabularies, pruned_candidates, pruned_records
 from serving.quantize import quantize_model
 from serving.version import EXAMPLES_SIGNATURE, TEMP_PREFIX, ExportBase, ExportedVersion, ExportMeta
@@ -56,19 +56,30 @@ def _ranking_module(artifact: TransformArtifact, model: tf.keras.Model) -> tuple
     # The model's variables only, not the Keras model: its per-layer call functions would be saved too.
     module.weights = list(model.variables)
 
-    @tf.function(input_signature=[request_spec(artifact)])
-    def serve(inputs):
+    specs = request_spec(artifact)
+
+    # One graph of the transform and the model (saved once), over the request with integer ID columns as
+    # the strings canonicalize_request makes of them anyway: both signatures call it, and a tf.Example
+    # may leave an integer ID out ("", as a null in the log), which an int64 input cannot say.
+    @tf.function(input_signature=[string_ids(specs)])
+    def score(inputs):
         features = module.transform(canonicalize_request(inputs, artifact))
         return {"score": tf.sigmoid(model(features))[:, 0]}
 
-    serve_fn = serve.get_concrete_function()
-    spec = example_spec(artifact)
+    score_fn = score.get_concrete_function()
+
+    @tf.function(input_signature=[specs])
+    def serve(inputs):
+        return score_fn({k: tf.strings.as_string(v) if v.dtype == tf.int64 else v for k, v in inputs.items()})
+
+    spec = example_spec(artifact.config, artifact.raw_schema)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
-    def predict_examples(examples):  # calls serve's one graph (saved once), not a second trace of it
-        return serve_fn(request_from_examples(tf.io.parse_example(examples, spec), artifact))
+    def predict_examples(examples):
+        return score_fn(request_from_examples(tf.io.parse_example(examples, spec), artifact))
 
-    return module, {"serving_default": serve_fn, EXAMPLES_SIGNATURE: predict_examples.get_concrete_function()}
+    return module, {"serving_default": serve.get_concrete_function(),
+                    EXAMPLES_SIGNATURE: predict_examples.get_concrete_function()}
 
 
 def index_is_vocabulary(cfg) -> bool:
@@ -156,7 +167,7 @@ def differing_features(artifact: TransformArtifact, sample: pa.Table, preprocess
                        specs: dict, tolerance: float = SKEW_TOLERANCE) -> list[str]:
     """The features whose serving-graph transform of the raw sample differs from the Beam job's record:
     where a skew check failure comes from."""
-    served = FeatureTransform(artifact)(canonicalize_request(request_from_arrow(sample, specs), artifact))
+    served = FeatureTransform(artifact)(canonicalize_request(request_from_arrow(sample, string_ids(specs)), artifact))
     out = []
     for name, value in served.items():
         if name not in preprocessed:
@@ -186,41 +197,55 @@ def _eval_sample(model_dir: ModelDir, data_dir: Optional[str]) -> PreprocessedDa
     return data
 
 
-def skew_check(signature, output: str, direct: Callable[[dict], tf.Tensor], sample: pa.Table,
-               preprocessed: dict, tolerance: float = SKEW_TOLERANCE) -> dict:
-    """The same eval rows scored through the exported `signature` from RAW columns and through the
-    trainer's model (`direct`) from their PREPROCESSED record (written by the Beam job's transform).
-    Ranking compares scores, retrieval query embeddings."""
-    served = signature(**request_from_arrow(sample, dict(signature.structured_input_signature[1])))[output].numpy()
-    trained = direct(preprocessed).numpy()
-    if trained.shape != served.shape:
-        raise SkewError(f"skew check: {served.shape} served vs {trained.shape} trainer outputs; the eval sample "
-                        f"files do not match")
+def skew_check(signature, output: str, trained: np.ndarray, sample: pa.Table,
+               tolerance: float = SKEW_TOLERANCE) -> dict:
+    """The same eval rows scored through the exported `signature` from RAW columns and by the trainer's
+    model from their PREPROCESSED record (written by the Beam job's transform): `trained`, one output
+    per sample row. Ranking compares scores, retrieval query embeddings. Rows with a null in an integer
+    ID column are left out: an int64 input cannot carry it (examples_check scores them as tf.Examples)."""
+    if len(trained) != sample.num_rows:
+        raise SkewError(f"skew check: {sample.num_rows} raw vs {len(trained)} preprocessed eval sample rows; the "
+                        f"eval sample files do not match")
+    specs = dict(signature.structured_input_signature[1])
+    carried = ~int64_nulls(sample, specs)
+    served = signature(**request_from_arrow(sample.filter(pa.array(carried)), specs))[output].numpy()
+    trained = trained[carried]
     diff = np.abs(served.astype(np.float64) - trained.astype(np.float64)).reshape(len(served), -1)
     per_row = diff.max(axis=1) if diff.size else np.zeros(0)
-    return {"rows": int(len(per_row)), "compared": output, "tolerance": tolerance,
+    return {"rows": int(len(per_row)), "rows_left_out": int((~carried).sum()), "compared": output,
+            "tolerance": tolerance,
             "max_abs_diff": float(per_row.max()) if len(per_row) else 0.0,
             "mean_abs_diff": float(diff.mean()) if diff.size else 0.0,
-            "worst_row": int(np.argmax(per_row)) if len(per_row) else -1,
+            "worst_row": int(np.flatnonzero(carried)[np.argmax(per_row)]) if len(per_row) else -1,  # sample row
             "passed": bool(len(per_row) and per_row.max() <= tolerance)}
 
 
 def sample_auc(version: ExportedVersion, sample: pa.Table) -> float:
-    """AUC of a ranking version's served scores on raw log rows (e.g. an eval sample), by its own label column."""
-    fn = tf.saved_model.load(version.path).signatures["serving_default"]
-    scores = fn(**request_from_arrow(sample, dict(fn.structured_input_signature[1])))["score"].numpy()
-    label = version.meta().typed_config().label.column
+    """AUC of a ranking version's served scores on raw log rows (e.g. an eval sample), by its own label
+    column: through predict_examples, which takes every row (a null integer ID too), when the version
+    has it (exports since it exists: the export checks it scores as serving_default), else serving_default."""
+    signatures, meta = tf.saved_model.load(version.path).signatures, version.meta()
+    cfg = meta.typed_config()
+    if EXAMPLES_SIGNATURE in signatures:
+        examples = tf.constant(examples_from_arrow(sample, cfg, meta.raw_schema))
+        scores = signatures[EXAMPLES_SIGNATURE](examples=examples)["score"].numpy()
+    else:
+        fn = signatures["serving_default"]
+        scores = fn(**request_from_arrow(sample, dict(fn.structured_input_signature[1])))["score"].numpy()
+    label = cfg.label.column
     return roc_auc(sample.column(label).to_numpy(zero_copy_only=False).astype(float), scores)
 
 
-def examples_check(examples_fn, serve_fn, sample: pa.Table, artifact: TransformArtifact) -> dict:
+def examples_check(examples_fn, trained: np.ndarray, sample: pa.Table, artifact: TransformArtifact) -> dict:
     """The eval sample's raw rows as serialized tf.Examples through `predict_examples` against the
-    same rows as columns through `serving_default`: the two request forms must score alike."""
-    served = serve_fn(**request_from_arrow(sample, dict(serve_fn.structured_input_signature[1])))["score"].numpy()
-    via_examples = examples_fn(examples=tf.constant(examples_from_arrow(sample, artifact)))["score"].numpy()
-    diff = float(np.max(np.abs(served.astype(np.float64) - via_examples))) if len(served) else 0.0
-    return {"examples_rows": int(len(served)), "examples_max_abs_diff": diff,
-            "examples_passed": bool(served.shape == via_examples.shape and diff <= SKEW_TOLERANCE)}
+    trainer's scores of their preprocessed records (`trained`), every row: a null integer ID too, which
+    serving_default's int64 input cannot carry (skew_check leaves such rows to this check)."""
+    examples = tf.constant(examples_from_arrow(sample, artifact.config, artifact.raw_schema))
+    via_examples = examples_fn(examples=examples)["score"].numpy()
+    same_shape = trained.shape == via_examples.shape
+    diff = float(np.max(np.abs(trained.astype(np.float64) - via_examples))) if same_shape and len(trained) else 0.0
+    return {"examples_rows": int(len(via_examples)), "examples_max_abs_diff": diff,
+            "examples_passed": bool(same_shape and len(trained) and diff <= SKEW_TOLERANCE)}
 
 
 def export_model(model_dir: str, export_base: str, version: int | None = None, data_dir: str | None = None,
@@ -275,12 +300,10 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
         smoke = serve_fn(**{k: tf.constant(v) for k, v in example_request(serve_fn).items()})
         if not all(np.all(np.isfinite(v.numpy())) for v in smoke.values() if v.dtype.is_floating):
             raise RuntimeError(f"{staged.path}: the exported model returns non-finite scores")
-        report = skew_check(loaded.signatures[compare], output, direct, sample, preprocessed)
+        trained = direct(preprocessed).numpy()
+        report = skew_check(loaded.signatures[compare], output, trained, sample)
         if EXAMPLES_SIGNATURE in loaded.signatures:
-            report.update(examples_check(loaded.signatures[EXAMPLES_SIGNATURE], serve_fn, sample, artifact))
-            if not report["examples_passed"]:
-                raise SkewError(f"{EXAMPLES_SIGNATURE} scores the eval sample's rows as tf.Examples differently from "
-                                f"serving_default (max |diff| {report['examples_max_abs_diff']:.3g})")
+            report.update(examples_check(loaded.signatures[EXAMPLES_SIGNATURE], trained, sample, artifact))
         if not report["passed"]:
             report["differing_features"] = differing_features(
                 artifact, sample, preprocessed, dict(loaded.signatures[compare].structured_input_signature[1]))
@@ -291,6 +314,9 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
             raise SkewError(f"skew check failed: max |served - trainer| = {report['max_abs_diff']:.3g} > "
                             f"{report['tolerance']:g} on {report['rows']} eval rows (worst row {report['worst_row']}): "
                             f"{where}")
+        if not report.get("examples_passed", True):
+            raise SkewError(f"{EXAMPLES_SIGNATURE} scores the eval sample's rows as tf.Examples differently from "
+                            f"the trainer (max |diff| {report['examples_max_abs_diff']:.3g})")
         os.rename(staged.path, final.path)
     except BaseException:
         shutil.rmtree(staged.path, ignore_errors=True)

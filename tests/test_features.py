@@ -342,7 +342,7 @@ def test_tf_example_requests_cost_the_same_ops_for_2_or_20_columns():
     from features.transform import example_spec, request_from_examples
 
     def parse(art, serialized):
-        return request_from_examples(tf.io.parse_example(serialized, example_spec(art)), art)
+        return request_from_examples(tf.io.parse_example(serialized, example_spec(art.config, art.raw_schema)), art)
 
     def ops(k: int) -> int:
         art = _wide_artifact(k)

@@ -214,7 +214,7 @@ def test_grpc_with_official_stub(server, small_log, small_cfg):
 def _json_examples(table, artifact):
     """Raw rows as TF Serving's JSON examples in example_spec's layout: dense values as floats."""
     from features.transform import example_spec
-    spec = example_spec(artifact)
+    spec = example_spec(artifact.config, artifact.raw_schema)
     rows = []
     for r in table.select(list(spec)).to_pylist():
         rows.append({k: (float(v) if spec[k].dtype == tf.float32 else v) for k, v in r.items() if v is not None})
@@ -233,7 +233,8 @@ def test_classify_and_regress_on_tf_examples(server, preprocessed, small_log):
     table = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[-1]).slice(0, 6)
     lv = server.registry.get()
     expected = lv.run({k: v.numpy() for k, v in request_from_arrow(table, lv.inputs).items()})["score"]
-    examples = [example_pb2.Example.FromString(b) for b in examples_from_arrow(table, artifact)]
+    examples = [example_pb2.Example.FromString(b)
+                for b in examples_from_arrow(table, artifact.config, artifact.raw_schema)]
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(ch)
         req = classification_pb2.ClassificationRequest()
@@ -281,6 +282,61 @@ def test_classify_and_regress_on_tf_examples(server, preprocessed, small_log):
                               ({"examples": [{"C1": ["a", "b"]}]}, "'C1'"), ({"instances": [{}]}, "unknown key")):
         code, body = _http("POST", url + ":classify", bad_body)
         assert code == 400 and message in body["error"], (bad_body, body)
+
+
+def test_integer_id_columns_with_nulls_export_and_serve(tmp_path, small_log):
+    """A log whose ID column is integers, some of them null (the Beam job reads a null ID as ""), exports
+    and serves: predict_examples (a tf.Example leaves the ID out) scores every eval sample row like the
+    trainer, serving_default (int64 input) the rows it can carry, and the export's served AUC takes
+    every row. Integer ID columns used to fail every export: predict_examples handed the int64 input
+    strings (TypeError), and the skew check could not put a null into an int64 tensor."""
+    import pyarrow as pa
+
+    from features.config import parse_config
+    from features.preprocessed import PreprocessedData
+    from features.transform import examples_from_arrow, int64_nulls, request_from_arrow
+    from pipeline.preprocess import run_preprocess
+    from serving.export import sample_auc
+    from trainers.options import TrainOptions
+    from trainers.train import train
+
+    from conftest import IN_MEMORY, small_config_dict
+    log = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]).slice(0, 2000)
+    users = [None if i % 9 == 4 else i % 97 for i in range(log.num_rows)]
+    log = log.set_column(log.schema.get_field_index("user_id"), "user_id", pa.array(users, pa.int64()))
+    os.makedirs(tmp_path / "log")
+    pq.write_table(log, str(tmp_path / "log" / "part-0.parquet"))
+    cfg_dict = small_config_dict(steps=20)
+    cfg_dict["features"]["sparse"][0] = {"name": "user_id", "column": "user_id", "vocab": {"min_count": 1},
+                                         "embedding_dim": 8}
+    (tmp_path / "cfg.yaml").write_text(json.dumps(cfg_dict))
+    run_preprocess(parse_config(cfg_dict), str(tmp_path / "log"), str(tmp_path / "pre"), IN_MEMORY,
+                   say=lambda _: None)
+    data = PreprocessedData(str(tmp_path / "pre"))
+    assert data.transform().raw_schema["user_id"] == "int"
+    train(TrainOptions(data_dir=data.root, model_dir=str(tmp_path / "m"), config_path=str(tmp_path / "cfg.yaml")),
+          say=lambda _: None)
+    path = export_model(str(tmp_path / "m"), str(tmp_path / "export"), version=1)
+    version = ExportBase(str(tmp_path / "export")).version(1)
+    report = version.skew_report()
+    sample = pq.read_table(data.eval_sample_parquet)
+    nulls = int(sample.column("user_id").null_count)
+    assert nulls > 0 and report["rows_left_out"] == nulls and report["rows"] == sample.num_rows - nulls
+    assert report["passed"] and report["examples_passed"] and report["examples_rows"] == sample.num_rows
+
+    loaded = tf.saved_model.load(path)
+    serve, examples_fn = loaded.signatures["serving_default"], loaded.signatures["predict_examples"]
+    specs = dict(serve.structured_input_signature[1])
+    assert specs["user_id"].dtype == tf.int64
+    meta = version.meta()
+    via_examples = examples_fn(examples=tf.constant(examples_from_arrow(sample, meta.typed_config(),
+                                                                        meta.raw_schema)))["score"].numpy()
+    carried = ~int64_nulls(sample, specs)
+    via_columns = serve(**request_from_arrow(sample.filter(pa.array(carried)), specs))["score"].numpy()
+    np.testing.assert_allclose(via_examples[carried], via_columns, atol=1e-6)
+    with pytest.raises(ValueError, match=r"column 'user_id' row \d+: null, which the int64 input"):
+        request_from_arrow(sample, specs)
+    assert 0.0 < sample_auc(version, sample) < 1.0
 
 
 def test_new_version_is_picked_up_and_corrupt_one_refused(server, exported, trained):
