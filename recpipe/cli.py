@@ -188,7 +188,9 @@ def cmd_export(a) -> None:
                         dense_dtype=a.dense_dtype, prune_unseen_days=a.prune_unseen_days)
     exported = next(v for v in ExportBase(a.export_base).versions() if v.path == path)
     report = exported.skew_report()
-    _say(f"export: skew check passed on {report['rows']} eval rows (max |diff| {report['max_abs_diff']:.2g})")
+    left_out = report.get("rows_left_out", 0)
+    _say(f"export: skew check passed on {report['rows']} eval rows (max |diff| {report['max_abs_diff']:.2g})"
+         + (f"; {left_out} with a null integer ID left out: an int64 input cannot carry it" if left_out else ""))
     if "examples_rows" in report:
         left = f", {report['rows_left_out']} with a null integer ID among them" if report.get("rows_left_out") else ""
         _say(f"export: predict_examples scores all {report['examples_rows']} as tf.Examples like the trainer{left} "
