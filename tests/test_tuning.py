@@ -60,6 +60,51 @@ def test_id_dedup_gives_the_same_outputs_and_gradients_with_fewer_rows(preproces
     assert g_dedup[item].indices.shape[0] == len(np.unique(ids)) < g_plain[item].indices.shape[0]
 
 
+def _sparse_indices(grads) -> list[np.ndarray]:
+    return [g.indices.numpy() for g in grads if isinstance(g, tf.IndexedSlices)]
+
+
+@pytest.mark.parametrize("model", [{"type": "dcn_v2", "cross_layers": 1, "deep_layers": [16], "wide": True},
+                                   {"type": "dlrm", "bottom_layers": [16], "deep_layers": [16]},
+                                   {"type": "logistic"}])
+def test_the_optimizer_skips_re_deduplicating_only_gradients_that_are_unique(preprocessed, model):
+    """With ID dedup a model's sparse gradients have unique indices, so its optimizer need not make them
+    unique again (trainers.optim.sparse_grads_are_unique): checked for every ranking model, and a step of
+    the trusting optimizer updates every weight exactly as the stock one does. Gradient accumulation and
+    a retrieval model's uniform negatives do repeat indices, and keep the stock optimizer."""
+    from trainers.models import accumulated_gradients
+    from trainers.optim import optimizer_for, sparse_grads_are_unique
+    d = small_config_dict()
+    d["model"] = {"task": "ranking", **model}
+    cfg = parse_config(d)
+    assert sparse_grads_are_unique(cfg)
+    batch = _batch(preprocessed, cfg)
+    steps = []
+    for unique_sparse in (False, True):
+        m = _model(cfg, preprocessed)
+        grads, _ = accumulated_gradients(m, batch, 1)
+        indices = _sparse_indices(grads)
+        assert indices and all(len(np.unique(i)) == len(i) for i in indices)
+        opt = optimizer_for(cfg, unique_sparse=unique_sparse)
+        assert hasattr(opt, "_deduplicate_sparse_grad")  # the tf-keras method a trusting optimizer replaces
+        opt.apply_gradients(zip(grads, m.trainable_variables))
+        steps.append(m.get_weights())
+    for a, b in zip(*steps):
+        np.testing.assert_array_equal(a, b)
+
+    accumulating = _cfg(grad_accum_steps=4)
+    grads, _ = accumulated_gradients(_model(accumulating, preprocessed), _batch(preprocessed, accumulating), 4)
+    assert not sparse_grads_are_unique(accumulating)
+    assert any(len(np.unique(i)) < len(i) for i in _sparse_indices(grads))
+    for negatives in (0, 64):  # uniform negatives: a second lookup of the item table
+        d["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user_id", "hist"],
+                      "candidate_features": ["item_id"], "tower_layers": [16], "uniform_negatives": negatives}
+        retrieval = parse_config(d)
+        grads, _ = accumulated_gradients(_model(retrieval, preprocessed), _batch(preprocessed, retrieval), 1)
+        unique = all(len(np.unique(i)) == len(i) for i in _sparse_indices(grads))
+        assert unique == sparse_grads_are_unique(retrieval) == (negatives == 0)
+
+
 def test_gradient_accumulation_matches_one_big_batch(preprocessed):
     from trainers.models import accumulated_gradients
     cfg = _cfg(grad_accum_steps=4)
