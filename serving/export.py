@@ -66,20 +66,21 @@ def _ranking_module(artifact: TransformArtifact, model: tf.keras.Model) -> tuple
         features = module.transform(canonicalize_request(inputs, artifact))
         return {"score": tf.sigmoid(model(features))[:, 0]}
 
-    score_fn = score.get_concrete_function()
+    score_fn = serve_fn = score.get_concrete_function()
+    if string_ids(specs) != specs:  # integer ID inputs: serving_default takes them as int64, as logged
 
-    @tf.function(input_signature=[specs])
-    def serve(inputs):
-        return score_fn({k: tf.strings.as_string(v) if v.dtype == tf.int64 else v for k, v in inputs.items()})
+        @tf.function(input_signature=[specs])
+        def serve(inputs):
+            return score_fn({k: tf.strings.as_string(v) if v.dtype == tf.int64 else v for k, v in inputs.items()})
 
+        serve_fn = serve.get_concrete_function()
     spec = example_spec(artifact.config, artifact.raw_schema)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
     def predict_examples(examples):
         return score_fn(request_from_examples(tf.io.parse_example(examples, spec), artifact))
 
-    return module, {"serving_default": serve.get_concrete_function(),
-                    EXAMPLES_SIGNATURE: predict_examples.get_concrete_function()}
+    return module, {"serving_default": serve_fn, EXAMPLES_SIGNATURE: predict_examples.get_concrete_function()}
 
 
 def index_is_vocabulary(cfg) -> bool:
