@@ -247,8 +247,8 @@ def request_from_arrow(table: pa.Table, specs: dict[str, tf.TensorSpec]) -> dict
     for name, spec in specs.items():
         values = table.column(name).to_pylist()
         if spec.dtype == tf.string:
-            values = ["" if v is None else DEFAULT_SEPARATOR.join(map(str, v)) if isinstance(v, list) else str(v)
-                      for v in values]
+            values = ["" if v is None else DEFAULT_SEPARATOR.join("" if x is None else str(x) for x in v)
+                      if isinstance(v, list) else str(v) for v in values]  # a null item: an empty token, dropped
         elif spec.dtype == tf.float32:
             values = [np.nan if v is None else float(v) for v in values]
         elif None in values:
@@ -346,7 +346,8 @@ def request_from_examples(parsed: dict[str, tf.RaggedTensor], artifact: Transfor
 
 
 def examples_from_arrow(table: pa.Table, cfg: Config, raw_schema: dict[str, str]) -> list[bytes]:
-    """Raw log rows as serialized tf.Examples in the example_spec layout (nulls left out)."""
+    """Raw log rows as serialized tf.Examples in the example_spec layout (nulls left out, null list items
+    too: the Beam job drops them)."""
     spec = example_spec(cfg, raw_schema)
     columns = {name: table.column(name).to_pylist() for name in spec}
     out = []
@@ -356,7 +357,7 @@ def examples_from_arrow(table: pa.Table, cfg: Config, raw_schema: dict[str, str]
             v = columns[name][i]
             if v is None:
                 continue
-            items = v if isinstance(v, list) else [v]
+            items = [x for x in v if x is not None] if isinstance(v, list) else [v]  # null items: no tokens
             if fs.dtype == tf.int64:
                 feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x) for x in items]))
             elif fs.dtype == tf.float32:

@@ -285,11 +285,13 @@ def test_classify_and_regress_on_tf_examples(server, preprocessed, small_log):
 
 
 def test_integer_id_columns_with_nulls_export_and_serve(tmp_path, small_log):
-    """A log whose ID column is integers, some of them null (the Beam job reads a null ID as ""), exports
-    and serves: predict_examples (a tf.Example leaves the ID out) scores every eval sample row like the
-    trainer, serving_default (int64 input) the rows it can carry, and the export's served AUC takes
-    every row. Integer ID columns used to fail every export: predict_examples handed the int64 input
-    strings (TypeError), and the skew check could not put a null into an int64 tensor."""
+    """A log whose ID column is integers, some of them null (the Beam job reads a null ID as ""), and
+    whose list column has null items (the Beam job drops them), exports and serves: predict_examples (a
+    tf.Example leaves the ID out) scores every eval sample row like the trainer, serving_default (int64
+    input) the rows it can carry, and the export's served AUC takes every row. Integer ID columns used
+    to fail every export: predict_examples handed the int64 input strings (TypeError), and the skew
+    check could not put a null into an int64 tensor; a null list item failed it too (it became the
+    token 'None': 'the transform of hist differs between serving and the Beam job')."""
     import pyarrow as pa
 
     from features.config import parse_config
@@ -304,6 +306,9 @@ def test_integer_id_columns_with_nulls_export_and_serve(tmp_path, small_log):
     log = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]).slice(0, 2000)
     users = [None if i % 9 == 4 else i % 97 for i in range(log.num_rows)]
     log = log.set_column(log.schema.get_field_index("user_id"), "user_id", pa.array(users, pa.int64()))
+    hist = [h[:1] + [None] + h[1:] if h and i % 3 == 0 else h
+            for i, h in enumerate(log.column("hist_items").to_pylist())]
+    log = log.set_column(log.schema.get_field_index("hist_items"), "hist_items", pa.array(hist, pa.list_(pa.string())))
     os.makedirs(tmp_path / "log")
     pq.write_table(log, str(tmp_path / "log" / "part-0.parquet"))
     cfg_dict = small_config_dict(steps=20)
@@ -320,6 +325,7 @@ def test_integer_id_columns_with_nulls_export_and_serve(tmp_path, small_log):
     version = ExportBase(str(tmp_path / "export")).version(1)
     report = version.skew_report()
     sample = pq.read_table(data.eval_sample_parquet)
+    assert any(None in (h or []) for h in sample.column("hist_items").to_pylist())
     nulls = int(sample.column("user_id").null_count)
     assert nulls > 0 and report["rows_left_out"] == nulls and report["rows"] == sample.num_rows - nulls
     assert report["passed"] and report["examples_passed"] and report["examples_rows"] == sample.num_rows
