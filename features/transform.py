@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from features.artifact import TransformArtifact
 from features.batch_transform import zscore_std
-from features.canonical import CROSS_SEPARATOR, DEFAULT_SEPARATOR, FLOAT32_MAX, list_parts
+from features.canonical import CROSS_SEPARATOR, DEFAULT_SEPARATOR, FLOAT32_MAX, list_parts, numeric
 from features.config import Config
 
 __all__ = ["FeatureTransform", "PackedVocabularies", "canonical_to_tensors", "canonicalize_request", "request_spec",
@@ -240,17 +240,18 @@ def _finite(columns: list[tf.Tensor], names: list[str]) -> list[tf.Tensor]:
 
 
 def request_from_arrow(table: pa.Table, specs: dict[str, tf.TensorSpec]) -> dict[str, tf.Tensor]:
-    """Raw log rows as the serving signature takes them: lists joined by '|', null floats as NaN, null
-    IDs as "" (an int64 input cannot carry one: int64_nulls() finds such rows; string_ids() makes
-    specs that can)."""
+    """Raw log rows as the serving signature takes them: lists joined by '|', dense values parsed as the
+    Beam job parses them (features.canonical.numeric: a number in a string column too; null or blank is
+    NaN), null IDs as "" (an int64 input cannot carry one: int64_nulls() finds such rows; string_ids()
+    makes specs that can)."""
     request = {}
     for name, spec in specs.items():
         values = table.column(name).to_pylist()
         if spec.dtype == tf.string:
             values = ["" if v is None else DEFAULT_SEPARATOR.join("" if x is None else str(x) for x in v)
                       if isinstance(v, list) else str(v) for v in values]  # a null item: an empty token, dropped
-        elif spec.dtype == tf.float32:
-            values = [np.nan if v is None else float(v) for v in values]
+        elif spec.dtype == tf.float32:  # parsed as the Beam job parses it: a blank string is missing too
+            values = numeric(table.column(name))[0]
         elif None in values:
             raise ValueError(f"column {name!r} row {values.index(None)}: null, which the int64 input "
                              f"{name!r} cannot carry (a tf.Example can leave it out)")
@@ -347,9 +348,10 @@ def request_from_examples(parsed: dict[str, tf.RaggedTensor], artifact: Transfor
 
 def examples_from_arrow(table: pa.Table, cfg: Config, raw_schema: dict[str, str]) -> list[bytes]:
     """Raw log rows as serialized tf.Examples in the example_spec layout (nulls left out, null list items
-    too: the Beam job drops them)."""
+    too: the Beam job drops them; dense values parsed as the Beam job parses them, missing ones left out)."""
     spec = example_spec(cfg, raw_schema)
-    columns = {name: table.column(name).to_pylist() for name in spec}
+    columns = {name: [None if np.isnan(x) else x for x in numeric(table.column(name))[0].tolist()]
+               if fs.dtype == tf.float32 else table.column(name).to_pylist() for name, fs in spec.items()}
     out = []
     for i in range(table.num_rows):
         feature = {}

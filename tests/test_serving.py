@@ -284,14 +284,15 @@ def test_classify_and_regress_on_tf_examples(server, preprocessed, small_log):
         assert code == 400 and message in body["error"], (bad_body, body)
 
 
-def test_integer_id_columns_with_nulls_export_and_serve(tmp_path, small_log):
-    """A log whose ID column is integers, some of them null (the Beam job reads a null ID as ""), and
-    whose list column has null items (the Beam job drops them), exports and serves: predict_examples (a
-    tf.Example leaves the ID out) scores every eval sample row like the trainer, serving_default (int64
-    input) the rows it can carry, and the export's served AUC takes every row. Integer ID columns used
-    to fail every export: predict_examples handed the int64 input strings (TypeError), and the skew
-    check could not put a null into an int64 tensor; a null list item failed it too (it became the
-    token 'None': 'the transform of hist differs between serving and the Beam job')."""
+def test_integer_ids_null_list_items_and_string_numbers_export_and_serve(tmp_path, small_log):
+    """A log whose ID column is integers, some of them null (the Beam job reads a null ID as ""), whose
+    list column has null items (the Beam job drops them) and whose dense column is numbers in strings,
+    some blank (missing, to the Beam job), exports and serves: predict_examples (a tf.Example leaves the
+    ID out) scores every eval sample row like the trainer, serving_default (int64 input) the rows it
+    can carry, and the export's served AUC takes every row. Each of these used to fail every export:
+    predict_examples handed the int64 input strings (TypeError), the skew check could not put a null
+    into an int64 tensor, made a null list item the token 'None' ('the transform of hist differs
+    between serving and the Beam job') and could not parse a blank dense string as a float."""
     import pyarrow as pa
 
     from features.config import parse_config
@@ -309,6 +310,8 @@ def test_integer_id_columns_with_nulls_export_and_serve(tmp_path, small_log):
     hist = [h[:1] + [None] + h[1:] if h and i % 3 == 0 else h
             for i, h in enumerate(log.column("hist_items").to_pylist())]
     log = log.set_column(log.schema.get_field_index("hist_items"), "hist_items", pa.array(hist, pa.list_(pa.string())))
+    i1 = ["" if i % 5 == 2 else None if v is None else f" {v} " for i, v in enumerate(log.column("I1").to_pylist())]
+    log = log.set_column(log.schema.get_field_index("I1"), "I1", pa.array(i1, pa.string()))
     os.makedirs(tmp_path / "log")
     pq.write_table(log, str(tmp_path / "log" / "part-0.parquet"))
     cfg_dict = small_config_dict(steps=20)
@@ -326,6 +329,7 @@ def test_integer_id_columns_with_nulls_export_and_serve(tmp_path, small_log):
     report = version.skew_report()
     sample = pq.read_table(data.eval_sample_parquet)
     assert any(None in (h or []) for h in sample.column("hist_items").to_pylist())
+    assert "" in sample.column("I1").to_pylist() and data.transform().raw_schema["I1"] == "string"
     nulls = int(sample.column("user_id").null_count)
     assert nulls > 0 and report["rows_left_out"] == nulls and report["rows"] == sample.num_rows - nulls
     assert report["passed"] and report["examples_passed"] and report["examples_rows"] == sample.num_rows
