@@ -52,7 +52,8 @@ def plain_type(tp: pa.DataType) -> pa.DataType:
     type, timestamps and dates (any unit or time zone) as float64 seconds since the epoch, UTC, decimals
     (SQL exports) as float64, binary (Parquet BYTE_ARRAY without the UTF8 annotation, as Impala, Hive
     and older Spark SQL write strings) and the view layouts of strings and binary (Arrow's Utf8View, as
-    pyarrow writes a string_view column back) as string, and lists of these as lists of those."""
+    pyarrow writes a string_view column back) as string, and lists of these (fixed-size ones too) as
+    lists of those."""
     if pa.types.is_dictionary(tp):
         return plain_type(tp.value_type)
     if pa.types.is_binary(tp) or pa.types.is_string_view(tp) or pa.types.is_binary_view(tp):
@@ -61,7 +62,7 @@ def plain_type(tp: pa.DataType) -> pa.DataType:
         return pa.large_string()
     if pa.types.is_timestamp(tp) or pa.types.is_date(tp) or pa.types.is_decimal(tp):
         return pa.float64()
-    if pa.types.is_list(tp):
+    if pa.types.is_list(tp) or pa.types.is_fixed_size_list(tp):
         return pa.list_(plain_type(tp.value_type))
     if pa.types.is_large_list(tp):
         return pa.large_list(plain_type(tp.value_type))
@@ -85,6 +86,8 @@ def _plain(arr: pa.Array) -> pa.Array:
         return arr.view(plain_type(tp))
     if pa.types.is_string_view(tp) or pa.types.is_binary_view(tp):
         return pc.cast(arr, pa.binary()).view(pa.string())
+    if pa.types.is_fixed_size_list(tp):  # e.g. a column of numpy rows: a list that happens to be of one length
+        return _plain(arr.cast(pa.list_(tp.value_type)))
     if (pa.types.is_list(tp) or pa.types.is_large_list(tp)) and plain_type(tp) != tp:
         return type(arr).from_arrays(arr.offsets, _plain(arr.values), mask=arr.is_null())
     return arr

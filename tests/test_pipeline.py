@@ -488,6 +488,26 @@ def test_nanosecond_and_int96_timestamps_read_as_epoch_seconds(tmp_path, small_l
     assert _shard_bytes(tmp_path / "plain_out", "eval") != _shard_bytes(tmp_path / "plain_9999_out", "eval")
 
 
+def test_fixed_size_list_columns_read_as_lists(tmp_path, small_log, small_cfg):
+    """A list column every row of which has the same length may be written as a fixed-size list (pyarrow
+    does so from numpy rows): it preprocesses to the same examples, byte for byte, as the same lists
+    written as a plain list column (it was 'unsupported type fixed_size_list')."""
+    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
+    plain = pq.read_table(src).slice(0, 300)
+    col = plain.schema.get_field_index("hist_items")
+    two = [((h or []) + [None, None])[:2] for h in plain.column("hist_items").to_pylist()]  # null items too
+    logs = {"plain": plain.set_column(col, "hist_items", pa.array(two, pa.list_(pa.string()))),
+            "fixed": plain.set_column(col, "hist_items", pa.array(two, pa.list_(pa.string(), 2)))}
+    for name, table in logs.items():
+        res = run_preprocess(small_cfg, _write(str(tmp_path / name / "part-0.parquet"), table),
+                             str(tmp_path / f"{name}_out"), IN_MEMORY, say=lambda _: None)
+        assert res.rows_train + res.rows_eval == 300, name
+    assert pq.read_schema(str(tmp_path / "fixed" / "part-0.parquet")).field("hist_items").type.list_size == 2
+    assert TransformArtifact.read(str(tmp_path / "fixed_out" / "transform")).raw_schema["hist_items"] == "list<string>"
+    for split in ("train", "eval"):
+        assert _shard_bytes(tmp_path / "fixed_out", split) == _shard_bytes(tmp_path / "plain_out", split), split
+
+
 def test_binary_and_view_columns_read_as_strings_and_non_utf8_rows_are_dead_lettered(tmp_path, small_log, small_cfg):
     """Impala, Hive and older Spark SQL write strings as Parquet BYTE_ARRAY without the UTF8 annotation,
     which Arrow reads as binary, and pyarrow reads a string_view column back as string_view (both were
