@@ -248,8 +248,8 @@ def request_from_arrow(table: pa.Table, specs: dict[str, tf.TensorSpec]) -> dict
     for name, spec in specs.items():
         values = table.column(name).to_pylist()
         if spec.dtype == tf.string:
-            values = ["" if v is None else DEFAULT_SEPARATOR.join("" if x is None else str(x) for x in v)
-                      if isinstance(v, list) else str(v) for v in values]  # a null item: an empty token, dropped
+            values = ["" if v is None else DEFAULT_SEPARATOR.join("" if x is None else _token(x) for x in v)
+                      if isinstance(v, list) else _token(v) for v in values]  # a null item: an empty token, dropped
         elif spec.dtype == tf.float32:  # parsed as the Beam job parses it: a blank string is missing too
             values = numeric(table.column(name))[0]
         elif None in values:
@@ -257,6 +257,11 @@ def request_from_arrow(table: pa.Table, specs: dict[str, tf.TensorSpec]) -> dict
                              f"{name!r} cannot carry (a tf.Example can leave it out)")
         request[name] = tf.constant(values, spec.dtype)
     return request
+
+
+def _token(v) -> str:
+    """A raw ID as the Beam job writes it: a bool as the integer it is ("1", as features.canonical reads it)."""
+    return str(int(v)) if isinstance(v, bool) else str(v)
 
 
 def int64_nulls(table: pa.Table, specs: dict[str, tf.TensorSpec]) -> np.ndarray:

@@ -363,6 +363,34 @@ def test_tf_example_requests_cost_the_same_ops_for_2_or_20_columns():
         parse(art, [one.SerializeToString(), two.SerializeToString()])
 
 
+def test_raw_rows_become_requests_as_the_beam_job_reads_them():
+    """The export's checks build requests from raw eval rows as the Beam job reads them: a null ID is ""
+    (and an error for an int64 input, which cannot carry it), a null list item no token, a bool ID its
+    integer, a dense string parsed (blank: missing) and missing values absent from a tf.Example."""
+    from features.transform import examples_from_arrow, int64_nulls, request_from_arrow
+    t = pa.table({"s": pa.array(["a", None, "c"]), "b": pa.array([True, None, False]),
+                  "l": pa.array([["x", None, "y"], None, []]), "d": pa.array([" 2.5 ", "", None]),
+                  "i": pa.array([7, None, 9], pa.int64())})
+    specs = {"s": tf.TensorSpec([None], tf.string), "b": tf.TensorSpec([None], tf.string),
+             "l": tf.TensorSpec([None], tf.string), "d": tf.TensorSpec([None], tf.float32)}
+    r = {k: v.numpy().tolist() for k, v in request_from_arrow(t, specs).items()}
+    assert r["s"] == [b"a", b"", b"c"] and r["b"] == [b"1", b"", b"0"] and r["l"] == [b"x||y", b"", b""]
+    assert r["d"][0] == 2.5 and np.isnan(r["d"][1:]).all()
+    ints = {"i": tf.TensorSpec([None], tf.int64)}
+    assert int64_nulls(t, ints).tolist() == [False, True, False]
+    with pytest.raises(ValueError, match="column 'i' row 1: null, which the int64 input 'i' cannot carry"):
+        request_from_arrow(t, ints)
+    cfg = parse_config({"name": "t", "label": {"column": "y"}, "features": {
+        "sparse": [{"name": "l", "column": "l", "multivalent": True, "hash_buckets": 10},
+                   {"name": "i", "column": "i", "hash_buckets": 10}],
+        "dense": [{"name": "d", "column": "d"}]}, "model": {"task": "ranking", "type": "logistic"}})
+    examples = [tf.train.Example.FromString(e) for e in
+                examples_from_arrow(t, cfg, {"l": "list<string>", "i": "int", "d": "string"})]
+    first, second = (e.features.feature for e in examples[:2])
+    assert list(first["l"].bytes_list.value) == [b"x", b"y"] and first["d"].float_list.value == [2.5]
+    assert list(first["i"].int64_list.value) == [7] and set(second) == set()
+
+
 def test_saved_vocabularies_are_packed_and_reloaded(tmp_path):
     """The vocabulary table's keys and IDs are stored compressed (PackedVocabularies) and rebuilt
     by the SavedModel's own initializer at load: the loaded graph maps every value as before."""
