@@ -33,12 +33,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-__all__ = ["GenerateSpec", "generate_log", "NUM_CATEGORICAL", "NUM_DENSE", "TRUTH_COLUMN"]
+__all__ = ["GenerateSpec", "generate_log", "NUM_CATEGORICAL", "NUM_DENSE", "TRUTH_COLUMN", "SUCCESS_MARKER"]
 
 NUM_CATEGORICAL = 26
 NUM_DENSE = 13
 _SECONDS_PER_DAY = 86_400
 AFFINITY = 1.0
+SUCCESS_MARKER = "_SUCCESS"  # written into each day's partition after its files, as Hadoop's committers do
 TRUTH_COLUMN = "p_click"  # GenerateSpec.truth_column: the hidden model's probability, for oracle metrics
 LATENT_DIMS = 4
 
@@ -156,7 +157,8 @@ def _hidden_model(spec: GenerateSpec) -> dict:
 
 
 def generate_log(spec: GenerateSpec, out_dir: str, say=None) -> list[str]:
-    """Write spec.rows rows over spec.days days; return the files written (sorted)."""
+    """Write spec.rows rows over spec.days days, each day's partition marked complete (SUCCESS_MARKER)
+    after its files; return the Parquet files written (sorted)."""
     if spec.rows <= 0 or spec.days <= 0:
         raise ValueError(f"rows and days must be positive (got rows={spec.rows}, days={spec.days})")
     hidden = _with_drift_items(spec, _hidden_model(spec))
@@ -183,4 +185,5 @@ def generate_log(spec: GenerateSpec, out_dir: str, say=None) -> list[str]:
             written.append(path)
             if say:
                 say(f"wrote {path} ({n} rows)")
+        open(os.path.join(day_dir, SUCCESS_MARKER), "w").close()  # the day is complete, as Spark marks it
     return sorted(written)

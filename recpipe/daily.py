@@ -4,7 +4,8 @@ Every step is idempotent: outputs of a day live under WORK/<day>/ and are publis
 step whose output is complete does nothing, and push never exports the same day's model twice.
 The Airflow DAG (airflow_dags/recpipe_daily.py) only calls these steps.
 
-    ready       exit 0 when LOG/dt=<day>/ holds Parquet files (the sensor's probe)
+    ready       exit 0 when LOG/dt=<day>/ is complete: its writer's _SUCCESS marker and Parquet files
+                (the sensor's probe)
     preprocess  LOG/dt=<day> -> WORK/<day>/preprocessed, extending the previous day's vocabularies
     train       -> WORK/<day>/model, warm-started from the previous day's model
     evaluate    -> WORK/<day>/metrics.json
@@ -42,6 +43,10 @@ class DailyConfig:
     config: str                     # the feature/model/train config
     train: RunOptions = field(default_factory=RunOptions)  # how `recpipe train` runs (strategy, precision, ...)
     bless_tolerance: float = 0.005  # the new AUC may be this much below the served model's
+    # the file a partition's writer adds last (Spark's, Hive's and Hadoop's committers write _SUCCESS):
+    # `ready` waits for it, so a day still being written is never trained on; null: ready at the first
+    # Parquet file, for writers that leave no marker
+    ready_marker: Optional[str] = "_SUCCESS"
 
 
 def load_daily_config(path: str) -> DailyConfig:
@@ -53,7 +58,7 @@ def load_daily_config(path: str) -> DailyConfig:
     base = Path(path).resolve().parent
     resolve = lambda p: str(p if os.path.isabs(p) or "://" in p else base / p)  # noqa: E731
     return DailyConfig(resolve(dc.log_root), resolve(dc.work_root), resolve(dc.model_base), resolve(dc.config),
-                       dc.train, dc.bless_tolerance)
+                       dc.train, dc.bless_tolerance, dc.ready_marker)
 
 
 @dataclass(frozen=True)
@@ -94,10 +99,19 @@ def _previous_day(dc: DailyConfig, day: str) -> Optional[str]:
 
 
 def step_ready(dc: DailyConfig, day: str, say) -> int:
+    """0 when the day's partition holds the Parquet files preprocess would read (sub-partitions too) and,
+    unless ready_marker is null, its writer's marker: a partition still being written is not ready."""
+    from pipeline.sources import InputError, list_input_files  # pyarrow only: no Beam, no TensorFlow
     part = _partition(dc, day)
-    files = [f for f in os.listdir(part) if f.endswith(".parquet")] if os.path.isdir(part) else []
-    say(f"daily ready: {part}: {len(files)} Parquet file(s)")
-    return 0 if files else 1
+    try:
+        files = list_input_files(part) if os.path.isdir(part) else []
+    except InputError:
+        files = []
+    marked = dc.ready_marker is None or os.path.exists(os.path.join(part, dc.ready_marker))
+    waiting = "" if marked else (f", no {dc.ready_marker} yet (its writer adds it last; project ready_marker: "
+                                 f"null starts without one)")
+    say(f"daily ready: {part}: {len(files)} Parquet file(s){waiting}")
+    return 0 if files and marked else 1
 
 
 def step_preprocess(dc: DailyConfig, day: str, say, beam_args: Optional[list[str]] = None) -> int:

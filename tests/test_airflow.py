@@ -136,3 +136,35 @@ def test_params_never_reach_the_shell_as_code(airflow_env, tmp_path):
     assert not Path(airflow_env["AIRFLOW_HOME"] + "-pwned").exists()  # the payload never ran
     assert r["tasks"] == {"preprocess": "success"}, r  # and the odd path was used as the path it is
     assert (tmp_path / "work" / "2026-01-01" / "preprocessed" / "transform" / "transform.json").exists()
+
+
+def test_a_partition_is_ready_when_its_writer_marks_it_complete(tmp_path):
+    """The sensor's probe waits for the partition's _SUCCESS (what Spark's, Hive's and Hadoop's committers
+    write last), so a day still being written is never preprocessed: it used to be ready at its first
+    Parquet file. Files in sub-partitions count, hidden ones do not; `ready_marker: null` restores the
+    first-file rule for writers that leave no marker. `recpipe generate` marks each day it writes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from recpipe.daily import run_step
+    part = tmp_path / "log" / "dt=2026-01-02"
+    hour = part / "hour=00"
+    hour.mkdir(parents=True)
+    (part / "_temporary" / "0").mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1]}), str(part / "_temporary" / "0" / "part-0.parquet"))
+    marked, unmarked = _project(tmp_path, "m", small_config_dict()), _project(tmp_path, "u", small_config_dict(),
+                                                                            ready_marker=None)
+    lines: list[str] = []
+    assert run_step("ready", marked, "2026-01-02", lines.append) == 1  # only an uncommitted task's file
+    assert run_step("ready", unmarked, "2026-01-02", lines.append) == 1
+    pq.write_table(pa.table({"x": [1]}), str(hour / "part-0.parquet"))  # a file in, the writer not done
+    assert run_step("ready", marked, "2026-01-02", lines.append) == 1
+    assert "1 Parquet file(s), no _SUCCESS yet" in lines[-1]
+    assert run_step("ready", unmarked, "2026-01-02", lines.append) == 0
+    (part / "_SUCCESS").touch()
+    assert run_step("ready", marked, "2026-01-02", lines.append) == 0
+
+    from pipeline.synthetic import GenerateSpec, generate_log
+    generate_log(GenerateSpec(rows=300, days=2, seed=4, num_users=10, num_items=10), str(tmp_path / "gen"))
+    assert sorted(p.parent.name for p in (tmp_path / "gen").glob("dt=*/_SUCCESS")) == ["dt=2026-01-01",
+                                                                                      "dt=2026-01-02"]
