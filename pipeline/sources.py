@@ -78,13 +78,20 @@ def _parquet_files(folder: str) -> list[str]:
     return files
 
 
+def _marker(path: str, pattern: str) -> bool:
+    """Whether a glob's match is a file named `_...` or `.…` (a writer's `_SUCCESS`, a `.crc` checksum)
+    that the pattern's last part does not name as such: Spark's reader skips them in a glob too."""
+    name = posixpath.basename(path.replace(os.sep, "/"))
+    return name.startswith(_HIDDEN) and not posixpath.basename(pattern.replace(os.sep, "/")).startswith(name[0])
+
+
 def list_input_files(spec: str) -> list[str]:
     """A directory (searched recursively, e.g. dt=YYYY-MM-DD/ partitions; its `.parquet` files but those
     whose name, or a folder's they are in, starts with `_` or `.`: see _HIDDEN), a glob (every file it
-    matches), or one file."""
+    matches but a `_SUCCESS`-like marker: see _marker), or one file."""
     if "://" not in spec:
         if _is_glob(spec):
-            files = [f for f in globlib.glob(spec, recursive=True) if os.path.isfile(f)]
+            files = [f for f in globlib.glob(spec, recursive=True) if os.path.isfile(f) and not _marker(f, spec)]
         elif os.path.isdir(spec):
             files = _parquet_files(spec)
         elif os.path.isfile(spec):
@@ -106,7 +113,8 @@ def list_input_files(spec: str) -> list[str]:
                      if i.type == pafs.FileType.File]
         prefix = f"{scheme}://"
         if _is_glob(rest):
-            found = [p for p in found if _glob_match(p, rest.split("/", 1)[-1]) or _glob_match(p, rest)]
+            found = [p for p in found if (_glob_match(p, rest.split("/", 1)[-1]) or _glob_match(p, rest))
+                     and not _marker(p, rest)]
         elif info.type != pafs.FileType.File:
             found = [p for p in found if p.endswith(".parquet")
                      and not any(part.startswith(_HIDDEN) for part in posixpath.relpath(p, path).split("/"))]

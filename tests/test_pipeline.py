@@ -306,7 +306,8 @@ def test_listing_and_offsets(small_log, small_cfg):
 def test_a_tables_hidden_folders_and_markers_are_not_input(tmp_path, small_log, small_cfg):
     """What Spark and Hive leave beside a table's data, an uncommitted task's `_temporary/` output, a
     `.hive-staging_*` folder, `_SUCCESS`, is not read from a directory, local or by URL (a Parquet file
-    under `_temporary/` used to be read: its rows twice)."""
+    under `_temporary/` used to be read: its rows twice), nor a marker or checksum from a glob's `*`
+    (`dt=*/*` used to read `_SUCCESS` and fail on it as 'not a readable Parquet file')."""
     import shutil
     log = tmp_path / "log"
     shutil.copytree(small_log, log)
@@ -326,10 +327,17 @@ def test_a_tables_hidden_folders_and_markers_are_not_input(tmp_path, small_log, 
 
     # a glob reads every file it matches, the same by URL as on disk: `*` stays within one path part (fnmatch's
     # crossed '/', so file://LOG/*/*.parquet also read _temporary/0/_temporary/attempt_0/part-00000.parquet)
-    for pattern in ("*/*.parquet", "dt=*/*.parquet", "**/*.parquet", "dt=2026-01-0[1]/*", "*/.*"):
+    for pattern in ("*/*.parquet", "dt=*/*.parquet", "**/*.parquet", "dt=2026-01-0[1]/*", "*/.*", "*/_*"):
         local = list_input_files(str(log / pattern))
         assert [f.split(str(log), 1)[1] for f in list_input_files("file://" + str(log / pattern))] == \
             [f.split(str(log), 1)[1] for f in local], pattern
+    # but not a writer's marker or checksum, unless the pattern names such files: a partition's `*` is its data
+    names = [os.path.basename(f) for f in list_input_files(str(log / "dt=2026-01-0[1]" / "*"))]
+    assert names == [os.path.basename(part)] and "_SUCCESS" in os.listdir(day)
+    assert {os.path.basename(f) for f in list_input_files(str(log / "*" / "_*"))} == {"_SUCCESS",
+                                                                                     "_common_metadata.parquet"}
+    assert run_preprocess(small_cfg, str(log / "dt=*" / "*"), str(tmp_path / "glob_out"), IN_MEMORY,
+                          say=lambda _: None).rows_in == 6000
 
 
 # ----------------------------------------------------------------------------- incremental days
