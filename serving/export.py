@@ -224,7 +224,7 @@ def skew_check(signature, output: str, trained: np.ndarray, sample: pa.Table,
 def sample_auc(version: ExportedVersion, sample: pa.Table) -> float:
     """AUC of a ranking version's served scores on raw log rows (e.g. an eval sample), by its own label
     column: through predict_examples, which takes every row (a null integer ID too), when the version
-    has it (exports since it exists: the export checks it scores as serving_default), else serving_default."""
+    has it (the export checks it scores every row as the trainer does), else serving_default."""
     signatures, meta = tf.saved_model.load(version.path).signatures, version.meta()
     cfg = meta.typed_config()
     if EXAMPLES_SIGNATURE in signatures:

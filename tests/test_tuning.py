@@ -80,13 +80,14 @@ def test_the_optimizer_skips_re_deduplicating_only_gradients_that_are_unique(pre
     assert sparse_grads_are_unique(cfg)
     batch = _batch(preprocessed, cfg)
     steps = []
-    for unique_sparse in (False, True):
+    for own_step in (False, True):
         m = _model(cfg, preprocessed)
         grads, _ = accumulated_gradients(m, batch, 1)
         indices = _sparse_indices(grads)
         assert indices and all(len(np.unique(i)) == len(i) for i in indices)
-        opt = optimizer_for(cfg, unique_sparse=unique_sparse)
+        opt = optimizer_for(cfg, own_step=own_step)
         assert hasattr(opt, "_deduplicate_sparse_grad")  # the tf-keras method a trusting optimizer replaces
+        assert type(opt).__name__.startswith("UniqueSparse") == own_step
         opt.apply_gradients(zip(grads, m.trainable_variables))
         steps.append(m.get_weights())
     for a, b in zip(*steps):
@@ -95,6 +96,7 @@ def test_the_optimizer_skips_re_deduplicating_only_gradients_that_are_unique(pre
     accumulating = _cfg(grad_accum_steps=4)
     grads, _ = accumulated_gradients(_model(accumulating, preprocessed), _batch(preprocessed, accumulating), 4)
     assert not sparse_grads_are_unique(accumulating)
+    assert type(optimizer_for(accumulating, own_step=True)) is tf.keras.optimizers.Adagrad
     assert any(len(np.unique(i)) < len(i) for i in _sparse_indices(grads))
     for negatives in (0, 64):  # uniform negatives: a second lookup of the item table
         d["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user_id", "hist"],

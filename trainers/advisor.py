@@ -28,7 +28,7 @@ import tensorflow as tf
 from trainers.data import make_dataset
 from trainers.layers import ids_by_table
 from trainers.models import compiled_model
-from trainers.optim import optimizer_for, sparse_grads_are_unique
+from trainers.optim import optimizer_for
 
 __all__ = ["Advice", "Overheads", "TableTraffic", "Traffic", "advise", "allreduces_table", "link_bytes", "predict",
            "step_times", "traffic"]
@@ -205,7 +205,7 @@ def probe_step(model: tf.keras.Model, cfg, data_dir: str, steps: int = 20) -> tu
 
 def advise(cfg, artifact, data_dir: str, workers: int = 8, ps_tasks: int = 2, bandwidth_gbps: float = 10.0,
            worker_memory_bytes: int | None = None, overheads: Overheads = Overheads()) -> Advice:
-    model = compiled_model(cfg, artifact, optimizer_for(cfg, unique_sparse=sparse_grads_are_unique(cfg)))
+    model = compiled_model(cfg, artifact, optimizer_for(cfg, own_step=True))
     step, batch = probe_step(model, cfg, data_dir)
     t = traffic(model, batch)
     dedup, mode = cfg.train.tuning.dedup_ids, cfg.train.sparse_gradients

@@ -14,15 +14,16 @@ PRECISION_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixe
 
 
 def optimizer_for(cfg: Config, precision: str = "fp32", loss_scale: bool = False,
-                  legacy: bool = False, unique_sparse: bool = False) -> tf.keras.optimizers.Optimizer:
+                  legacy: bool = False, own_step: bool = False) -> tf.keras.optimizers.Optimizer:
     """train.optimizer at train.learning_rate; with loss_scale and fp16, wrapped for loss scaling
     (Keras' compile wraps it itself; a custom loop asks for it). legacy: the pre-2.11 Keras optimizer
-    (what Horovod 0.28's Keras DistributedOptimizer wraps). unique_sparse: every sparse gradient it
-    will get has unique indices (sparse_grads_are_unique), so it need not make them unique again."""
+    (what Horovod 0.28's Keras DistributedOptimizer wraps). own_step: the optimizer of recpipe's own
+    Keras train step (not a peer's, not Horovod's loop), which need not make the sparse gradients unique
+    again where sparse_grads_are_unique(cfg)."""
     lr = cfg.train.learning_rate
     kinds = tf.keras.optimizers.legacy if legacy else tf.keras.optimizers
     kind = {"adagrad": kinds.Adagrad, "adam": kinds.Adam, "sgd": kinds.SGD}[cfg.train.optimizer]
-    opt = (_trusting_unique_indices(kind) if unique_sparse and not legacy else kind)(lr)
+    opt = (_trusting_unique_indices(kind) if own_step and not legacy and sparse_grads_are_unique(cfg) else kind)(lr)
     if loss_scale and precision == "fp16":
         opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
     return opt

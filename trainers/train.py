@@ -23,7 +23,7 @@ from trainers.health import check_loss
 from trainers.hvd import train_horovod
 from trainers.model_dir import ModelDir, TrainState
 from trainers.models import compiled_model, table_shapes
-from trainers.optim import optimizer_for, precision_policy, sparse_grads_are_unique
+from trainers.optim import optimizer_for, precision_policy
 from trainers.options import TrainOptions
 from trainers.progress import Reporter
 from trainers.ps import LocalPSCluster, make_strategy, serve_task, tf_config
@@ -136,7 +136,7 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
     with precision_policy(opts.run.precision):
         tf.keras.utils.set_random_seed(cfg.train.seed)
         with strategy.scope():
-            model = compiled_model(cfg, artifact, optimizer_for(cfg, unique_sparse=sparse_grads_are_unique(cfg)),
+            model = compiled_model(cfg, artifact, optimizer_for(cfg, own_step=True),
                                    cfg.train.tuning.steps_per_execution)
         ckpt, manager = model_dir.checkpoint(model)
         start = 0

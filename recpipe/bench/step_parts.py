@@ -20,7 +20,7 @@ from features.config import parse_config
 from features.preprocessed import PreprocessedData
 from trainers.data import make_dataset
 from trainers.models import build_model
-from trainers.optim import optimizer_for, sparse_grads_are_unique
+from trainers.optim import optimizer_for
 
 __all__ = ["step_parts"]
 
@@ -31,7 +31,7 @@ def _step_ms(cfg_dict: dict, data_dir: str, batches: list, steps: int) -> float:
     cfg = parse_config(cfg_dict)
     tf.keras.utils.set_random_seed(cfg.train.seed)
     model = build_model(cfg, PreprocessedData(data_dir).transform())
-    model.compile(optimizer=optimizer_for(cfg, unique_sparse=sparse_grads_are_unique(cfg)))
+    model.compile(optimizer=optimizer_for(cfg, own_step=True))
     step = tf.function(model.train_step)
     for b in batches:  # trace and warm up
         step(b)
