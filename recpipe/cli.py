@@ -192,7 +192,7 @@ def cmd_export(a) -> None:
     _say(f"export: skew check passed on {report['rows']} eval rows (max |diff| {report['max_abs_diff']:.2g})"
          + (f"; {left_out} with a null integer ID left out: an int64 input cannot carry it" if left_out else ""))
     if "examples_rows" in report:
-        left = f", {report['rows_left_out']} with a null integer ID among them" if report.get("rows_left_out") else ""
+        left = f", {left_out} with a null integer ID among them" if left_out else ""
         _say(f"export: predict_examples scores all {report['examples_rows']} as tf.Examples like the trainer{left} "
              f"(max |diff| {report['examples_max_abs_diff']:.2g})")
     if a.embedding_dtype != "float32" or a.dense_dtype != "float32":
