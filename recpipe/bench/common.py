@@ -2,9 +2,11 @@
 result files, and the generated/preprocessed datasets they reuse."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -99,21 +101,46 @@ def save_result(out_dir: str, name: str, result: dict, md: str) -> None:
         fh.write(md)
 
 
-def generate_once(rows: int, out: str, seed: int = 7, days: int = 2) -> str:
-    """A generated log in `out`, unless one is there already."""
-    if not os.path.isdir(out):
-        generate_log(GenerateSpec(rows=rows, days=days, seed=seed), out)
+GENERATED_SPEC = "_generate_spec.json"  # in a generated log's folder; a leading _ hides it from preprocess
+
+
+def generate_once(rows: int, out: str, seed: int = 7, days: int = 2, **spec) -> str:
+    """A generated log in `out` (GenerateSpec(rows, days, seed, **spec)), reused only when the one there was
+    written from the same spec: a workdir's log of another size or older code is written anew (the quick
+    run's 3,000 rows a day, reused by a full run in the same workdir, once stood in for its 100,000)."""
+    want = _as_json(GenerateSpec(rows=rows, days=days, seed=seed, **spec))
+    marker = os.path.join(out, GENERATED_SPEC)
+    if not (os.path.exists(marker) and fsio.read_json(marker) == want):
+        shutil.rmtree(out, ignore_errors=True)
+        generate_log(GenerateSpec(rows=rows, days=days, seed=seed, **spec), out)
+        fsio.write_json(marker, want)
     return out
 
 
 def preprocess_once(cfg_path: str, log: str, out: str, beam: bool = True) -> str:
-    """`recpipe preprocess` (Beam) into `out` unless it is complete already; with beam=False the
-    single-process baseline (same functions, same artifact and shards, no runner start-up: for the
-    quick run's small side datasets)."""
-    if not PreprocessedData(out).is_complete():
-        if beam:
-            subprocess.run([*CLI, "preprocess", "--config", cfg_path, "--input", log, "--output", out], check=True,
-                           capture_output=True)
-        else:
-            baseline_preprocess(load_config(cfg_path), log, out)
+    """`recpipe preprocess` (Beam) into `out` unless it holds a complete run of the same config over the same
+    generated log (`out`.source.json says which); with beam=False the single-process baseline (same functions,
+    same artifact and shards, no runner start-up: for the quick run's small side datasets)."""
+    with open(cfg_path) as fh:
+        source = {"config": fh.read(), "log": os.path.abspath(log), "log_spec": _read_spec(log)}
+    record = f"{out.rstrip(os.sep)}.source.json"
+    if PreprocessedData(out).is_complete() and os.path.exists(record) and fsio.read_json(record) == source:
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    if beam:
+        subprocess.run([*CLI, "preprocess", "--config", cfg_path, "--input", log, "--output", out], check=True,
+                       capture_output=True)
+    else:
+        baseline_preprocess(load_config(cfg_path), log, out)
+    fsio.write_json(record, source)
     return out
+
+
+def _as_json(spec: GenerateSpec) -> dict:
+    return json.loads(json.dumps(dataclasses.asdict(spec), default=str))
+
+
+def _read_spec(log: str):
+    """The spec a generated log was written from (None for any other log, e.g. the Criteo sample)."""
+    path = os.path.join(log, GENERATED_SPEC)
+    return fsio.read_json(path) if os.path.isdir(log) and os.path.exists(path) else None

@@ -36,7 +36,6 @@ Memory growth (recpipe.bench.lifecycle_memory): peak trainer RSS against table s
 from __future__ import annotations
 
 import copy
-import glob
 import datetime as dt
 import os
 import shutil
@@ -53,8 +52,9 @@ from features.artifact import TransformArtifact
 from features.preprocessed import PreprocessedData
 from features.transform import request_from_arrow
 from pipeline.analysis import split_cutoffs_from_histogram, ts_histogram
-from pipeline.synthetic import TRUTH_COLUMN, GenerateSpec, generate_log
+from pipeline.synthetic import TRUTH_COLUMN
 from recpipe.airflow_local import LocalAirflow
+from recpipe.bench.common import generate_once
 from recpipe.bench.export import folder_bytes, measure_qps
 from recpipe.bench.lifecycle_memory import bench_memory_growth
 from recpipe.bench.lifecycle_memory import markdown as memory_markdown
@@ -186,11 +186,6 @@ def auc_gap_ratios(results: dict[str, list[dict]]) -> dict[str, float]:
             "lifecycle_auc_gap_beyond_oracle": max(abs(g - t) for g, t in zip(gaps, truth))}
 
 
-def _has_truth(log: str) -> bool:
-    files = sorted(glob.glob(os.path.join(log, "dt=*", "*.parquet")))
-    return bool(files) and TRUTH_COLUMN in pq.read_schema(files[0]).names
-
-
 def bench_lifecycle(work: str, say: Callable[[str], None], quick: bool = False, reps: int = 3) -> dict:
     n_days = 2 if quick else 5
     # the full run judges AUC gaps of 0.01 between two logs' days: 80,000 eval rows a day put the standard
@@ -201,14 +196,10 @@ def bench_lifecycle(work: str, say: Callable[[str], None], quick: bool = False, 
     max_size = int(num_items * 1.25)
     steps = 30 if quick else 300
     days = [(START + dt.timedelta(days=i)).isoformat() for i in range(n_days)]
-    logs = {}
-    for name, item_drift in (("drift", drift), ("stable", 0)):
-        logs[name] = os.path.join(work, f"log_{name}")
-        if not _has_truth(logs[name]):  # a workdir's log from before the truth column is written anew
-            shutil.rmtree(logs[name], ignore_errors=True)
-            generate_log(GenerateSpec(rows=per_day * n_days, days=n_days, seed=5, start_date=START,
-                                      num_users=2_000, num_items=num_items, item_drift=item_drift,
-                                      truth_column=True), logs[name])
+    logs = {name: generate_once(per_day * n_days, os.path.join(work, f"log_{name}"), seed=5, days=n_days,
+                                start_date=START, num_users=2_000, num_items=num_items, item_drift=item_drift,
+                                truth_column=True)
+            for name, item_drift in (("drift", drift), ("stable", 0))}
     evicting = lifecycle_config(steps, max_size, evict=True, eval_fraction=eval_fraction)
     runs = {"drift_evict": (logs["drift"], evicting), "stable_evict": (logs["stable"], copy.deepcopy(evicting)),
             "drift_hashed": (logs["drift"], lifecycle_config(steps, max_size, evict=False, eval_fraction=eval_fraction,

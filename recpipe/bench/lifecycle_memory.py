@@ -25,8 +25,7 @@ import yaml
 
 from features.artifact import TransformArtifact
 from features.config import embedding_dim, parse_config
-from pipeline.synthetic import GenerateSpec, generate_log
-from recpipe.bench.common import CLI, run_measured
+from recpipe.bench.common import CLI, generate_once, run_measured
 
 __all__ = ["bench_memory_growth", "memory_config", "table_mb", "markdown"]
 
@@ -95,9 +94,8 @@ def bench_memory_growth(work: str, say: Callable[[str], None], quick: bool = Fal
     steps = 20 if quick else 100
     days = [(START + dt.timedelta(days=i)).isoformat() for i in range(n_days)]
     log = os.path.join(work, "memory_log")
-    if not os.path.isdir(log):
-        generate_log(GenerateSpec(rows=per_day * n_days, days=n_days, seed=9, start_date=START, num_users=2_000,
-                                  num_items=num_items, item_drift=drift), log)
+    generate_once(per_day * n_days, log, seed=9, days=n_days, start_date=START, num_users=2_000, num_items=num_items,
+                  item_drift=drift)
     max_size = int(num_items * 1.25)
     with ThreadPoolExecutor(2) as pool:
         started = {name: pool.submit(_run, work, f"memory_{name}", log, memory_config(steps, max_size, evict),
