@@ -72,7 +72,7 @@ def test_the_optimizer_skips_re_deduplicating_only_gradients_that_are_unique(pre
     unique again (trainers.optim.sparse_grads_are_unique): checked for every ranking model, and two steps of
     the trusting optimizer (Adagrad's fused kernels) update every weight and accumulator as the stock one
     does, but for where the kernels add epsilon. Gradient accumulation and a retrieval model's uniform
-    negatives do repeat indices, and keep the stock optimizer."""
+    negatives do repeat indices, and keep tf-keras' dedup before the fused kernels."""
     from trainers.models import accumulated_gradients
     from trainers.optim import optimizer_for, sparse_grads_are_unique
     d = small_config_dict()
@@ -80,30 +80,38 @@ def test_the_optimizer_skips_re_deduplicating_only_gradients_that_are_unique(pre
     cfg = parse_config(d)
     assert sparse_grads_are_unique(cfg)
     batch = _batch(preprocessed, cfg)
-    steps = []
-    for own_step in (False, True):
-        m = _model(cfg, preprocessed)
-        grads, _ = accumulated_gradients(m, batch, 1)
-        indices = _sparse_indices(grads)
-        assert indices and all(len(np.unique(i)) == len(i) for i in indices)
-        opt = optimizer_for(cfg, own_step=own_step)
-        assert hasattr(opt, "_deduplicate_sparse_grad")  # the tf-keras method a trusting optimizer replaces
-        assert type(opt).__name__.startswith("UniqueSparse") == own_step
+    def two_steps(c, batch, accum, opt) -> list[np.ndarray]:
+        m = _model(c, preprocessed)
+        grads, _ = accumulated_gradients(m, batch, accum)
         for _ in range(2):  # the second step divides by the accumulators the first one left
             opt.apply_gradients(zip(grads, m.trainable_variables))
-        steps.append(m.get_weights() + [v.numpy() for v in opt.variables])
-    assert len(steps[0]) == len(steps[1])
-    moved = 0
-    for a, b in zip(*steps):
-        np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-8)  # weights of about 0.05: 1e-8 is 2e-7 of them
-        moved += not np.array_equal(a, b)
-    assert moved, "the fused kernels computed bit for bit what the stock ops do: is the Adagrad override used?"
+        return m.get_weights() + [v.numpy() for v in opt.variables]
 
+    def assert_same_steps(stock: list, ours: list) -> None:
+        assert len(stock) == len(ours)
+        moved = 0
+        for a, b in zip(stock, ours):
+            np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-8)  # weights of about 0.05: 1e-8 is 2e-7 of them
+            moved += not np.array_equal(a, b)
+        assert moved, "the fused kernels computed bit for bit what the stock ops do: is the Adagrad override used?"
+
+    indices = _sparse_indices(accumulated_gradients(_model(cfg, preprocessed), batch, 1)[0])
+    assert indices and all(len(np.unique(i)) == len(i) for i in indices)
+    stock, ours = optimizer_for(cfg), optimizer_for(cfg, own_step=True)
+    assert type(stock) is tf.keras.optimizers.Adagrad and hasattr(stock, "_deduplicate_sparse_grad")
+    assert type(ours).__name__ == "UniqueSparseFusedAdagrad"  # tf-keras' method replaced, as above
+    assert_same_steps(two_steps(cfg, batch, 1, stock), two_steps(cfg, batch, 1, ours))
+
+    # repeated rows (gradient accumulation's micro-batches) keep tf-keras' dedup, which
+    # makes them unique before the fused kernel sees them
     accumulating = _cfg(grad_accum_steps=4)
-    grads, _ = accumulated_gradients(_model(accumulating, preprocessed), _batch(preprocessed, accumulating), 4)
+    accumulating_batch = _batch(preprocessed, accumulating)
+    grads, _ = accumulated_gradients(_model(accumulating, preprocessed), accumulating_batch, 4)
     assert not sparse_grads_are_unique(accumulating)
-    assert type(optimizer_for(accumulating, own_step=True)) is tf.keras.optimizers.Adagrad
     assert any(len(np.unique(i)) < len(i) for i in _sparse_indices(grads))
+    assert type(optimizer_for(accumulating, own_step=True)).__name__ == "FusedAdagrad"
+    assert_same_steps(two_steps(accumulating, accumulating_batch, 4, optimizer_for(accumulating)),
+                      two_steps(accumulating, accumulating_batch, 4, optimizer_for(accumulating, own_step=True)))
     for negatives in (0, 64):  # uniform negatives: a second lookup of the item table
         d["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user_id", "hist"],
                       "candidate_features": ["item_id"], "tower_layers": [16], "uniform_negatives": negatives}

@@ -17,13 +17,16 @@ def optimizer_for(cfg: Config, precision: str = "fp32", loss_scale: bool = False
                   legacy: bool = False, own_step: bool = False) -> tf.keras.optimizers.Optimizer:
     """train.optimizer at train.learning_rate; with loss_scale and fp16, wrapped for loss scaling
     (Keras' compile wraps it itself; a custom loop asks for it). legacy: the pre-2.11 Keras optimizer
-    (what Horovod 0.28's Keras DistributedOptimizer wraps). own_step: the optimizer of recpipe's own
-    Keras train step (not a peer's, not Horovod's loop), which need not make the sparse gradients unique
-    again where sparse_grads_are_unique(cfg)."""
+    (what Horovod 0.28's Keras DistributedOptimizer wraps). own_step: the optimizer of recpipe's own Keras
+    train step (not a peer's, not Horovod's loop, where neither lever below measured any gain: its step is
+    the exchange's): Adagrad applies its updates with TensorFlow's fused kernels (_fused_adagrad_update),
+    and where sparse_grads_are_unique(cfg) the sparse gradients are not made unique again (_own_step_kind)."""
     lr = cfg.train.learning_rate
     kinds = tf.keras.optimizers.legacy if legacy else tf.keras.optimizers
     kind = {"adagrad": kinds.Adagrad, "adam": kinds.Adam, "sgd": kinds.SGD}[cfg.train.optimizer]
-    opt = (_trusting_unique_indices(kind) if own_step and not legacy and sparse_grads_are_unique(cfg) else kind)(lr)
+    if own_step and not legacy:
+        kind = _own_step_kind(kind, trust_unique=sparse_grads_are_unique(cfg))
+    opt = kind(lr)
     if loss_scale and precision == "fp16":
         opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
     return opt
@@ -40,17 +43,19 @@ def sparse_grads_are_unique(cfg: Config) -> bool:
     return t.dedup_ids and t.grad_accum_steps == 1 and not second_lookup
 
 
-def _trusting_unique_indices(kind: type) -> type:
-    """`kind` (a tf-keras optimizer) without its per-step re-deduplication of sparse gradients (a Unique
-    and an unsorted segment sum per table, `_deduplicate_sparse_grad`): 1.08x the default DCN-v2's
-    compiled fp32 step and 1.11x in bf16 (11 alternating rounds each, won 9 of 11). tf-keras 2.21 calls
-    that method from apply_gradients only; a test checks it still exists and that a step updates every
-    weight as the stock optimizer does. Adagrad also applies each update with TensorFlow's fused kernels
-    (_fused_adagrad_update)."""
-    body = {"_deduplicate_sparse_grad": lambda self, grads: grads}
+def _own_step_kind(kind: type, trust_unique: bool) -> type:
+    """`kind` (a tf-keras optimizer) as recpipe's own loops use it: Adagrad with fused kernels
+    (_fused_adagrad_update), and with trust_unique without its per-step re-deduplication of sparse
+    gradients (a Unique and an unsorted segment sum per table, `_deduplicate_sparse_grad`): 1.08x the
+    default DCN-v2's compiled fp32 step and 1.11x in bf16 (11 alternating rounds each, won 9 of 11).
+    tf-keras 2.21 calls that method from apply_gradients only, before update_step; a test checks it still
+    exists and that steps update every weight as the stock optimizer does."""
+    body, name = {}, kind.__name__
     if kind is tf.keras.optimizers.Adagrad:
-        body["update_step"] = _fused_adagrad_update
-    return type(f"UniqueSparse{kind.__name__}", (kind,), body)
+        body["update_step"], name = _fused_adagrad_update, f"Fused{name}"
+    if trust_unique:
+        body["_deduplicate_sparse_grad"], name = (lambda self, grads: grads), f"UniqueSparse{name}"
+    return type(name, (kind,), body) if body else kind
 
 
 def _fused_adagrad_update(self, grad, variable) -> None:
@@ -58,7 +63,8 @@ def _fused_adagrad_update(self, grad, variable) -> None:
     rows, ResourceApplyAdagradV2 for a dense weight), where the stock one runs a scatter-add of the squared
     rows into the accumulator, a gather of them back, a square root, a division and a second scatter-add
     (five to seven ops, each over the rows). The sparse kernel applies repeated indices one after another,
-    not summed, so it serves only gradients whose indices are unique. Its epsilon is added after the square
+    not summed, so it serves only gradients whose indices are unique: tf-keras' own dedup makes them so
+    before update_step, or sparse_grads_are_unique(cfg) finds they are. Its epsilon is added after the square
     root (var -= lr * g / (sqrt(acc) + eps), as in tf.compat.v1 and Keras' legacy Adagrad) where tf-keras adds
     it under it (sqrt(acc + eps)): with accumulators from 0.1 up, the updates differ by about 1e-7 of
     themselves. Default DCN-v2, compiled step, alternating rounds: fp32 1.03x at two threads (won 8 of 11),
