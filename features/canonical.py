@@ -22,7 +22,8 @@ from features.errors import RecpipeError
 
 __all__ = ["LABEL_KEY", "SchemaError", "NULL_KIND", "plain_type", "plain_columns", "raw_kind", "check_schema",
            "validate_batch", "canonicalize", "as_string", "list_parts", "dense_prenorm", "numeric",
-           "times", "DEFAULT_SEPARATOR", "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
+           "times", "rows_with_value", "DEFAULT_SEPARATOR", "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX",
+           "DEAD_LETTER_REASONS"]
 
 LABEL_KEY = "target.label"  # not a valid feature name, so it cannot collide
 DEFAULT_SEPARATOR = "|"
@@ -372,6 +373,19 @@ def canonicalize(batch: pa.RecordBatch | pa.Table, cfg: Config) -> dict[str, pa.
             values = np.clip(values, -FLOAT32_MAX, FLOAT32_MAX)  # NaN (missing) stays NaN
         out[d.name] = pa.array(values.astype(np.float32), pa.float32())
     out[LABEL_KEY] = pa.array(numeric(col(cfg.label.column))[0].astype(np.float32), pa.float32())
+    return out
+
+
+def rows_with_value(cols: dict[str, pa.Array], cfg: Config) -> dict[str, int]:
+    """Per column-fed feature of a canonical batch: the rows holding a value (an ID other than "", a list
+    with an item, a dense number), so a feature its log never fills can be told apart from one it does."""
+    out = {}
+    for f in cfg.column_sparse:
+        arr = cols[f.name]
+        has = pc.greater(pc.list_value_length(arr), 0) if f.multivalent else pc.not_equal(arr, "")
+        out[f.name] = int(pc.sum(has.cast(pa.int64())).as_py() or 0)
+    for d in cfg.features.dense:
+        out[d.name] = int(len(cols[d.name]) - np.isnan(cols[d.name].to_numpy(zero_copy_only=False)).sum())
     return out
 
 

@@ -47,6 +47,7 @@ class PreprocessResult:
     rows_eval: int
     dead_letter: dict[str, int] = field(default_factory=dict)
     rows_validation: int = 0
+    with_value: dict[str, dict[str, int]] = field(default_factory=dict)  # split -> feature -> rows with a value
 
     @property
     def rows_dead(self) -> int:
@@ -175,7 +176,8 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     _ = (validated.dead_letter
          | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
              out.dead_letter_prefix, schema=DEAD_LETTER_SCHEMA, file_name_suffix=".parquet"))
-    _ = (batches, {s: splits[s] for s in SPLITS}, validated.dead_letter) | "CountRows" >> CountRows(out.row_counts_path)
+    _ = ((batches, {s: splits[s] for s in SPLITS}, validated.dead_letter)
+         | "CountRows" >> CountRows(out.row_counts_path, cfg))
 
 
 def _counter(result, name: str) -> int | None:
@@ -193,8 +195,13 @@ def _row_counts(staged: PreprocessedData) -> PreprocessResult:
     counts = fsio.read_json(staged.row_counts_path)
     fsio.remove(staged.row_counts_path)
     dead = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith("dead_letter.")}
+    with_value: dict[str, dict[str, int]] = {}
+    for key, n in counts.items():
+        if key.startswith("with_value."):
+            _, split, name = key.split(".", 2)
+            with_value.setdefault(split, {})[name] = n
     return PreprocessResult(staged.root, counts.get("in", 0), counts.get("train", 0), counts.get("eval", 0), dead,
-                            counts.get("validation", 0))
+                            counts.get("validation", 0), with_value)
 
 
 def _staging_path(output: str) -> str:
@@ -234,8 +241,35 @@ def _check_written(data: PreprocessedData, res: PreprocessResult) -> None:
                               f"the runner lost or duplicated output files: rerun the job")
 
 
+def feature_warnings(cfg: Config, artifact: TransformArtifact, res: PreprocessResult) -> list[str]:
+    """Features the train split gives a model nothing to learn from, each named with its column: no value
+    in any train row (null or empty in the log: a broken join or a renamed field upstream, which the job
+    itself cannot tell from a feature that is rare), said louder when the eval split has values for it,
+    and dense features of one value in every train row."""
+    train = res.with_value.get("train", {})
+    out = []
+    for f in [*cfg.column_sparse, *cfg.features.dense]:
+        if res.rows_train == 0 or f.name not in train:
+            continue
+        where = f"feature {f.name!r} (column {f.column!r})"
+        if train[f.name] == 0:
+            elsewhere = {s: n for s in ("validation", "eval") if (n := res.with_value.get(s, {}).get(f.name, 0))}
+            also = "".join(f"; yet {n:,} of the {res.rows(s):,} {s} rows have one, so training and {s} see "
+                           f"different data" for s, n in elsewhere.items())
+            out.append(f"{where} has no value in any of the {res.rows_train:,} train rows: a model cannot learn "
+                       f"from it (is the column null or empty upstream?){also}")
+            continue
+        stats = artifact.dense_stats.get(f.name, {})
+        if stats.get("std") == 0 and "mean" in stats:
+            log1p = " after log1p" if f.transform == "log_zscore" else ""
+            out.append(f"{where} has one value in every train row ({stats['mean']:g}{log1p}, missing values "
+                       f"filled with {f.fill:g}): it carries no signal")
+    return out
+
+
 def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResult, say) -> None:
-    """Nothing is published that training cannot use: finite statistics, non-empty splits."""
+    """Nothing is published that training cannot use: finite statistics, non-empty splits; features the
+    train split gives nothing to learn from are named (feature_warnings)."""
     for name, stats in artifact.dense_stats.items():
         values = [stats.get("mean"), stats.get("std"), *stats.get("boundaries", [])]
         if not all(v is None or math.isfinite(v) for v in values):
@@ -256,6 +290,8 @@ def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResul
             if cfg.split.on_empty == "fail":
                 raise PreprocessError(message + "; set split.on_empty: warn to publish it anyway")
             say(f"preprocess: WARNING: {message}; published because split.on_empty is warn")
+    for warning in feature_warnings(cfg, artifact, res):
+        say(f"preprocess: WARNING: {warning}")
 
 
 def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[str] | None = None,
@@ -305,7 +341,7 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
         artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "validation": res.rows_validation,
                                "eval": res.rows_eval,
                                "dead_letter": res.rows_dead, "dead_letter_by_reason": res.dead_letter,
-                               "files": len(inputs)}
+                               "files": len(inputs), "with_value": res.with_value}
         artifact.write_meta(staged.transform_dir)  # last: the row counts mark the folder complete
         if local:
             if os.path.exists(output):

@@ -22,7 +22,8 @@ from apache_beam.metrics import Metrics
 
 from features import fsio
 from features.artifact import TransformArtifact
-from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, plain_columns, times, validate_batch
+from features.canonical import (LABEL_KEY, canonicalize, dense_prenorm, plain_columns, rows_with_value, times,
+                                validate_batch)
 from features.config import Config
 from features.days import day_name, day_number
 from features.preprocessed import SPLITS
@@ -538,8 +539,9 @@ def _count_in(b: RawBatch) -> list[tuple[str, int]]:
     return [("in", b.table.num_rows)]
 
 
-def _count_split(cols: dict, split: str) -> list[tuple[str, int]]:
-    return [(split, len(cols[LABEL_KEY]))]
+def _count_split(cols: dict, split: str, cfg: Config) -> list[tuple[str, int]]:
+    return [(split, len(cols[LABEL_KEY])),
+            *((f"with_value.{split}.{name}", n) for name, n in rows_with_value(cols, cfg).items())]
 
 
 def _count_dead(table: pa.Table) -> list[tuple[str, int]]:
@@ -549,18 +551,19 @@ def _count_dead(table: pa.Table) -> list[tuple[str, int]]:
 
 class CountRows(beam.PTransform):
     """(read batches, {split: its columns}, dead-letter tables) -> one JSON file of row counts
-    ({"in", "train", "validation", "eval", "dead_letter.<reason>"}), computed from the elements themselves: a task a
-    runner retries contributes once, as its output does (counters may count it twice)."""
+    ({"in", "train", "validation", "eval", "dead_letter.<reason>", "with_value.<split>.<feature>"}), computed from
+    the elements themselves: a task a runner retries contributes once, as its output does (counters may count it
+    twice)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, cfg: Config):
         super().__init__()
-        self._path = path
+        self._path, self._cfg = path, cfg
 
     def expand(self, pcolls):
         batches, splits, dead = pcolls
         path = self._path
         parts = (batches | "In" >> beam.FlatMap(_count_in),
-                 *(splits[s] | f"Split[{s}]" >> beam.FlatMap(_count_split, s) for s in SPLITS),
+                 *(splits[s] | f"Split[{s}]" >> beam.FlatMap(_count_split, s, self._cfg) for s in SPLITS),
                  dead | "DeadLetter" >> beam.FlatMap(_count_dead))
         return (parts | "All" >> beam.Flatten() | "Sum" >> beam.CombinePerKey(sum)
                 | "ToDict" >> beam.combiners.ToDict()
