@@ -245,7 +245,8 @@ def feature_warnings(cfg: Config, artifact: TransformArtifact, res: PreprocessRe
     """Features the train split gives a model nothing to learn from, each named with its column: no value
     in any train row (null or empty in the log: a broken join or a renamed field upstream, which the job
     itself cannot tell from a feature that is rare), said louder when the eval split has values for it,
-    and dense features of one value in every train row."""
+    and dense features of one value in every train row; and features with values in train rows but none
+    in the validation or eval split (logged no longer: the model is judged without what it learnt)."""
     train = res.with_value.get("train", {})
     out = []
     for f in [*cfg.column_sparse, *cfg.features.dense]:
@@ -259,6 +260,11 @@ def feature_warnings(cfg: Config, artifact: TransformArtifact, res: PreprocessRe
             out.append(f"{where} has no value in any of the {res.rows_train:,} train rows: a model cannot learn "
                        f"from it (is the column null or empty upstream?){also}")
             continue
+        for split in ("validation", "eval"):
+            if res.rows(split) and res.with_value.get(split, {}).get(f.name) == 0:
+                out.append(f"{where} has values in {train[f.name]:,} of the {res.rows_train:,} train rows but in "
+                           f"none of the {res.rows(split):,} {split} rows: the model is judged without it "
+                           f"(is it no longer logged?)")
         stats = artifact.dense_stats.get(f.name, {})
         if stats.get("std") == 0 and "mean" in stats:
             log1p = " after log1p" if f.transform == "log_zscore" else ""

@@ -697,8 +697,9 @@ def test_an_empty_validation_split_fails_unless_told_to_warn(tmp_path):
 
 def test_features_the_train_split_leaves_empty_or_constant_are_named(tmp_path, small_log, small_cfg):
     """A column null or empty in every train row (a broken upstream join) or of one value in all of them
-    trains a feature with nothing to learn: preprocess names each one, and its rows with a value per split
-    are in the artifact's row counts; the features the log fills are not named."""
+    trains a feature with nothing to learn, and one the eval rows lack is judged without: preprocess names
+    each one, and its rows with a value per split are in the artifact's row counts; the features the log
+    fills are not named."""
     src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
     t = pq.read_table(src).slice(0, 1000)
     ts = t.column("ts").to_numpy()
@@ -706,20 +707,21 @@ def test_features_the_train_split_leaves_empty_or_constant_are_named(tmp_path, s
     i1 = [v if is_late else None for v, is_late in zip(t.column("I1").to_pylist(), late)]
     for name, values in (("I1", pa.array(i1, pa.int64())), ("I2", pa.array([7.0] * 1000)),
                          ("hist_items", pa.array([None if i % 2 else [] for i in range(1000)], pa.list_(pa.string()))),
-                         ("C2", pa.array([""] * 1000))):
+                         ("C2", pa.array([""] * 1000)), ("C3", pa.array([None if x else "c" for x in late]))):
         t = t.set_column(t.schema.get_field_index(name), name, values)
     _write(str(tmp_path / "log" / "part-0.parquet"), t)
     said = []
     res = run_preprocess(small_cfg, str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, say=said.append)
     warnings = [s for s in said if "WARNING" in s]
-    assert len(warnings) == 4, warnings
+    assert len(warnings) == 5, warnings
     named = {s.split("'")[1]: s for s in warnings}
-    assert set(named) == {"I1", "I2", "hist", "C2"}
+    assert set(named) == {"I1", "I2", "hist", "C2", "C3"}
     assert f"no value in any of the {res.rows_train:,} train rows" in named["I1"]
     assert f"yet {res.with_value['eval']['I1']:,} of the {res.rows_eval:,} eval rows have one" in named["I1"]
     assert "one value in every train row (7, missing values filled with 1)" in named["I2"]
     assert "(column 'hist_items') has no value" in named["hist"] and "eval" not in named["hist"]
     assert "(column 'C2') has no value" in named["C2"]
+    assert f"but in none of the {res.rows_eval:,} eval rows" in named["C3"]
     counts = TransformArtifact.read(str(tmp_path / "out" / "transform")).row_counts["with_value"]
     assert counts == res.with_value and counts["train"]["I1"] == 0 < counts["eval"]["I1"]
     assert counts["train"]["user_id"] == res.rows_train and counts["train"]["I3"] > 0
