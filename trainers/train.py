@@ -20,11 +20,12 @@ from trainers.allocator import loaded_allocator
 from trainers.data import make_dataset, naming_bad_shards, synthetic_dataset
 from trainers.errors import TrainError, how_it_ended
 from trainers.health import check_loss
-from trainers.hvd import train_horovod
+from trainers.hvd import inside_horovod_job, train_horovod
+from trainers.memory import check_memory
 from trainers.model_dir import ModelDir, TrainState
 from trainers.models import compiled_model, table_shapes
 from trainers.optim import optimizer_for, precision_policy
-from trainers.options import TrainOptions
+from trainers.options import RunOptions, TrainOptions, host_list
 from trainers.progress import Reporter
 from trainers.ps import LocalPSCluster, make_strategy, serve_task, tf_config
 from trainers.validation import Validator, validator_for
@@ -53,6 +54,9 @@ def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
         for line in advice.table().splitlines():
             say(line.replace("advise:", "train: advisor:", 1))
         opts = dataclasses.replace(opts, run=dataclasses.replace(run, strategy=advice.strategy))
+    processes = _processes_holding_tables(opts.run)
+    if processes:
+        check_memory(cfg, artifact, processes, say)
     if opts.run.strategy == "horovod":
         return train_horovod(cfg, artifact, opts, total, say)
     if opts.run.strategy == "local":
@@ -72,6 +76,17 @@ def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
             i, addr, code = dead[0]
             raise TrainError(f"PS task {i} ({addr}) died ({how_it_ended(code)}), so the job stopped: "
                              f"{ModelDir(opts.model_dir).resume_hint()}") from e
+
+
+def _processes_holding_tables(run: RunOptions) -> int:
+    """How many processes this command starts on this host that each hold every embedding table: 1 for
+    local training, the Horovod ranks on this host (checked once, by their launcher), 0 for the PS strategy
+    (its tables are sharded over the PS tasks, on their own hosts)."""
+    if run.strategy == "local":
+        return 1
+    if run.strategy == "horovod" and not inside_horovod_job():
+        return host_list(run.hosts)[run.host_index][1] if run.hosts else run.np
+    return 0
 
 
 def set_threads(intra: int, inter: int) -> None:

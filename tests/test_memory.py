@@ -1,0 +1,69 @@
+"""trainers.memory: a config whose embedding tables cannot fit in the memory a training process may use fails
+before they are built, naming them, instead of the process being killed for memory with no word (exit 137)."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import IN_MEMORY, small_config_dict
+from features.config import parse_config
+from pipeline.preprocess import run_preprocess
+from trainers.errors import TrainError
+from trainers.memory import GIB, StateSize, _cgroup_headroom, memory_verdict
+from trainers.options import RunOptions, TrainOptions
+from trainers.train import _processes_holding_tables, train
+
+
+def test_the_verdict_weighs_the_state_of_every_process_against_what_is_available():
+    state = StateSize({"item_id": (30_000_000, 16), "user_id": (1_000, 8)}, slots=1, optimizer="adagrad")
+    assert state.total == (30_000_000 * 16 + 1_000 * 8) * 4 * 2
+    error, warning = memory_verdict(state, 1, int(3 * GIB), "a 3 GiB cgroup")
+    assert warning is None and "need 3.58 GiB per process" in error
+    assert "but 3.0 GiB is available (a 3 GiB cgroup)" in error
+    assert "item_id 30,000,000 x 16 (3.58 GiB)" in error and "user_id" not in error  # tables too small to matter
+    error, warning = memory_verdict(state, 1, int(5 * GIB), "host")  # fits, but its likely peak (6.5 GiB) does not
+    assert error is None and "peak memory is likely about 6.5 GiB" in warning
+    assert memory_verdict(state, 1, int(8 * GIB), "host") == (None, None)
+    error, _ = memory_verdict(state, 3, int(8 * GIB), "host")  # three Horovod ranks on one host: 10.7 GiB
+    assert "3.58 GiB per process x 3 processes" in error
+
+
+def test_the_tightest_memory_cgroup_up_the_hierarchy_counts_without_its_inactive_page_cache(tmp_path):
+    root = tmp_path / "cgroup"
+    v1 = root / "memory" / "job" / "step"
+    v1.mkdir(parents=True)
+    (root / "memory" / "job" / "memory.limit_in_bytes").write_text(str(8 << 30))
+    (root / "memory" / "job" / "memory.usage_in_bytes").write_text(str(1 << 30))
+    (v1 / "memory.limit_in_bytes").write_text(str(3 << 30))
+    (v1 / "memory.usage_in_bytes").write_text(str(2 << 30))
+    (v1 / "memory.stat").write_text(f"cache 123\ntotal_inactive_file {1 << 30}\n")
+    proc = tmp_path / "cgroup.txt"
+    proc.write_text("4:memory:/job/step\n3:cpu:/job\n0::/\n")
+    room, where = _cgroup_headroom(str(root), str(proc))
+    assert room == 2 << 30 and where.endswith("step (limit 3.0 GiB)")  # 3 GiB - (2 - 1 inactive)
+    v2 = tmp_path / "v2"
+    (v2 / "pod").mkdir(parents=True)
+    (v2 / "pod" / "memory.max").write_text(str(4 << 30))
+    (v2 / "pod" / "memory.current").write_text(str(1 << 30))
+    (v2 / "memory.max").write_text("max")
+    proc.write_text("0::/pod\n")
+    assert _cgroup_headroom(str(v2), str(proc))[0] == 3 << 30
+    proc.write_text("0::/\n")
+    assert _cgroup_headroom(str(v2), str(proc)) is None  # no limit
+
+
+def test_processes_that_each_hold_every_table():
+    assert _processes_holding_tables(RunOptions(strategy="local")) == 1
+    assert _processes_holding_tables(RunOptions(strategy="horovod", np=3)) == 3
+    assert _processes_holding_tables(RunOptions(strategy="horovod", hosts="a:2,b", host_index=1)) == 1
+    assert _processes_holding_tables(RunOptions(strategy="horovod", hosts="a:2,b", host_index=0)) == 2
+    assert _processes_holding_tables(RunOptions(strategy="ps")) == 0  # sharded over the PS tasks
+
+
+def test_train_refuses_tables_no_host_can_hold_naming_them(tmp_path, small_log):
+    d = small_config_dict()
+    d["features"]["sparse"][0]["hash_buckets"] = 4_000_000_000  # user_id: 4e9 x 8 x 4 B x 2 = 238 GiB
+    out = str(tmp_path / "pre")
+    run_preprocess(parse_config(d), small_log, out, IN_MEMORY, say=lambda _: None)
+    with pytest.raises(TrainError, match=r"user_id 4,000,000,000 x 8 \(238\.42 GiB\).*would be killed for memory"):
+        train(TrainOptions(out, str(tmp_path / "model"), run=RunOptions(steps=2)), say=lambda _: None)
+    assert not (tmp_path / "model" / "checkpoints").exists()
