@@ -21,7 +21,7 @@ from features.errors import RecpipeError
 __all__ = [
     "ConfigError", "VocabSpec", "SparseFeature", "DenseFeature", "FeaturesSpec", "InputSpec",
     "SplitSpec", "LabelSpec", "ModelSpec", "EarlyStoppingSpec", "TrainSpec", "TuneParam", "TuneSpec",
-    "SliceSpec", "EvaluateSpec", "Config", "load_config", "parse_config", "check_config",
+    "SliceSpec", "EvaluateSpec", "PreprocessSpec", "Config", "load_config", "parse_config", "check_config",
     "config_to_dict", "dump_config", "build_typed", "check_typed", "literal_choices", "read_yaml",
 ]
 
@@ -225,6 +225,13 @@ class EvaluateSpec:
 
 
 @dataclass(frozen=True)
+class PreprocessSpec:
+    # a feature the train split gives nothing to learn from (no value in any train row, or a dense one of
+    # one value), or that the eval split lacks: a warning naming it (warn), or the preprocess run fails (fail)
+    on_anomaly: Literal["warn", "fail"] = "warn"
+
+
+@dataclass(frozen=True)
 class Config:
     name: str
     features: FeaturesSpec
@@ -235,6 +242,7 @@ class Config:
     train: TrainSpec = field(default_factory=TrainSpec)
     tune: TuneSpec = field(default_factory=TuneSpec)  # read by `recpipe tune` only
     evaluate: EvaluateSpec = field(default_factory=EvaluateSpec)  # read by `recpipe evaluate` only
+    preprocess: PreprocessSpec = field(default_factory=PreprocessSpec)  # read by `recpipe preprocess` only
 
     @property
     def sparse_by_name(self) -> dict[str, SparseFeature]:

@@ -296,7 +296,10 @@ def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResul
             if cfg.split.on_empty == "fail":
                 raise PreprocessError(message + "; set split.on_empty: warn to publish it anyway")
             say(f"preprocess: WARNING: {message}; published because split.on_empty is warn")
-    for warning in feature_warnings(cfg, artifact, res):
+    anomalies = feature_warnings(cfg, artifact, res)
+    if anomalies and cfg.preprocess.on_anomaly == "fail":
+        raise PreprocessError("; ".join(anomalies) + " (preprocess.on_anomaly is fail)")
+    for warning in anomalies:
         say(f"preprocess: WARNING: {warning}")
 
 

@@ -725,3 +725,9 @@ def test_features_the_train_split_leaves_empty_or_constant_are_named(tmp_path, s
     counts = TransformArtifact.read(str(tmp_path / "out" / "transform")).row_counts["with_value"]
     assert counts == res.with_value and counts["train"]["I1"] == 0 < counts["eval"]["I1"]
     assert counts["train"]["user_id"] == res.rows_train and counts["train"]["I3"] > 0
+    strict = small_config_dict()
+    strict["preprocess"] = {"on_anomaly": "fail"}
+    with pytest.raises(PreprocessError, match="feature 'I1' .* has no value.*preprocess.on_anomaly is fail"):
+        run_preprocess(parse_config(strict), str(tmp_path / "log"), str(tmp_path / "strict"), IN_MEMORY,
+                       say=lambda _: None)
+    assert not os.path.exists(tmp_path / "strict")  # nothing published
