@@ -71,6 +71,8 @@ def _cgroup_headroom(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgrou
     text = _read(proc) or ""
     best: Optional[tuple[int, str]] = None
     for line in text.splitlines():
+        if line.count(":") < 2:
+            continue
         _, controllers, path = line.split(":", 2)
         if controllers == "":  # v2
             base, limit_f, usage_f, inactive = os.path.join(root), "memory.max", "memory.current", "inactive_file"
