@@ -18,6 +18,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 from features.errors import RecpipeError
+from features.hostmem import GIB, available_memory
 from serving.version import EXAMPLES_SIGNATURE, SIGNATURE, ExportBase, ExportedVersion
 
 __all__ = ["LoadedVersion", "ModelRegistry", "RequestError", "SIGNATURE", "EXAMPLES_SIGNATURE", "load_version",
@@ -194,6 +195,24 @@ def _warm_up(lv: LoadedVersion) -> None:
     lv.predict(columns)
 
 
+# TF Serving's estimate of a SavedModel's RAM: its bytes on disk x 1.2 (ResourceUtil's RAM multiplier)
+RAM_PER_DISK_BYTE = 1.2
+
+
+def memory_refusal(v: ExportedVersion, current: int) -> Optional[str]:
+    """Why version v must not be loaded now, or None: the RAM it would take (TF Serving's estimate) is more
+    than the process can still get. The served version stays loaded while the new one loads, so both must
+    fit; one that cannot would get the whole server killed for memory, the version it serves with it."""
+    disk = v.disk_bytes()
+    need, (available, source) = int(disk * RAM_PER_DISK_BYTE), available_memory()
+    if need <= available:
+        return None
+    serving = f"version {current} keeps serving" if current else "nothing is served until one fits"
+    return (f"loading it would take about {need / GIB:.2f} GiB ({RAM_PER_DISK_BYTE:g} x its {disk / GIB:.2f} GiB "
+            f"on disk, as TF Serving estimates), more than the {available / GIB:.2f} GiB available ({source}); "
+            f"not loaded, so the server is not killed for memory: {serving}")
+
+
 @dataclass
 class _Refusal:
     signature: tuple      # the version folder's files when it was refused
@@ -238,6 +257,10 @@ class ModelRegistry:
             if v.version <= current:
                 return
             if not self._may_try(v):
+                continue
+            too_big = memory_refusal(v, current)
+            if too_big:
+                self._refuse(v, MemoryError(too_big))
                 continue
             try:
                 lv = load_version(v.path, v.version)

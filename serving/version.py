@@ -103,6 +103,10 @@ class ExportedVersion:
                 out.append((os.path.relpath(p, self.path), st.st_size, st.st_mtime_ns))
         return tuple(sorted(out))
 
+    def disk_bytes(self) -> int:
+        """The bytes of every file of the version (what loading it reads)."""
+        return sum(size for _, size, _ in self.files_signature())
+
 
 @dataclass(frozen=True)
 class ExportBase:

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -86,6 +87,36 @@ def test_1_a_corrupt_newest_version_does_not_block_startup(tmp_path, exported, c
     try:
         assert srv.registry.get().version == 4
         assert any("refusing small version 9" in r.getMessage() for r in caplog.records)
+    finally:
+        srv.stop()
+
+
+def test_1_a_version_too_big_for_memory_is_refused_not_loaded(tmp_path, exported, caplog):
+    """A new version whose load would take more memory than the server can still get (TF Serving's estimate:
+    1.2x its bytes on disk) is refused with the figures, and the served version keeps serving; loading it
+    would have got the whole server killed for memory. Once its files change it is tried again."""
+    base = tmp_path / "base"
+    _copy_version(exported[1], base, 4)
+    srv = ModelServer(ServeOptions(str(base), "small", rest_port=0, grpc_port=None, poll_seconds=0.2)).start()
+    try:
+        staged = _copy_version(exported[1], tmp_path / "staging", 5)  # made whole, then moved in at once
+        size = next((staged / "variables").glob("variables.data-*")).stat().st_size
+        os.truncate(next((staged / "variables").glob("variables.data-*")), 1 << 40)  # 1 TiB on paper, sparse on disk
+        os.rename(staged, base / "5")
+        data = next((base / "5" / "variables").glob("variables.data-*"))
+        with caplog.at_level(logging.ERROR, logger="recpipe.serving"):
+            deadline = time.monotonic() + 30
+            while not any("version 5" in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        refusal = next(r.getMessage() for r in caplog.records if "version 5" in r.getMessage())
+        assert re.search(r"about 1228\.\d\d GiB \(1\.2 x its 1024\.\d\d GiB on disk", refusal), refusal
+        assert "version 4 keeps serving" in refusal
+        assert srv.registry.get().version == 4
+        os.truncate(data, size)  # its files change: tried again, and it fits
+        deadline = time.monotonic() + 30
+        while srv.registry.get().version != 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert srv.registry.get().version == 5
     finally:
         srv.stop()
 

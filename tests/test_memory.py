@@ -8,7 +8,8 @@ from conftest import IN_MEMORY, small_config_dict
 from features.config import parse_config
 from pipeline.preprocess import run_preprocess
 from trainers.errors import TrainError
-from trainers.memory import GIB, StateSize, _cgroup_headroom, memory_verdict
+from features.hostmem import GIB, _cgroup_headroom
+from trainers.memory import StateSize, memory_verdict
 from trainers.options import RunOptions, TrainOptions
 from trainers.train import _processes_holding_tables, train
 

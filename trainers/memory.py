@@ -4,28 +4,27 @@ process being killed by the kernel's or its container's OOM killer with no messa
 in the daily DAG, then retried three times).
 
 The state is every embedding table's float32 weights plus the optimizer's slots of the same shape
-(Adagrad 1, Adam 2, SGD 0). What a process may use is the smaller of the host's MemAvailable and the
-headroom of its memory cgroup (v1 or v2, the tightest limit up its hierarchy: a container's limit).
+(Adagrad 1, Adam 2, SGD 0). What a process may use is features.hostmem.available_memory(): the smaller of
+the host's MemAvailable and its memory cgroup's headroom (a container's limit).
 More state than that cannot fit: an error. Peak RSS measured in `recpipe bench` is about 1.6x the state
 plus about 0.8 GiB of TensorFlow and input pipeline per process (the initialiser's copy of a table, the
 allocator's slack): past that, a warning.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from features.artifact import TransformArtifact
 from features.config import Config, embedding_dim
+from features.hostmem import GIB, available_memory
 from trainers.errors import TrainError
 
-__all__ = ["StateSize", "state_size", "available_memory", "memory_verdict", "check_memory"]
+__all__ = ["StateSize", "state_size", "memory_verdict", "check_memory"]
 
 SLOTS = {"adagrad": 1, "adam": 2, "sgd": 0}
 PEAK_PER_STATE = 1.6      # peak RSS per byte of state (bench: rss_mb_per_table_mb 1.57)
 PEAK_BASE = 800 << 20     # peak RSS of a training process with small tables (bench: 0.7-0.8 GB)
-GIB = float(1 << 30)
 
 
 @dataclass(frozen=True)
@@ -56,57 +55,6 @@ def state_size(cfg: Config, artifact: TransformArtifact) -> StateSize:
         if cfg.model.wide and not one_wide:
             tables[f"{name} (wide)"] = (rows, 1)
     return StateSize(tables, SLOTS[cfg.train.optimizer], cfg.train.optimizer)
-
-
-def _read(path: str) -> Optional[str]:
-    try:
-        with open(path) as fh:
-            return fh.read().strip()
-    except OSError:
-        return None
-
-
-def _cgroup_headroom(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> Optional[tuple[int, str]]:
-    """(bytes the process's memory cgroup and its ancestors still allow, which one), or None without a limit."""
-    text = _read(proc) or ""
-    best: Optional[tuple[int, str]] = None
-    for line in text.splitlines():
-        if line.count(":") < 2:
-            continue
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":  # v2
-            base, limit_f, usage_f, inactive = os.path.join(root), "memory.max", "memory.current", "inactive_file"
-            if not os.path.exists(os.path.join(root, "memory.max")) and os.path.isdir(os.path.join(root, "unified")):
-                base = os.path.join(root, "unified")
-        elif "memory" in controllers.split(","):
-            base, limit_f, usage_f, inactive = (os.path.join(root, "memory"), "memory.limit_in_bytes",
-                                                "memory.usage_in_bytes", "total_inactive_file")
-        else:
-            continue
-        parts = [p for p in path.split("/") if p]
-        for depth in range(len(parts), -1, -1):
-            d = os.path.join(base, *parts[:depth])
-            limit, usage = _read(os.path.join(d, limit_f)), _read(os.path.join(d, usage_f))
-            if not limit or not usage or limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:
-                continue
-            stat = dict(ln.split() for ln in (_read(os.path.join(d, "memory.stat")) or "").splitlines()
-                        if len(ln.split()) == 2)
-            used = int(usage) - int(stat.get(inactive, 0))  # inactive page cache is reclaimed before OOM
-            room = (max(int(limit) - used, 0), f"memory cgroup {d} (limit {int(limit) / GIB:.1f} GiB)")
-            if best is None or room[0] < best[0]:
-                best = room
-    return best
-
-
-def available_memory() -> tuple[int, str]:
-    """(bytes a new allocation can still get, where that figure comes from)."""
-    meminfo = dict(ln.split(":", 1) for ln in (_read("/proc/meminfo") or "").splitlines() if ":" in ln)
-    avail = meminfo.get("MemAvailable", "").split()
-    out = (int(avail[0]) * 1024, "the host's MemAvailable") if avail and avail[0].isdigit() else None
-    cgroup = _cgroup_headroom()
-    if cgroup is not None and (out is None or cgroup[0] < out[0]):
-        out = cgroup
-    return out if out is not None else (1 << 62, "unknown (no /proc/meminfo)")
 
 
 def memory_verdict(state: StateSize, processes: int, available: int,
