@@ -108,11 +108,12 @@ def generate_once(rows: int, out: str, seed: int = 7, days: int = 2, **spec) -> 
     """A generated log in `out` (GenerateSpec(rows, days, seed, **spec)), reused only when the one there was
     written from the same spec: a workdir's log of another size or older code is written anew (the quick
     run's 3,000 rows a day, reused by a full run in the same workdir, once stood in for its 100,000)."""
-    want = _as_json(GenerateSpec(rows=rows, days=days, seed=seed, **spec))
+    wanted = GenerateSpec(rows=rows, days=days, seed=seed, **spec)
+    want = _as_json(wanted)
     marker = os.path.join(out, GENERATED_SPEC)
     if not (os.path.exists(marker) and fsio.read_json(marker) == want):
         shutil.rmtree(out, ignore_errors=True)
-        generate_log(GenerateSpec(rows=rows, days=days, seed=seed, **spec), out)
+        generate_log(wanted, out)
         fsio.write_json(marker, want)
     return out
 

@@ -24,8 +24,9 @@ import numpy as np
 import yaml
 
 from features.artifact import TransformArtifact
-from features.config import embedding_dim, parse_config
+from features.config import parse_config
 from recpipe.bench.common import CLI, generate_once, run_measured
+from trainers.memory import state_size
 
 __all__ = ["bench_memory_growth", "memory_config", "table_mb", "markdown"]
 
@@ -55,10 +56,9 @@ def memory_config(steps: int, max_size: int, evict: bool) -> dict:
 
 
 def table_mb(artifact: TransformArtifact) -> float:
-    """Embedding weights + Adagrad accumulators of every table, float32, in MB."""
-    cfg = artifact.config
-    return sum(rows * embedding_dim(cfg, cfg.sparse_by_name[name]) * 4 * 2
-               for name, rows in artifact.table_sizes().items()) / 2 ** 20
+    """Embedding weights + Adagrad accumulators of every table, float32, in MB: the state trainers.memory
+    weighs before training."""
+    return state_size(artifact.config, artifact).total / 2 ** 20
 
 
 def _run(work: str, name: str, log: str, cfg: dict, days: list[str], say: Callable[[str], None]) -> list[dict]:
