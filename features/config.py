@@ -227,8 +227,15 @@ class EvaluateSpec:
 @dataclass(frozen=True)
 class PreprocessSpec:
     # a feature the train split gives nothing to learn from (no value in any train row, or a dense one of
-    # one value), or that the eval split lacks: a warning naming it (warn), or the preprocess run fails (fail)
+    # one value), that the eval split lacks, or whose splits disagree beyond the two limits below (with the
+    # previous day's run too): a warning naming it (warn), or the preprocess run fails (fail)
     on_anomaly: Literal["warn", "fail"] = "warn"
+    # the share of rows holding a value may move this much (absolute, 0-1) from the train split to the
+    # validation or eval split, or from the previous day's train split to this one's
+    max_presence_change: float = 0.25
+    # a dense feature's validation/eval rows (or a day's train rows against the previous day's) may average
+    # this many train standard deviations away, in the units the model normalises it with
+    max_mean_shift: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -432,6 +439,9 @@ def _validate(cfg: Config) -> Config:
     for i, f in enumerate(cfg.features.dense):
         _positive(f.num_buckets, f"features.dense[{i}].num_buckets")
 
+    if not 0 < (change := cfg.preprocess.max_presence_change) <= 1:
+        raise ConfigError(f"preprocess.max_presence_change: must be in (0, 1], got {change}")
+    _positive(cfg.preprocess.max_mean_shift, "preprocess.max_mean_shift")
     if not 0 < cfg.split.eval_fraction < 1:
         raise ConfigError(f"split.eval_fraction: must be between 0 and 1 (exclusive), got {cfg.split.eval_fraction}")
     if not 0 <= cfg.split.validation_fraction < 1:

@@ -25,6 +25,7 @@ from features.config import Config, config_to_dict
 from features.days import day_number
 from features.errors import RecpipeError
 from features.preprocessed import SPLITS, PreprocessedData
+from pipeline.anomalies import SplitCounts, feature_warnings
 from pipeline.options import beam_args_with_defaults, check_beam_args, pipeline_runner
 from pipeline.sources import inspect_inputs, list_input_files, partition_day
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
@@ -48,6 +49,7 @@ class PreprocessResult:
     dead_letter: dict[str, int] = field(default_factory=dict)
     rows_validation: int = 0
     with_value: dict[str, dict[str, int]] = field(default_factory=dict)  # split -> feature -> rows with a value
+    dense_sums: dict[str, dict[str, int]] = field(default_factory=dict)  # split -> dense feature -> sum (fixed point)
 
     @property
     def rows_dead(self) -> int:
@@ -59,6 +61,9 @@ class PreprocessResult:
 
     def rows(self, split: str) -> int:
         return {"train": self.rows_train, "validation": self.rows_validation, "eval": self.rows_eval}[split]
+
+    def split_counts(self) -> SplitCounts:
+        return SplitCounts({s: self.rows(s) for s in SPLITS}, self.with_value, self.dense_sums)
 
     def summary(self) -> str:
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(self.dead_letter.items())) or "none"
@@ -195,13 +200,14 @@ def _row_counts(staged: PreprocessedData) -> PreprocessResult:
     counts = fsio.read_json(staged.row_counts_path)
     fsio.remove(staged.row_counts_path)
     dead = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith("dead_letter.")}
-    with_value: dict[str, dict[str, int]] = {}
+    per_split: dict[str, dict[str, dict]] = {"with_value": {}, "dense_sum": {}}
     for key, n in counts.items():
-        if key.startswith("with_value."):
-            _, split, name = key.split(".", 2)
-            with_value.setdefault(split, {})[name] = n
+        kind, _, rest = key.partition(".")
+        if kind in per_split:
+            split, name = rest.split(".", 1)
+            per_split[kind].setdefault(split, {})[name] = n
     return PreprocessResult(staged.root, counts.get("in", 0), counts.get("train", 0), counts.get("eval", 0), dead,
-                            counts.get("validation", 0), with_value)
+                            counts.get("validation", 0), per_split["with_value"], per_split["dense_sum"])
 
 
 def _staging_path(output: str) -> str:
@@ -241,41 +247,11 @@ def _check_written(data: PreprocessedData, res: PreprocessResult) -> None:
                               f"the runner lost or duplicated output files: rerun the job")
 
 
-def feature_warnings(cfg: Config, artifact: TransformArtifact, res: PreprocessResult) -> list[str]:
-    """Features the train split gives a model nothing to learn from, each named with its column: no value
-    in any train row (null or empty in the log: a broken join or a renamed field upstream, which the job
-    itself cannot tell from a feature that is rare), said louder when the eval split has values for it,
-    and dense features of one value in every train row; and features with values in train rows but none
-    in the validation or eval split (logged no longer: the model is judged without what it learnt)."""
-    train = res.with_value.get("train", {})
-    out = []
-    for f in [*cfg.column_sparse, *cfg.features.dense]:
-        if res.rows_train == 0 or f.name not in train:
-            continue
-        where = f"feature {f.name!r} (column {f.column!r})"
-        if train[f.name] == 0:
-            elsewhere = {s: n for s in ("validation", "eval") if (n := res.with_value.get(s, {}).get(f.name, 0))}
-            also = "".join(f"; yet {n:,} of the {res.rows(s):,} {s} rows have one, so training and {s} see "
-                           f"different data" for s, n in elsewhere.items())
-            out.append(f"{where} has no value in any of the {res.rows_train:,} train rows: a model cannot learn "
-                       f"from it (is the column null or empty upstream?){also}")
-            continue
-        for split in ("validation", "eval"):
-            if res.rows(split) and res.with_value.get(split, {}).get(f.name) == 0:
-                out.append(f"{where} has values in {train[f.name]:,} of the {res.rows_train:,} train rows but in "
-                           f"none of the {res.rows(split):,} {split} rows: the model is judged without it "
-                           f"(is it no longer logged?)")
-        stats = artifact.dense_stats.get(f.name, {})
-        if stats.get("std") == 0 and "mean" in stats:
-            log1p = " after log1p" if f.transform == "log_zscore" else ""
-            out.append(f"{where} has one value in every train row ({stats['mean']:g}{log1p}, missing values "
-                       f"filled with {f.fill:g}): it carries no signal")
-    return out
-
-
-def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResult, say) -> None:
+def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResult, previous: TransformArtifact | None,
+                  say) -> None:
     """Nothing is published that training cannot use: finite statistics, non-empty splits; features the
-    train split gives nothing to learn from are named (feature_warnings)."""
+    train split gives nothing to learn from, or whose splits (or this day and the previous) disagree, are
+    named (pipeline.anomalies)."""
     for name, stats in artifact.dense_stats.items():
         values = [stats.get("mean"), stats.get("std"), *stats.get("boundaries", [])]
         if not all(v is None or math.isfinite(v) for v in values):
@@ -296,7 +272,7 @@ def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResul
             if cfg.split.on_empty == "fail":
                 raise PreprocessError(message + "; set split.on_empty: warn to publish it anyway")
             say(f"preprocess: WARNING: {message}; published because split.on_empty is warn")
-    anomalies = feature_warnings(cfg, artifact, res)
+    anomalies = feature_warnings(cfg, artifact, res.split_counts(), previous)
     if anomalies and cfg.preprocess.on_anomaly == "fail":
         raise PreprocessError("; ".join(anomalies) + " (preprocess.on_anomaly is fail)")
     for warning in anomalies:
@@ -346,11 +322,11 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
                 f"counted twice?); the accounting uses the data")
         _check_written(staged, res)
         artifact = staged.transform()  # the published artifact must load
-        _check_usable(cfg, artifact, res, say)
+        _check_usable(cfg, artifact, res, previous, say)
         artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "validation": res.rows_validation,
                                "eval": res.rows_eval,
                                "dead_letter": res.rows_dead, "dead_letter_by_reason": res.dead_letter,
-                               "files": len(inputs), "with_value": res.with_value}
+                               "files": len(inputs), "with_value": res.with_value, "dense_sums": res.dense_sums}
         artifact.write_meta(staged.transform_dir)  # last: the row counts mark the folder complete
         if local:
             if os.path.exists(output):

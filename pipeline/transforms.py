@@ -22,8 +22,8 @@ from apache_beam.metrics import Metrics
 
 from features import fsio
 from features.artifact import TransformArtifact
-from features.canonical import (LABEL_KEY, canonicalize, dense_prenorm, plain_columns, rows_with_value, times,
-                                validate_batch)
+from features.canonical import (LABEL_KEY, canonicalize, dense_prenorm, dense_sums, plain_columns, rows_with_value,
+                                times, validate_batch)
 from features.config import Config
 from features.days import day_name, day_number
 from features.preprocessed import SPLITS
@@ -541,7 +541,8 @@ def _count_in(b: RawBatch) -> list[tuple[str, int]]:
 
 def _count_split(cols: dict, split: str, cfg: Config) -> list[tuple[str, int]]:
     return [(split, len(cols[LABEL_KEY])),
-            *((f"with_value.{split}.{name}", n) for name, n in rows_with_value(cols, cfg).items())]
+            *((f"with_value.{split}.{name}", n) for name, n in rows_with_value(cols, cfg).items()),
+            *((f"dense_sum.{split}.{name}", s) for name, s in dense_sums(cols, cfg).items())]
 
 
 def _count_dead(table: pa.Table) -> list[tuple[str, int]]:
@@ -551,7 +552,8 @@ def _count_dead(table: pa.Table) -> list[tuple[str, int]]:
 
 class CountRows(beam.PTransform):
     """(read batches, {split: its columns}, dead-letter tables) -> one JSON file of row counts
-    ({"in", "train", "validation", "eval", "dead_letter.<reason>", "with_value.<split>.<feature>"}), computed from
+    ({"in", "train", "validation", "eval", "dead_letter.<reason>", "with_value.<split>.<feature>",
+    "dense_sum.<split>.<feature>"}: pipeline.anomalies.SplitCounts), computed from
     the elements themselves: a task a runner retries contributes once, as its output does (counters may count it
     twice)."""
 

@@ -51,6 +51,9 @@ def _with(mutate):
      "model.query_key: 'hist' must be a single-valued sparse feature"),
     (lambda d: d["features"]["sparse"][0].update(separator=","), "features.sparse[0].separator: only multivalent"),
     (lambda d: d["features"]["sparse"][1]["vocab"].update(oov_buckets=0), "features.sparse[1].vocab.oov_buckets: must be > 0"),
+    (lambda d: d.update(preprocess={"max_presence_change": 0}), "preprocess.max_presence_change: must be in (0, 1]"),
+    (lambda d: d.update(preprocess={"max_presence_change": 1.5}), "preprocess.max_presence_change: must be in (0, 1]"),
+    (lambda d: d.update(preprocess={"max_mean_shift": -1}), "preprocess.max_mean_shift: must be > 0"),
 ])
 def test_errors_name_the_key(mutate, key):
     with pytest.raises(ConfigError) as e:

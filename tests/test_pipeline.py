@@ -731,3 +731,84 @@ def test_features_the_train_split_leaves_empty_or_constant_are_named(tmp_path, s
         run_preprocess(parse_config(strict), str(tmp_path / "log"), str(tmp_path / "strict"), IN_MEMORY,
                        say=lambda _: None)
     assert not os.path.exists(tmp_path / "strict")  # nothing published
+
+
+def _with_columns(t: pa.Table, **columns) -> pa.Table:
+    for name, values in columns.items():
+        t = t.set_column(t.schema.get_field_index(name), name, values)
+    return t
+
+
+def test_features_whose_splits_or_days_disagree_are_named(tmp_path, small_log, small_cfg):
+    """A column filled in most train rows but few eval rows (a join that broke part way through the log), or
+    whose values change unit (x1000), has values everywhere and no NaN: preprocess names each, between the
+    splits and between a day's run and the previous day's, with the figures; the thresholds are the
+    config's, and neither the plain synthetic log nor a few rows of sampling noise is named."""
+    days = sorted(glob.glob(os.path.join(small_log, "dt=*")))
+    t = pq.read_table(days[0])
+    late = t.column("ts").to_numpy() > np.quantile(t.column("ts").to_numpy(), 0.8)  # about the eval split
+    keep = np.random.default_rng(0).random(t.num_rows) < 0.1
+    i1, i2, c1 = (t.column(c).to_pylist() for c in ("I1", "I2", "C1"))
+    hostile = _with_columns(
+        t, I1=pa.array([v if not x or k else None for v, x, k in zip(i1, late, keep)], pa.int64()),
+        C1=pa.array([v if not x or k else None for v, x, k in zip(c1, late, keep)], pa.string()),
+        I2=pa.array([v if v is None or not x else v * 1000 for v, x in zip(i2, late)], pa.int64()))
+    _write(str(tmp_path / "split" / "dt=2026-01-01" / "p.parquet"), hostile)
+    said = []
+    res = run_preprocess(small_cfg, str(tmp_path / "split"), str(tmp_path / "o1"), IN_MEMORY, say=said.append)
+    warnings = [s for s in said if "WARNING" in s]
+    assert len(warnings) == 3, warnings
+    named = {s.split("'")[1]: s for s in warnings}
+    counts = res.split_counts()
+    for name in ("I1", "C1"):
+        assert (f"has a value in {counts.share('eval', name):.1%} of the {res.rows_eval:,} eval rows against "
+                f"{counts.share('train', name):.1%} of the {res.rows_train:,} train rows" in named[name])
+        assert "preprocess.max_presence_change (0.25)" in named[name]
+    assert counts.mean("eval", "I2") > 500 * counts.mean("train", "I2")  # missing values left out of the means
+    assert "its values in the" in named["I2"] and "has its unit or scale changed upstream?" in named["I2"]
+    shift = float(named["I2"].split("standard deviations")[0].rsplit(",", 1)[1])
+    assert shift > 100
+    art = TransformArtifact.read(str(tmp_path / "o1" / "transform"))
+    assert art.row_counts["dense_sums"] == res.dense_sums and set(res.dense_sums["eval"]) == {"I1", "I2"}
+    loose = small_config_dict()
+    loose["preprocess"] = {"max_presence_change": 1, "max_mean_shift": shift + 1}
+    said = []
+    run_preprocess(parse_config(loose), str(tmp_path / "split"), str(tmp_path / "o2"), IN_MEMORY, say=said.append)
+    assert not [s for s in said if "WARNING" in s]
+
+    # a day's run against the previous day's: the second day's I1 mostly missing and I2 in other units
+    said = []
+    run_preprocess(small_cfg, days[0], str(tmp_path / "d1"), IN_MEMORY, say=said.append)
+    day2 = pq.read_table(days[1])
+    keep = np.random.default_rng(1).random(day2.num_rows) < 0.3
+    day2 = _with_columns(
+        day2, I1=pa.array([v if k else None for v, k in zip(day2.column("I1").to_pylist(), keep)], pa.int64()),
+        I2=pa.array([None if v is None else v * 1000 for v in day2.column("I2").to_pylist()], pa.int64()))
+    _write(str(tmp_path / "days" / os.path.basename(days[1]) / "p.parquet"), day2)
+    run_preprocess(small_cfg, str(tmp_path / "days"), str(tmp_path / "d2"), IN_MEMORY, say=said.append,
+                   previous_transform=str(tmp_path / "d1"))
+    warnings = [s for s in said if "WARNING" in s]
+    named = {s.split("'")[1]: s for s in warnings}
+    assert set(named) == {"I1", "I2"}, warnings
+    assert "of this run's" in named["I1"] and "of the previous run's (2026-01-01)" in named["I1"]
+    assert "its values in this run's" in named["I2"] and "from the previous run's (2026-01-01)" in named["I2"]
+
+
+def test_a_few_rows_of_sampling_noise_are_not_named(preprocessed):
+    """Shares and means that move only as far as a split's few rows allow by chance are not anomalies."""
+    from pipeline.anomalies import SplitCounts, feature_warnings
+    from features.canonical import DENSE_SUM_SCALE
+    data, res = preprocessed
+    art, cfg = PreprocessedData(data).transform(), parse_config(small_config_dict())
+    base = res.split_counts()
+    assert feature_warnings(cfg, art, base) == []
+
+    def eval_of(rows: int, with_c1: int, i2_mean: float) -> SplitCounts:
+        """An eval split of `rows` rows, all holding every value at the train means but C1's and I2's."""
+        means = {d: base.mean("train", d) for d in base.dense_sums["train"]} | {"I2": i2_mean}
+        with_value = {**base.with_value, "eval": {f: rows for f in base.with_value["eval"]} | {"C1": with_c1}}
+        sums = {**base.dense_sums, "eval": {d: int(m * rows * DENSE_SUM_SCALE) for d, m in means.items()}}
+        return SplitCounts({**base.rows, "eval": rows}, with_value, sums)
+    far = base.mean("train", "I2") + 1.5 * art.dense_stats["I2"]["std"]  # beyond max_mean_shift, 1
+    assert feature_warnings(cfg, art, eval_of(5, 2, far)) == []  # 5 rows: within 4 standard errors
+    assert len(feature_warnings(cfg, art, eval_of(40, 8, far))) == 2

@@ -1,0 +1,152 @@
+"""Features a preprocess run should not publish without a word: what the train split gives a model nothing
+to learn from, and what the splits (or this run and the previous day's) disagree on, as TFX's data
+validation compares a statistics set with its schema and with the previous span's (skew and drift).
+
+Pure logic over the row-counting branch's figures (SplitCounts) and the transform artifact; the caller
+prints the warnings or fails the run (preprocess.on_anomaly).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from features.artifact import TransformArtifact
+from features.canonical import DENSE_SUM_SCALE
+from features.config import Config
+
+__all__ = ["SplitCounts", "feature_warnings"]
+
+# A moved share or mean is named only when it also lies this many standard errors out, so a split of a few
+# rows (sampling noise alone) is not.
+_STANDARD_ERRORS = 4.0
+
+
+@dataclass(frozen=True)
+class SplitCounts:
+    """What one run's row-counting branch saw per split: its rows, per column-fed feature the rows holding a
+    value, and per dense feature with moments the sum of those values as its statistics see them
+    (features.canonical.dense_sums)."""
+    rows: dict[str, int]
+    with_value: dict[str, dict[str, int]] = field(default_factory=dict)
+    dense_sums: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @classmethod
+    def from_row_counts(cls, row_counts: dict[str, Any]) -> "SplitCounts":
+        """From a published artifact's row_counts (those written before a figure was counted lack it)."""
+        rows = {s: int(row_counts.get(s, 0)) for s in ("train", "validation", "eval")}
+        return cls(rows, row_counts.get("with_value", {}), row_counts.get("dense_sums", {}))
+
+    def share(self, split: str, name: str) -> Optional[float]:
+        """The share of the split's rows holding a value for the feature (None: not counted, or no rows)."""
+        n, k = self.rows.get(split, 0), self.with_value.get(split, {}).get(name)
+        return k / n if n and k is not None else None
+
+    def mean(self, split: str, name: str) -> Optional[float]:
+        """The mean of a dense feature's values in the split's rows that hold one (None: none do)."""
+        n, s = self.with_value.get(split, {}).get(name), self.dense_sums.get(split, {}).get(name)
+        return s / DENSE_SUM_SCALE / n if n and s is not None else None
+
+
+def _moved(a: float, n_a: int, b: float, n_b: int, limit: float) -> bool:
+    """Whether two shares of rows differ by more than limit and by more than sampling noise would."""
+    se = math.sqrt(a * (1 - a) / n_a + b * (1 - b) / n_b)
+    return abs(a - b) > limit and abs(a - b) > _STANDARD_ERRORS * se
+
+
+def _nothing_to_learn(cfg: Config, artifact: TransformArtifact, now: SplitCounts) -> list[str]:
+    """No value in any train row (null or empty in the log: a broken join or a renamed field upstream, which
+    the job itself cannot tell from a feature that is rare), said louder when the eval split has values for
+    it; dense features of one value in every train row; features with values in train rows but none in the
+    validation or eval split (logged no longer: the model is judged without what it learnt)."""
+    train, n_train = now.with_value.get("train", {}), now.rows["train"]
+    out = []
+    for f in [*cfg.column_sparse, *cfg.features.dense]:
+        if n_train == 0 or f.name not in train:
+            continue
+        where = f"feature {f.name!r} (column {f.column!r})"
+        if train[f.name] == 0:
+            elsewhere = {s: n for s in ("validation", "eval") if (n := now.with_value.get(s, {}).get(f.name, 0))}
+            also = "".join(f"; yet {n:,} of the {now.rows[s]:,} {s} rows have one, so training and {s} see "
+                           f"different data" for s, n in elsewhere.items())
+            out.append(f"{where} has no value in any of the {n_train:,} train rows: a model cannot learn "
+                       f"from it (is the column null or empty upstream?){also}")
+            continue
+        for split in ("validation", "eval"):
+            if now.rows[split] and now.with_value.get(split, {}).get(f.name) == 0:
+                out.append(f"{where} has values in {train[f.name]:,} of the {n_train:,} train rows but in "
+                           f"none of the {now.rows[split]:,} {split} rows: the model is judged without it "
+                           f"(is it no longer logged?)")
+        stats = artifact.dense_stats.get(f.name, {})
+        if stats.get("std") == 0 and "mean" in stats:
+            log1p = " after log1p" if getattr(f, "transform", None) == "log_zscore" else ""
+            out.append(f"{where} has one value in every train row ({stats['mean']:g}{log1p}, missing values "
+                       f"filled with {f.fill:g}): it carries no signal")
+    return out
+
+
+def _shares_moved(cfg: Config, now: SplitCounts, previous: Optional[SplitCounts], previous_name: str) -> list[str]:
+    """A feature's share of rows with a value that moves by more than preprocess.max_presence_change: from
+    the train split to the validation or eval split (skew: the model is judged on rows unlike those it
+    learnt from, e.g. a join that broke part way through the log), or from the previous run's train split to
+    this one's (drift). A split with no value at all is _nothing_to_learn's."""
+    limit, out = cfg.preprocess.max_presence_change, []
+    pairs = [(now, "train", "the", now, s, "the ") for s in ("validation", "eval")]
+    if previous is not None:
+        pairs.append((previous, "train", previous_name, now, "train", "this run's "))
+    for f in [*cfg.column_sparse, *cfg.features.dense]:
+        for base, base_split, base_name, other, split, own in pairs:
+            a, b = base.share(base_split, f.name), other.share(split, f.name)
+            if a is None or b is None or a == 0 or b == 0:
+                continue
+            n_a, n_b = base.rows[base_split], other.rows[split]
+            if _moved(a, n_a, b, n_b, limit):
+                out.append(f"feature {f.name!r} (column {f.column!r}) has a value in {b:.1%} of {own}{n_b:,} {split} "
+                           f"rows against {a:.1%} of {base_name} {n_a:,} {base_split} rows, a change beyond "
+                           f"preprocess.max_presence_change ({limit:g}): is it filled "
+                           f"{'less' if b < a else 'more'} upstream now?")
+    return out
+
+
+def _means_moved(cfg: Config, artifact: TransformArtifact, now: SplitCounts,
+                 previous: Optional[tuple[TransformArtifact, SplitCounts]], previous_name: str) -> list[str]:
+    """A dense feature whose values in the validation or eval rows (skew), or in this day's train rows against
+    the previous day's (drift), average more than preprocess.max_mean_shift standard deviations apart (the
+    std the model normalises it with; rows missing the value left out, _shares_moved's concern): a unit or
+    scale changed upstream (milliseconds for seconds, cents for euros) gives a model inputs far outside what
+    it learnt from, with no NaN or error anywhere."""
+    limit, out = cfg.preprocess.max_mean_shift, []
+    for d in cfg.features.dense:
+        std = artifact.dense_stats.get(d.name, {}).get("std")
+        train_mean = now.mean("train", d.name)
+        if not std or train_mean is None:
+            continue  # bucketized, of one value or of none (_nothing_to_learn names them)
+        compared = [(s, f"the {now.rows[s]:,} {s} rows", train_mean, std, f"the {now.rows['train']:,} train rows")
+                    for s in ("validation", "eval")]
+        if previous is not None:
+            before, counts = previous
+            old_std, old_mean = before.dense_stats.get(d.name, {}).get("std"), counts.mean("train", d.name)
+            if old_std and old_mean is not None:
+                compared.append(("train", f"this run's {now.rows['train']:,} train rows", old_mean, old_std,
+                                 f"{previous_name} {counts.rows['train']:,} train rows"))
+        log1p = " after log1p" if d.transform == "log_zscore" else ""
+        for split, what, mean, sd, against in compared:
+            m, n = now.mean(split, d.name), now.with_value.get(split, {}).get(d.name, 0)
+            if m is None:
+                continue
+            shift = (m - mean) / sd
+            if abs(shift) > limit and abs(shift) > _STANDARD_ERRORS / math.sqrt(n):
+                out.append(f"dense feature {d.name!r} (column {d.column!r}): its values in {what} average {m:g}"
+                           f"{log1p}, {shift:+.1f} standard deviations ({sd:g}) from {against}' {mean:g}, beyond "
+                           f"preprocess.max_mean_shift ({limit:g}): has its unit or scale changed upstream?")
+    return out
+
+
+def feature_warnings(cfg: Config, artifact: TransformArtifact, now: SplitCounts,
+                     previous: Optional[TransformArtifact] = None) -> list[str]:
+    """Every anomaly of this run, each naming its feature and column; `previous`: the transform a day's run
+    extends (--previous-transform), whose train split this run's is compared with."""
+    before = SplitCounts.from_row_counts(previous.row_counts) if previous is not None else None
+    name = f"the previous run's ({previous.day})" if previous is not None and previous.day else "the previous run's"
+    return [*_nothing_to_learn(cfg, artifact, now), *_shares_moved(cfg, now, before, name),
+            *_means_moved(cfg, artifact, now, (previous, before) if previous is not None else None, name)]
