@@ -9,23 +9,32 @@ from features.config import parse_config
 from pipeline.preprocess import run_preprocess
 from trainers.errors import TrainError
 from features.hostmem import GIB, _cgroup_headroom
-from trainers.memory import StateSize, memory_verdict
+from trainers.memory import Holders, StateSize, memory_verdict
 from trainers.options import RunOptions, TrainOptions
-from trainers.train import _processes_holding_tables, train
+from trainers.ps import PSCluster, TFConfig
+from trainers.train import _check_ps_task_memory, _memory_holders, train
 
 
 def test_the_verdict_weighs_the_state_of_every_process_against_what_is_available():
     state = StateSize({"item_id": (30_000_000, 16), "user_id": (1_000, 8)}, slots=1, optimizer="adagrad")
     assert state.total == (30_000_000 * 16 + 1_000 * 8) * 4 * 2
-    error, warning = memory_verdict(state, 1, int(3 * GIB), "a 3 GiB cgroup")
+    error, warning = memory_verdict(state, Holders(), int(3 * GIB), "a 3 GiB cgroup")
     assert warning is None and "need 3.58 GiB per process" in error
     assert "but 3.0 GiB is available (a 3 GiB cgroup)" in error
     assert "item_id 30,000,000 x 16 (3.58 GiB)" in error and "user_id" not in error  # tables too small to matter
-    error, warning = memory_verdict(state, 1, int(5 * GIB), "host")  # fits, but its likely peak (6.5 GiB) does not
+    error, warning = memory_verdict(state, Holders(), int(5 * GIB), "host")  # fits; its likely peak (6.5 GiB) not
     assert error is None and "peak memory is likely about 6.5 GiB" in warning
-    assert memory_verdict(state, 1, int(8 * GIB), "host") == (None, None)
-    error, _ = memory_verdict(state, 3, int(8 * GIB), "host")  # three Horovod ranks on one host: 10.7 GiB
+    assert memory_verdict(state, Holders(), int(8 * GIB), "host") == (None, None)
+    error, _ = memory_verdict(state, Holders(3), int(8 * GIB), "host")  # three Horovod ranks on one host: 10.7 GiB
     assert "3.58 GiB per process x 3 processes" in error
+    # a PS task of a cluster holds its share: 1.79 of 3.58 GiB over 2 PS tasks
+    error, _ = memory_verdict(state, Holders.ps_task(2), int(1.5 * GIB), "host")
+    assert "need 1.79 GiB on this PS task, one of 2 holding the sharded tables" in error
+    assert "(float32 weights 1.79 GiB x 2 in all)" in error and error.endswith("or give them hosts with more memory")
+    error, warning = memory_verdict(state, Holders.ps_task(2), int(3 * GIB), "host")  # peak 0.8 + 1.6 x 1.79
+    assert error is None and "peak memory is likely about 3.6 GiB" in warning
+    error, _ = memory_verdict(state, Holders.local_ps(2), int(3 * GIB), "host")  # a local cluster: one copy
+    assert "need 3.58 GiB on this host (its 2 PS tasks hold one copy between them)" in error
 
 
 def test_the_tightest_memory_cgroup_up_the_hierarchy_counts_without_its_inactive_page_cache(tmp_path):
@@ -52,12 +61,14 @@ def test_the_tightest_memory_cgroup_up_the_hierarchy_counts_without_its_inactive
     assert _cgroup_headroom(str(v2), str(proc)) is None  # no limit
 
 
-def test_processes_that_each_hold_every_table():
-    assert _processes_holding_tables(RunOptions(strategy="local")) == 1
-    assert _processes_holding_tables(RunOptions(strategy="horovod", np=3)) == 3
-    assert _processes_holding_tables(RunOptions(strategy="horovod", hosts="a:2,b", host_index=1)) == 1
-    assert _processes_holding_tables(RunOptions(strategy="horovod", hosts="a:2,b", host_index=0)) == 2
-    assert _processes_holding_tables(RunOptions(strategy="ps")) == 0  # sharded over the PS tasks
+def test_who_holds_the_tables_on_this_host():
+    assert _memory_holders(RunOptions(strategy="local"), None) == Holders()
+    assert _memory_holders(RunOptions(strategy="horovod", np=3), None).processes == 3
+    assert _memory_holders(RunOptions(strategy="horovod", hosts="a:2,b", host_index=1), None).processes == 1
+    assert _memory_holders(RunOptions(strategy="horovod", hosts="a:2,b", host_index=0), None).processes == 2
+    assert _memory_holders(RunOptions(strategy="ps", ps_servers=3), None) == Holders.local_ps(3)
+    chief = TFConfig(PSCluster("10.78.0.1:2222", ["10.78.0.2:2222"], ["10.78.0.3:2222"]), "chief", 0)
+    assert _memory_holders(RunOptions(strategy="ps"), chief) is None  # its PS tasks check their own hosts
 
 
 def test_train_refuses_tables_no_host_can_hold_naming_them(tmp_path, small_log):
@@ -68,3 +79,11 @@ def test_train_refuses_tables_no_host_can_hold_naming_them(tmp_path, small_log):
     with pytest.raises(TrainError, match=r"user_id 4,000,000,000 x 8 \(238\.42 GiB\).*would be killed for memory"):
         train(TrainOptions(out, str(tmp_path / "model"), run=RunOptions(steps=2)), say=lambda _: None)
     assert not (tmp_path / "model" / "checkpoints").exists()
+    # a local PS cluster: refused before any task starts; a TF_CONFIG cluster's PS task: its share, on its host
+    with pytest.raises(TrainError, match=r"238\.42 GiB on this host \(its 2 PS tasks hold one copy between them\)"):
+        train(TrainOptions(out, str(tmp_path / "ps"), run=RunOptions(strategy="ps", steps=2)), say=lambda _: None)
+    with pytest.raises(TrainError, match=r"need 79\.47 GiB on this PS task, one of 3 holding .*more PS tasks"):
+        _check_ps_task_memory(TrainOptions(out, str(tmp_path / "task")), 3, say=lambda _: None)
+    said = []
+    _check_ps_task_memory(TrainOptions(str(tmp_path / "missing"), str(tmp_path / "task")), 3, say=said.append)
+    assert "its memory is not checked" in said[0]  # a PS task that cannot read the data still serves

@@ -9,6 +9,10 @@ the host's MemAvailable and its memory cgroup's headroom (a container's limit).
 More state than that cannot fit: an error. Peak RSS measured in `recpipe bench` is about 1.6x the state
 plus about 0.8 GiB of TensorFlow and input pipeline per process (the initialiser's copy of a table, the
 allocator's slack): past that, a warning.
+
+Who holds the state on a host (Holders): one local process; each Horovod rank of the host, a copy each;
+a local PS cluster's PS tasks, one copy between them; a PS task of a cluster on several hosts, its share
+(the tables sharded evenly over the PS tasks: MinSizePartitioner cuts a large table into as many shards).
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from features.config import Config, embedding_dim
 from features.hostmem import GIB, available_memory
 from trainers.errors import TrainError
 
-__all__ = ["StateSize", "state_size", "memory_verdict", "check_memory"]
+__all__ = ["StateSize", "Holders", "state_size", "memory_verdict", "check_memory"]
 
 SLOTS = {"adagrad": 1, "adam": 2, "sgd": 0}
 PEAK_PER_STATE = 1.6      # peak RSS per byte of state (bench: rss_mb_per_table_mb 1.57)
@@ -41,10 +45,6 @@ class StateSize:
     def total(self) -> int:
         return self.weight_bytes * (1 + self.slots)
 
-    @property
-    def likely_peak(self) -> int:
-        return int(PEAK_BASE + PEAK_PER_STATE * self.total)
-
 
 def state_size(cfg: Config, artifact: TransformArtifact) -> StateSize:
     """The embedding tables of the config (a wide logit's one-wide tables too) and the optimizer's slots."""
@@ -57,32 +57,55 @@ def state_size(cfg: Config, artifact: TransformArtifact) -> StateSize:
     return StateSize(tables, SLOTS[cfg.train.optimizer], cfg.train.optimizer)
 
 
-def memory_verdict(state: StateSize, processes: int, available: int,
+@dataclass(frozen=True)
+class Holders:
+    """The processes of this host that hold the state: `processes` of them, each `share` of it."""
+    processes: int = 1
+    share: float = 1.0
+    how: str = "per process"  # what one holder's figure is, in the message
+    advice: str = "run fewer processes on this host, or shard the tables over PS tasks (--strategy ps)"
+
+    @classmethod
+    def ps_task(cls, num_ps: int) -> "Holders":
+        return cls(1, 1 / num_ps, f"on this PS task, one of {num_ps} holding the sharded tables" if num_ps > 1
+                   else "on this PS task, the only one",
+                   "run more PS tasks, or give them hosts with more memory")
+
+    @classmethod
+    def local_ps(cls, num_ps: int) -> "Holders":
+        return cls(1, 1.0, f"on this host (its {num_ps} PS tasks hold one copy between them)",
+                   "run the PS tasks on other hosts (a TF_CONFIG cluster: see \"Strategies\")")
+
+
+def memory_verdict(state: StateSize, holders: Holders, available: int,
                    source: str) -> tuple[Optional[str], Optional[str]]:
-    """(error, warning) for `processes` training processes of this state sharing `available` bytes."""
+    """(error, warning) for the holders of this state sharing `available` bytes."""
     by_size = sorted(state.tables.items(), key=lambda kv: -kv[1][0] * kv[1][1])
     largest = [kv for kv in by_size[:3] if kv[1][0] * kv[1][1] * 20 >= by_size[0][1][0] * by_size[0][1][1]]
     named = ", ".join(f"{name} {rows:,} x {width} ({rows * width * 4 * (1 + state.slots) / GIB:.2f} GiB)"
                       for name, (rows, width) in largest)
-    each = f"{state.total / GIB:.2f} GiB per process" + (f" x {processes} processes" if processes > 1 else "")
+    n, held = holders.processes, int(state.total * holders.share)
+    each = f"{held / GIB:.2f} GiB {holders.how}" + (f" x {n} processes" if n > 1 else "")
     what = (f"the embedding tables and their {state.optimizer} slots need {each} (float32 weights "
-            f"{state.weight_bytes / GIB:.2f} GiB x {1 + state.slots}); largest: {named}")
-    if state.total * processes > available:
+            f"{state.weight_bytes / GIB:.2f} GiB x {1 + state.slots}"
+            f"{' in all' if holders.share < 1 else ''}); largest: {named}")
+    if held * n > available:
         return (f"{what}, but {available / GIB:.1f} GiB is available ({source}): the process would be killed "
-                f"for memory. Lower those tables' hash_buckets, vocab max_size or embedding_dim, run fewer "
-                f"processes on this host, or shard the tables over PS tasks (--strategy ps)"), None
-    if state.likely_peak * processes > available:
-        return None, (f"{what}; peak memory is likely about {state.likely_peak * processes / GIB:.1f} GiB "
+                f"for memory. Lower those tables' hash_buckets, vocab max_size or embedding_dim, or "
+                f"{holders.advice}"), None
+    peak = int(PEAK_BASE + PEAK_PER_STATE * held) * n
+    if peak > available:
+        return None, (f"{what}; peak memory is likely about {peak / GIB:.1f} GiB "
                       f"({PEAK_PER_STATE:g}x the state + {PEAK_BASE / GIB:.1f} GiB per process, as measured), over "
                       f"the {available / GIB:.1f} GiB available ({source}): the kernel may kill it")
     return None, None
 
 
-def check_memory(cfg: Config, artifact: TransformArtifact, processes: int, say: Callable[[str], None]) -> None:
-    """Raise a TrainError when the state of `processes` training processes cannot fit in this host's (or
+def check_memory(cfg: Config, artifact: TransformArtifact, holders: Holders, say: Callable[[str], None]) -> None:
+    """Raise a TrainError when the state its holders keep on this host cannot fit in the host's (or
     container's) memory; warn when their likely peak does not."""
     available, source = available_memory()
-    error, warning = memory_verdict(state_size(cfg, artifact), processes, available, source)
+    error, warning = memory_verdict(state_size(cfg, artifact), holders, available, source)
     if error:
         raise TrainError(error)
     if warning:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from typing import Callable, Optional
 
 import tensorflow as tf
 
 from features.artifact import TransformArtifact
 from features.config import Config
+from features.errors import RecpipeError
 from features.preprocessed import PreprocessedData
 from trainers.advisor import advise
 from trainers.allocator import loaded_allocator
@@ -21,13 +22,13 @@ from trainers.data import make_dataset, naming_bad_shards, synthetic_dataset
 from trainers.errors import TrainError, how_it_ended
 from trainers.health import check_loss
 from trainers.hvd import inside_horovod_job, train_horovod
-from trainers.memory import check_memory
+from trainers.memory import Holders, check_memory
 from trainers.model_dir import ModelDir, TrainState
 from trainers.models import compiled_model, table_shapes
 from trainers.optim import optimizer_for, precision_policy
 from trainers.options import RunOptions, TrainOptions, host_list
 from trainers.progress import Reporter
-from trainers.ps import LocalPSCluster, make_strategy, serve_task, tf_config
+from trainers.ps import LocalPSCluster, TFConfig, make_strategy, serve_task, tf_config
 from trainers.validation import Validator, validator_for
 from trainers.warm_start import apply_warm_start
 
@@ -42,6 +43,8 @@ def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
 def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
     cluster = tf_config() if opts.run.strategy == "ps" else None
     if cluster is not None and cluster.task_type != "chief":  # a TFJob runs one command in every replica
+        if cluster.task_type == "ps":
+            _check_ps_task_memory(opts, len(cluster.cluster.ps), say)
         say(f"train: serving PS-cluster task {cluster.task_type} {cluster.task_index} until killed")
         serve_task(cluster.cluster.spec(), cluster.task_type, cluster.task_index, opts.run.ps_task_threads)
     model_dir, data = ModelDir(opts.model_dir), PreprocessedData(opts.data_dir)
@@ -54,9 +57,9 @@ def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
         for line in advice.table().splitlines():
             say(line.replace("advise:", "train: advisor:", 1))
         opts = dataclasses.replace(opts, run=dataclasses.replace(run, strategy=advice.strategy))
-    processes = _processes_holding_tables(opts.run)
-    if processes:
-        check_memory(cfg, artifact, processes, say)
+    holders = _memory_holders(opts.run, cluster)
+    if holders is not None:
+        check_memory(cfg, artifact, holders, say)
     if opts.run.strategy == "horovod":
         return train_horovod(cfg, artifact, opts, total, say)
     if opts.run.strategy == "local":
@@ -78,15 +81,29 @@ def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
                              f"{ModelDir(opts.model_dir).resume_hint()}") from e
 
 
-def _processes_holding_tables(run: RunOptions) -> int:
-    """How many processes this command starts on this host that each hold every embedding table: 1 for
-    local training, the Horovod ranks on this host (checked once, by their launcher), 0 for the PS strategy
-    (its tables are sharded over the PS tasks, on their own hosts)."""
+def _memory_holders(run: RunOptions, cluster: Optional[TFConfig]) -> Optional[Holders]:
+    """Who this command has hold the embedding tables on this host (None: no one): one local process; the
+    Horovod ranks of this host, a copy each (checked once, by their launcher); a local PS cluster's PS
+    tasks, one copy between them; a TF_CONFIG cluster's chief none (each PS task checks its own host:
+    _check_ps_task_memory)."""
     if run.strategy == "local":
-        return 1
+        return Holders()
     if run.strategy == "horovod" and not inside_horovod_job():
-        return host_list(run.hosts)[run.host_index][1] if run.hosts else run.np
-    return 0
+        return Holders(host_list(run.hosts)[run.host_index][1] if run.hosts else run.np)
+    if run.strategy == "ps" and cluster is None:
+        return Holders.local_ps(run.ps_servers)
+    return None
+
+
+def _check_ps_task_memory(opts: TrainOptions, num_ps: int, say: Callable[[str], None]) -> None:
+    """A PS task of a TF_CONFIG cluster checks its share of the tables against its own host before it serves:
+    short of memory, it would be killed when the chief creates the variables, in words on no host."""
+    try:
+        cfg, artifact = ModelDir(opts.model_dir).resolve_config(PreprocessedData(opts.data_dir), opts.config_path)
+    except (RecpipeError, OSError) as e:
+        say(f"train: note: this PS task cannot read the config or data ({e}); its memory is not checked")
+        return
+    check_memory(cfg, artifact, Holders.ps_task(num_ps), say)
 
 
 def set_threads(intra: int, inter: int) -> None:
