@@ -226,9 +226,10 @@ class EvaluateSpec:
 
 @dataclass(frozen=True)
 class PreprocessSpec:
-    # a feature the train split gives nothing to learn from (no value in any train row, or a dense one of
-    # one value), that the eval split lacks, or whose splits disagree beyond the two limits below (with the
-    # previous day's run too): a warning naming it (warn), or the preprocess run fails (fail)
+    # anomalies (pipeline.anomalies): a feature the train split gives nothing to learn from (no value in any
+    # train row, or a dense one of one value), that the eval split lacks, or whose splits disagree beyond the
+    # limits below (with the previous day's run too); a file whose timestamps are in another unit; more rows
+    # dead-lettered than the limit below: a warning naming each (warn), or the preprocess run fails (fail)
     on_anomaly: Literal["warn", "fail"] = "warn"
     # the share of rows holding a value may move this much (absolute, 0-1) from the train split to the
     # validation or eval split, or from the previous day's train split to this one's
@@ -236,6 +237,8 @@ class PreprocessSpec:
     # a dense feature's validation/eval rows (or a day's train rows against the previous day's) may average
     # this many train standard deviations away, in the units the model normalises it with
     max_mean_shift: float = 1.0
+    # more than this share of the rows read dead-lettered says something upstream broke
+    max_dead_letter_fraction: float = 0.05
 
 
 @dataclass(frozen=True)
@@ -442,6 +445,8 @@ def _validate(cfg: Config) -> Config:
     if not 0 < (change := cfg.preprocess.max_presence_change) <= 1:
         raise ConfigError(f"preprocess.max_presence_change: must be in (0, 1], got {change}")
     _positive(cfg.preprocess.max_mean_shift, "preprocess.max_mean_shift")
+    if not 0 <= (dead := cfg.preprocess.max_dead_letter_fraction) <= 1:
+        raise ConfigError(f"preprocess.max_dead_letter_fraction: must be in [0, 1], got {dead}")
     if not 0 < cfg.split.eval_fraction < 1:
         raise ConfigError(f"split.eval_fraction: must be between 0 and 1 (exclusive), got {cfg.split.eval_fraction}")
     if not 0 <= cfg.split.validation_fraction < 1:

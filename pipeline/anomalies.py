@@ -1,12 +1,14 @@
-"""Features a preprocess run should not publish without a word: what the train split gives a model nothing
-to learn from, and what the splits (or this run and the previous day's) disagree on, as TFX's data
-validation compares a statistics set with its schema and with the previous span's (skew and drift).
+"""What a preprocess run should not publish without a word: features the train split gives a model nothing
+to learn from; features the splits (or this run and the previous day's) disagree on, as TFX's data
+validation compares a statistics set with the previous span's (skew and drift); input files whose
+timestamps are in another unit; a large share of rows dead-lettered.
 
-Pure logic over the row-counting branch's figures (SplitCounts) and the transform artifact; the caller
-prints the warnings or fails the run (preprocess.on_anomaly).
+Pure logic over the job's own figures (SplitCounts, each file's timestamp range, the dead-letter counts)
+and the transform artifact; the caller prints the warnings or fails the run (preprocess.on_anomaly).
 """
 from __future__ import annotations
 
+import datetime as dt
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -14,8 +16,19 @@ from typing import Any, Optional
 from features.artifact import TransformArtifact
 from features.canonical import DENSE_SUM_SCALE
 from features.config import Config
+from features.days import day_number
+from pipeline.sources import partition_day
 
-__all__ = ["SplitCounts", "feature_warnings"]
+__all__ = ["SplitCounts", "feature_warnings", "timestamp_warnings", "dead_letter_warnings"]
+
+DAY = 86_400
+YEAR = 365.2425 * DAY
+# A file's timestamps may lie this far from its dt= partition's day (events logged late, backfills) ...
+PARTITION_SLACK = 366 * DAY
+# ... and, in no partition, before this (later is a unit mistake or a placeholder: Hive's 9999-12-31)
+LATEST = (2200 - 1970) * YEAR
+EARLIEST_GUESS = (1990 - 1970) * YEAR  # a unit guess must land after this, too
+UNITS = ((1e3, "milliseconds"), (1e6, "microseconds"), (1e9, "nanoseconds"))
 
 # A moved share or mean is named only when it also lies this many standard errors out, so a split of a few
 # rows (sampling noise alone) is not.
@@ -150,3 +163,48 @@ def feature_warnings(cfg: Config, artifact: TransformArtifact, now: SplitCounts,
     name = f"the previous run's ({previous.day})" if previous is not None and previous.day else "the previous run's"
     return [*_nothing_to_learn(cfg, artifact, now), *_shares_moved(cfg, now, before, name),
             *_means_moved(cfg, artifact, now, (previous, before) if previous is not None else None, name)]
+
+
+def _when(ts: float) -> str:
+    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S") \
+        if -62135596800 <= ts < 253402300800 else f"the year {1970 + ts / YEAR:,.0f}"
+
+
+def timestamp_warnings(ranges: dict[str, tuple[float, float]], column: Optional[str]) -> list[str]:
+    """Input files whose timestamps (in seconds) lie more than a year from the day of their dt= partition,
+    or, in no partition, after 2200: milliseconds (or micro-, nanoseconds) in an integer column read as
+    seconds, a placeholder date, a clock gone wrong. Each row goes to the split its timestamp says, so such
+    rows land in the wrong split (the eval split is the latest) with no error anywhere; named with the file,
+    its range and the unit that would fit. `ranges`: each file's first and last timestamp of its good rows."""
+    out = []
+    for path, (lo, hi) in sorted(ranges.items()):
+        day = partition_day([path])
+        if day is not None:
+            start = day_number(day) * DAY
+            low, high, where = start - PARTITION_SLACK, start + DAY + PARTITION_SLACK, f"its partition dt={day}"
+        else:
+            low, high, where = -math.inf, LATEST, "2200 (no dt= partition)"
+        if low <= lo and hi <= high:
+            continue
+        guess = next((f"are they {unit} read as seconds? (÷ {f:g} they run from {_when(lo / f)[:10]} to "
+                      f"{_when(hi / f)[:10]})" for f, unit in UNITS
+                      if max(low, EARLIEST_GUESS) <= lo / f and hi / f <= high), None)
+        away = f"more than a year from {where}" if day is not None else f"after {where}"
+        out.append(f"{path}: its timestamps (column {column!r}) run from {_when(lo)} to {_when(hi)}, {away}: "
+                   f"{guess or 'a placeholder value or a clock gone wrong?'} Each row goes to the split its "
+                   f"timestamp says, so these land in the wrong one (the eval split is the latest)")
+    return out
+
+
+def dead_letter_warnings(rows_in: int, dead_letter: dict[str, int], limit: float, where: str) -> list[str]:
+    """A run that dead-letters more than `limit` of its rows (preprocess.max_dead_letter_fraction): each row
+    is kept and counted, but a share that large says something upstream broke (a column's format, a
+    writer), and the model learns from what is left."""
+    dead = sum(dead_letter.values())
+    if not rows_in or dead / rows_in <= limit:
+        return []
+    by_count = sorted(dead_letter.items(), key=lambda kv: (-kv[1], kv[0]))
+    reasons = ", ".join(f"{reason} {n:,}" for reason, n in by_count)
+    return [f"{dead:,} of the {rows_in:,} rows read ({dead / rows_in:.1%}) were dead-lettered, over "
+            f"preprocess.max_dead_letter_fraction ({limit:g}): {reasons}; each row's file, row and field are "
+            f"in {where}"]

@@ -25,12 +25,12 @@ from features.config import Config, config_to_dict
 from features.days import day_number
 from features.errors import RecpipeError
 from features.preprocessed import SPLITS, PreprocessedData
-from pipeline.anomalies import SplitCounts, feature_warnings
+from pipeline.anomalies import SplitCounts, dead_letter_warnings, feature_warnings, timestamp_warnings
 from pipeline.options import beam_args_with_defaults, check_beam_args, pipeline_runner
 from pipeline.sources import inspect_inputs, list_input_files, partition_day
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
                                  ComputeDenseStats, ComputeVocabularies, CountRows, PackArtifact, ReadClickLogs,
-                                 SplitCutoffs, SplitRows, ValidateRows, WriteEvalSample)
+                                 SplitCutoffs, SplitRows, TimeRanges, ValidateRows, WriteEvalSample)
 
 __all__ = ["PreprocessError", "PreprocessResult", "build_pipeline", "run_preprocess", "load_previous_transform",
            "run_day"]
@@ -183,6 +183,8 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
              out.dead_letter_prefix, schema=DEAD_LETTER_SCHEMA, file_name_suffix=".parquet"))
     _ = ((batches, {s: splits[s] for s in SPLITS}, validated.dead_letter)
          | "CountRows" >> CountRows(out.row_counts_path, cfg))
+    if cfg.input.timestamp and cfg.split.by != "user":
+        _ = splits.time_range | "TimeRanges" >> TimeRanges(out.time_ranges_path)
 
 
 def _counter(result, name: str) -> int | None:
@@ -208,6 +210,15 @@ def _row_counts(staged: PreprocessedData) -> PreprocessResult:
             per_split[kind].setdefault(split, {})[name] = n
     return PreprocessResult(staged.root, counts.get("in", 0), counts.get("train", 0), counts.get("eval", 0), dead,
                             counts.get("validation", 0), per_split["with_value"], per_split["dense_sum"])
+
+
+def _time_ranges(staged: PreprocessedData) -> dict[str, tuple[float, float]]:
+    """Each input file's first and last timestamp of its good rows (none without a timestamp split)."""
+    if not fsio.exists(staged.time_ranges_path):
+        return {}
+    found = fsio.read_json(staged.time_ranges_path)
+    fsio.remove(staged.time_ranges_path)
+    return {path: (lo, hi) for path, (lo, hi) in found.items()}
 
 
 def _staging_path(output: str) -> str:
@@ -248,7 +259,7 @@ def _check_written(data: PreprocessedData, res: PreprocessResult) -> None:
 
 
 def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResult, previous: TransformArtifact | None,
-                  say) -> None:
+                  time_ranges: dict[str, tuple[float, float]], say) -> None:
     """Nothing is published that training cannot use: finite statistics, non-empty splits; features the
     train split gives nothing to learn from, or whose splits (or this day and the previous) disagree, are
     named (pipeline.anomalies)."""
@@ -272,7 +283,10 @@ def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResul
             if cfg.split.on_empty == "fail":
                 raise PreprocessError(message + "; set split.on_empty: warn to publish it anyway")
             say(f"preprocess: WARNING: {message}; published because split.on_empty is warn")
-    anomalies = feature_warnings(cfg, artifact, res.split_counts(), previous)
+    anomalies = [*dead_letter_warnings(res.rows_in, res.dead_letter, cfg.preprocess.max_dead_letter_fraction,
+                                       fsio.join(res.output, "dead_letter")),
+                 *feature_warnings(cfg, artifact, res.split_counts(), previous),
+                 *timestamp_warnings(time_ranges, cfg.input.timestamp)]
     if anomalies and cfg.preprocess.on_anomaly == "fail":
         raise PreprocessError("; ".join(anomalies) + " (preprocess.on_anomaly is fail)")
     for warning in anomalies:
@@ -314,6 +328,7 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
         result.wait_until_finish()
         staged = PreprocessedData(staging)
         res = dataclasses.replace(_row_counts(staged), output=output)
+        time_ranges = _time_ranges(staged)
         if res.rows_in != total or res.rows_in != res.rows_out + res.rows_dead:
             raise PreprocessError(f"row accounting does not balance: footers say {total} rows; {res.summary()}")
         counted = _counter(result, "rows_in")
@@ -322,7 +337,7 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
                 f"counted twice?); the accounting uses the data")
         _check_written(staged, res)
         artifact = staged.transform()  # the published artifact must load
-        _check_usable(cfg, artifact, res, previous, say)
+        _check_usable(cfg, artifact, res, previous, time_ranges, say)
         artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "validation": res.rows_validation,
                                "eval": res.rows_eval,
                                "dead_letter": res.rows_dead, "dead_letter_by_reason": res.dead_letter,

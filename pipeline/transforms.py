@@ -221,6 +221,8 @@ class _Split(beam.DoFn):
             validation_cutoff, eval_cutoff = cutoffs
             is_eval = key > eval_cutoff
             is_validation = (key > validation_cutoff) & ~is_eval
+            if cfg.input.timestamp and self._rows is not None and len(key):
+                yield beam.pvalue.TaggedOutput("time_range", (b.source, (float(key.min()), float(key.max()))))
         for split, mask in (("train", ~(is_eval | is_validation)), ("validation", is_validation), ("eval", is_eval)):
             n = int(mask.sum())
             if n:
@@ -265,7 +267,8 @@ class SplitCutoffs(beam.PTransform):
 
 class SplitRows(beam.PTransform):
     """Good batches -> canonical column dicts on outputs `train`, `validation` and `eval` (and raw eval
-    rows on `eval_raw`), by the cutoffs side input."""
+    rows on `eval_raw`; with `count` and a timestamp split, each batch's (file, (first, last timestamp)) on
+    `time_range`), by the cutoffs side input."""
 
     def __init__(self, cfg: Config, cutoff, count: bool = True):
         super().__init__()
@@ -274,7 +277,7 @@ class SplitRows(beam.PTransform):
     def expand(self, good):
         return good | "Split" >> beam.ParDo(_Split(self._cfg, self._count),
                                              cutoffs=beam.pvalue.AsSingleton(self._cutoff)).with_outputs(
-            *SPLITS, "eval_raw")
+            *SPLITS, "eval_raw", "time_range")
 
 
 class _FirstRows(beam.CombineFn):
@@ -548,6 +551,25 @@ def _count_split(cols: dict, split: str, cfg: Config) -> list[tuple[str, int]]:
 def _count_dead(table: pa.Table) -> list[tuple[str, int]]:
     reasons, counts = np.unique(np.asarray(table.column("reason").to_pylist(), dtype=object), return_counts=True)
     return [(f"dead_letter.{r}", int(c)) for r, c in zip(reasons, counts)]
+
+
+def _widest(ranges) -> tuple[float, float]:
+    ranges = list(ranges)
+    return min(lo for lo, _ in ranges), max(hi for _, hi in ranges)
+
+
+class TimeRanges(beam.PTransform):
+    """(file, (first, last timestamp)) of every batch -> one JSON file {file: [first, last]} of its good rows
+    (pipeline.anomalies.timestamp_warnings)."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self._path = path
+
+    def expand(self, ranges):
+        path = self._path
+        return (ranges | "Widest" >> beam.CombinePerKey(_widest) | "ToDict" >> beam.combiners.ToDict()
+                | "Write" >> beam.Map(lambda found: fsio.write_json(path, found)))
 
 
 class CountRows(beam.PTransform):

@@ -54,6 +54,7 @@ def _with(mutate):
     (lambda d: d.update(preprocess={"max_presence_change": 0}), "preprocess.max_presence_change: must be in (0, 1]"),
     (lambda d: d.update(preprocess={"max_presence_change": 1.5}), "preprocess.max_presence_change: must be in (0, 1]"),
     (lambda d: d.update(preprocess={"max_mean_shift": -1}), "preprocess.max_mean_shift: must be > 0"),
+    (lambda d: d.update(preprocess={"max_dead_letter_fraction": 2}), "preprocess.max_dead_letter_fraction: must be in"),
 ])
 def test_errors_name_the_key(mutate, key):
     with pytest.raises(ConfigError) as e:

@@ -228,14 +228,23 @@ def test_bad_rows_are_dead_lettered_exactly(tmp_path, small_log, small_cfg):
     t = t.set_column(t.schema.get_field_index("I2"), "I2", pa.array([float("inf") if i == 30 else v for i, v in enumerate(i1)], pa.float64()))
     log = _write(str(tmp_path / "log" / "dt=2026-01-01" / "part-0.parquet"), t)
     out = str(tmp_path / "out")
-    res = run_preprocess(small_cfg, log, out, IN_MEMORY, say=lambda _: None)
+    said = []
+    res = run_preprocess(small_cfg, log, out, IN_MEMORY, say=said.append)
     assert res.dead_letter == {"null_label": 2, "label_not_0_1": 1, "null_timestamp": 1, "dense_infinite": 1}
+    assert not [s for s in said if "WARNING" in s]  # 1.2 % dead-lettered: under max_dead_letter_fraction
     assert res.rows_in == 400 and res.rows_train + res.rows_eval == 395
     dead = pq.read_table(glob.glob(os.path.join(out, "dead_letter", "*.parquet"))).to_pylist()
     assert sorted(d["row"] for d in dead) == [3, 7, 11, 20, 30]
     assert {d["source_file"] for d in dead} == {os.path.abspath(log)}
     assert json.loads(next(d for d in dead if d["row"] == 7)["row_json"])["label"] == 5
     assert "row accounting" not in res.summary() and "dead-lettered 5" in res.summary()
+    strict = small_config_dict()
+    strict["preprocess"] = {"max_dead_letter_fraction": 0.01, "on_anomaly": "fail"}
+    with pytest.raises(PreprocessError, match=r"^5 of the 400 rows read \(1\.2%\) were dead-lettered, over preprocess"
+                                              r"\.max_dead_letter_fraction \(0\.01\): null_label 2, dense_infinite 1, "
+                                              r"label_not_0_1 1, null_timestamp 1; each row's file, row and field are "
+                                              r"in .*strict/dead_letter"):
+        run_preprocess(parse_config(strict), log, str(tmp_path / "strict"), IN_MEMORY, say=lambda _: None)
 
 
 @pytest.mark.parametrize("case, message", [
@@ -792,6 +801,32 @@ def test_features_whose_splits_or_days_disagree_are_named(tmp_path, small_log, s
     assert set(named) == {"I1", "I2"}, warnings
     assert "of this run's" in named["I1"] and "of the previous run's (2026-01-01)" in named["I1"]
     assert "its values in this run's" in named["I2"] and "from the previous run's (2026-01-01)" in named["I2"]
+
+
+def test_files_whose_timestamps_are_in_other_units_are_named(tmp_path, small_log, small_cfg):
+    """A day's file whose integer timestamps are milliseconds reads as the year 57,974: its rows went to
+    whichever split that says, with no word. Preprocess names the file, its range and the unit that fits."""
+    from pipeline.anomalies import timestamp_warnings
+    days = sorted(glob.glob(os.path.join(small_log, "dt=*")))
+    t = pq.read_table(days[1])
+    _write(str(tmp_path / "log" / os.path.basename(days[0]) / "p.parquet"), pq.read_table(days[0]))
+    ms = str(tmp_path / "log" / os.path.basename(days[1]) / "p.parquet")
+    _write(ms, _with_columns(t, ts=pa.array(t.column("ts").to_numpy() * 1000)))
+    said = []
+    run_preprocess(small_cfg, str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, say=said.append)
+    warnings = [s for s in said if "WARNING" in s]
+    assert len(warnings) == 1 and warnings[0].startswith(f"preprocess: WARNING: {ms}: its timestamps (column 'ts') "
+                                                         f"run from the year 57,9"), warnings
+    assert "more than a year from its partition dt=2026-01-02: are they milliseconds read as seconds? (÷ 1000 they " \
+           "run from 2026-01-02 to 2026-01-02)" in warnings[0]
+    assert not os.path.exists(tmp_path / "out" / "_time_ranges.json")
+    # no partition: only past 2200 (a placeholder such as Hive's 9999-12-31, or a unit)
+    year = 365.2425 * 86_400
+    assert timestamp_warnings({"/a.parquet": (5.0, 9.0), "/b.parquet": (56 * year, 57 * year)}, "ts") == []
+    [sentinel] = timestamp_warnings({"/c.parquet": (56 * year, 253402214400.0)}, "ts")
+    assert "to 9999-12-31 00:00:00, after 2200 (no dt= partition): a placeholder value" in sentinel
+    [micro] = timestamp_warnings({"/d.parquet": (56 * year * 1e6, 57 * year * 1e6)}, "ts")
+    assert "are they microseconds read as seconds?" in micro
 
 
 def test_a_few_rows_of_sampling_noise_are_not_named(preprocessed):
