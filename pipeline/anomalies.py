@@ -92,7 +92,7 @@ def _nothing_to_learn(cfg: Config, artifact: TransformArtifact, now: SplitCounts
                            f"(is it no longer logged?)")
         stats = artifact.dense_stats.get(f.name, {})
         if stats.get("std") == 0 and "mean" in stats:
-            log1p = " after log1p" if getattr(f, "transform", None) == "log_zscore" else ""
+            log1p = " after log1p" if f.transform == "log_zscore" else ""
             out.append(f"{where} has one value in every train row ({stats['mean']:g}{log1p}, missing values "
                        f"filled with {f.fill:g}): it carries no signal")
     return out
@@ -104,18 +104,18 @@ def _shares_moved(cfg: Config, now: SplitCounts, previous: Optional[SplitCounts]
     learnt from, e.g. a join that broke part way through the log), or from the previous run's train split to
     this one's (drift). A split with no value at all is _nothing_to_learn's."""
     limit, out = cfg.preprocess.max_presence_change, []
-    pairs = [(now, "train", "the", now, s, "the ") for s in ("validation", "eval")]
+    pairs = [(split, "the", now, "the") for split in ("validation", "eval")]  # (split, whose, train of, whose)
     if previous is not None:
-        pairs.append((previous, "train", previous_name, now, "train", "this run's "))
+        pairs.append(("train", "this run's", previous, previous_name))
     for f in [*cfg.column_sparse, *cfg.features.dense]:
-        for base, base_split, base_name, other, split, own in pairs:
-            a, b = base.share(base_split, f.name), other.share(split, f.name)
+        for split, own, base, base_name in pairs:
+            a, b = base.share("train", f.name), now.share(split, f.name)
             if a is None or b is None or a == 0 or b == 0:
                 continue
-            n_a, n_b = base.rows[base_split], other.rows[split]
+            n_a, n_b = base.rows["train"], now.rows[split]
             if _moved(a, n_a, b, n_b, limit):
-                out.append(f"feature {f.name!r} (column {f.column!r}) has a value in {b:.1%} of {own}{n_b:,} {split} "
-                           f"rows against {a:.1%} of {base_name} {n_a:,} {base_split} rows, a change beyond "
+                out.append(f"feature {f.name!r} (column {f.column!r}) has a value in {b:.1%} of {own} {n_b:,} {split} "
+                           f"rows against {a:.1%} of {base_name} {n_a:,} train rows, a change beyond "
                            f"preprocess.max_presence_change ({limit:g}): is it filled "
                            f"{'less' if b < a else 'more'} upstream now?")
     return out
