@@ -49,7 +49,6 @@ class PreprocessedData:
     eval_sample_parquet = fsio.SubPath("eval_sample.parquet")
     eval_sample_records = fsio.SubPath("eval_sample.tfrecord")
     row_counts_path = fsio.SubPath("_row_counts.json")  # the job's own count, moved into the artifact
-    time_ranges_path = fsio.SubPath("_time_ranges.json")  # each file's first and last timestamp, read and removed
 
     def split_dir(self, split: str) -> str:
         if split not in SPLITS:

@@ -30,7 +30,7 @@ from pipeline.options import beam_args_with_defaults, check_beam_args, pipeline_
 from pipeline.sources import inspect_inputs, list_input_files, partition_day
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
                                  ComputeDenseStats, ComputeVocabularies, CountRows, PackArtifact, ReadClickLogs,
-                                 SplitCutoffs, SplitRows, TimeRanges, ValidateRows, WriteEvalSample)
+                                 SplitCutoffs, SplitRows, ValidateRows, WriteEvalSample)
 
 __all__ = ["PreprocessError", "PreprocessResult", "build_pipeline", "run_preprocess", "load_previous_transform",
            "run_day"]
@@ -50,6 +50,7 @@ class PreprocessResult:
     rows_validation: int = 0
     with_value: dict[str, dict[str, int]] = field(default_factory=dict)  # split -> feature -> rows with a value
     dense_sums: dict[str, dict[str, int]] = field(default_factory=dict)  # split -> dense feature -> sum (fixed point)
+    time_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # file -> first, last timestamp
 
     @property
     def rows_dead(self) -> int:
@@ -181,10 +182,8 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     _ = (validated.dead_letter
          | "WriteDeadLetter" >> beam.io.WriteToParquetBatched(
              out.dead_letter_prefix, schema=DEAD_LETTER_SCHEMA, file_name_suffix=".parquet"))
-    _ = ((batches, {s: splits[s] for s in SPLITS}, validated.dead_letter)
+    _ = ((batches, {s: splits[s] for s in SPLITS}, validated.dead_letter, splits.time_range)
          | "CountRows" >> CountRows(out.row_counts_path, cfg))
-    if cfg.input.timestamp and cfg.split.by != "user":
-        _ = splits.time_range | "TimeRanges" >> TimeRanges(out.time_ranges_path)
 
 
 def _counter(result, name: str) -> int | None:
@@ -203,22 +202,17 @@ def _row_counts(staged: PreprocessedData) -> PreprocessResult:
     fsio.remove(staged.row_counts_path)
     dead = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith("dead_letter.")}
     per_split: dict[str, dict[str, dict]] = {"with_value": {}, "dense_sum": {}}
+    first, last = {}, {}
     for key, n in counts.items():
         kind, _, rest = key.partition(".")
         if kind in per_split:
             split, name = rest.split(".", 1)
             per_split[kind].setdefault(split, {})[name] = n
+        elif kind in ("time_first", "time_last"):
+            (first if kind == "time_first" else last)[rest] = n[1]
     return PreprocessResult(staged.root, counts.get("in", 0), counts.get("train", 0), counts.get("eval", 0), dead,
-                            counts.get("validation", 0), per_split["with_value"], per_split["dense_sum"])
-
-
-def _time_ranges(staged: PreprocessedData) -> dict[str, tuple[float, float]]:
-    """Each input file's first and last timestamp of its good rows (none without a timestamp split)."""
-    if not fsio.exists(staged.time_ranges_path):
-        return {}
-    found = fsio.read_json(staged.time_ranges_path)
-    fsio.remove(staged.time_ranges_path)
-    return {path: (lo, hi) for path, (lo, hi) in found.items()}
+                            counts.get("validation", 0), per_split["with_value"], per_split["dense_sum"],
+                            {path: (first[path], last[path]) for path in first})
 
 
 def _staging_path(output: str) -> str:
@@ -259,7 +253,7 @@ def _check_written(data: PreprocessedData, res: PreprocessResult) -> None:
 
 
 def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResult, previous: TransformArtifact | None,
-                  time_ranges: dict[str, tuple[float, float]], say) -> None:
+                  say) -> None:
     """Nothing is published that training cannot use: finite statistics, non-empty splits; features the
     train split gives nothing to learn from, or whose splits (or this day and the previous) disagree, are
     named (pipeline.anomalies)."""
@@ -286,7 +280,7 @@ def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResul
     anomalies = [*dead_letter_warnings(res.rows_in, res.dead_letter, cfg.preprocess.max_dead_letter_fraction,
                                        fsio.join(res.output, "dead_letter")),
                  *feature_warnings(cfg, artifact, res.split_counts(), previous),
-                 *timestamp_warnings(time_ranges, cfg.input.timestamp)]
+                 *timestamp_warnings(res.time_ranges, cfg.input.timestamp)]
     if anomalies and cfg.preprocess.on_anomaly == "fail":
         raise PreprocessError("; ".join(anomalies) + " (preprocess.on_anomaly is fail)")
     for warning in anomalies:
@@ -328,7 +322,6 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
         result.wait_until_finish()
         staged = PreprocessedData(staging)
         res = dataclasses.replace(_row_counts(staged), output=output)
-        time_ranges = _time_ranges(staged)
         if res.rows_in != total or res.rows_in != res.rows_out + res.rows_dead:
             raise PreprocessError(f"row accounting does not balance: footers say {total} rows; {res.summary()}")
         counted = _counter(result, "rows_in")
@@ -337,7 +330,7 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
                 f"counted twice?); the accounting uses the data")
         _check_written(staged, res)
         artifact = staged.transform()  # the published artifact must load
-        _check_usable(cfg, artifact, res, previous, time_ranges, say)
+        _check_usable(cfg, artifact, res, previous, say)
         artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "validation": res.rows_validation,
                                "eval": res.rows_eval,
                                "dead_letter": res.rows_dead, "dead_letter_by_reason": res.dead_letter,

@@ -222,7 +222,8 @@ class _Split(beam.DoFn):
             is_eval = key > eval_cutoff
             is_validation = (key > validation_cutoff) & ~is_eval
             if cfg.input.timestamp and self._rows is not None and len(key):
-                yield beam.pvalue.TaggedOutput("time_range", (b.source, (float(key.min()), float(key.max()))))
+                yield beam.pvalue.TaggedOutput("time_range", [(f"time_first.{b.source}", ("min", float(key.min()))),
+                                                              (f"time_last.{b.source}", ("max", float(key.max())))])
         for split, mask in (("train", ~(is_eval | is_validation)), ("validation", is_validation), ("eval", is_eval)):
             n = int(mask.sum())
             if n:
@@ -267,8 +268,8 @@ class SplitCutoffs(beam.PTransform):
 
 class SplitRows(beam.PTransform):
     """Good batches -> canonical column dicts on outputs `train`, `validation` and `eval` (and raw eval
-    rows on `eval_raw`; with `count` and a timestamp split, each batch's (file, (first, last timestamp)) on
-    `time_range`), by the cutoffs side input."""
+    rows on `eval_raw`; with `count` and a timestamp split, each batch's first and last timestamp as counts
+    for CountRows on `time_range`), by the cutoffs side input."""
 
     def __init__(self, cfg: Config, cutoff, count: bool = True):
         super().__init__()
@@ -553,29 +554,20 @@ def _count_dead(table: pa.Table) -> list[tuple[str, int]]:
     return [(f"dead_letter.{r}", int(c)) for r, c in zip(reasons, counts)]
 
 
-def _widest(ranges) -> tuple[float, float]:
-    ranges = list(ranges)
-    return min(lo for lo, _ in ranges), max(hi for _, hi in ranges)
-
-
-class TimeRanges(beam.PTransform):
-    """(file, (first, last timestamp)) of every batch -> one JSON file {file: [first, last]} of its good rows
-    (pipeline.anomalies.timestamp_warnings)."""
-
-    def __init__(self, path: str):
-        super().__init__()
-        self._path = path
-
-    def expand(self, ranges):
-        path = self._path
-        return (ranges | "Widest" >> beam.CombinePerKey(_widest) | "ToDict" >> beam.combiners.ToDict()
-                | "Write" >> beam.Map(lambda found: fsio.write_json(path, found)))
+def _sum_or_extreme(values) -> int | tuple[str, float]:
+    """A count's sum; of ("min" | "max", x) pairs (a file's first and last timestamp), the extreme one."""
+    values = list(values)
+    if values and isinstance(values[0], (tuple, list)):
+        kind = values[0][0]
+        return kind, (min if kind == "min" else max)(x for _, x in values)
+    return sum(values)
 
 
 class CountRows(beam.PTransform):
-    """(read batches, {split: its columns}, dead-letter tables) -> one JSON file of row counts
-    ({"in", "train", "validation", "eval", "dead_letter.<reason>", "with_value.<split>.<feature>",
-    "dense_sum.<split>.<feature>"}: pipeline.anomalies.SplitCounts), computed from
+    """(read batches, {split: its columns}, dead-letter tables, SplitRows' time_range) -> one JSON file of
+    row counts ({"in", "train", "validation", "eval", "dead_letter.<reason>", "with_value.<split>.<feature>",
+    "dense_sum.<split>.<feature>"}: pipeline.anomalies.SplitCounts; and each file's ["min", first] and
+    ["max", last] timestamp as "time_first.<file>", "time_last.<file>"), computed from
     the elements themselves: a task a runner retries contributes once, as its output does (counters may count it
     twice)."""
 
@@ -584,11 +576,12 @@ class CountRows(beam.PTransform):
         self._path, self._cfg = path, cfg
 
     def expand(self, pcolls):
-        batches, splits, dead = pcolls
+        batches, splits, dead, time_range = pcolls
         path = self._path
         parts = (batches | "In" >> beam.FlatMap(_count_in),
                  *(splits[s] | f"Split[{s}]" >> beam.FlatMap(_count_split, s, self._cfg) for s in SPLITS),
-                 dead | "DeadLetter" >> beam.FlatMap(_count_dead))
-        return (parts | "All" >> beam.Flatten() | "Sum" >> beam.CombinePerKey(sum)
+                 dead | "DeadLetter" >> beam.FlatMap(_count_dead),
+                 time_range | "TimeRange" >> beam.FlatMap(lambda pairs: pairs))
+        return (parts | "All" >> beam.Flatten() | "Sum" >> beam.CombinePerKey(_sum_or_extreme)
                 | "ToDict" >> beam.combiners.ToDict()
                 | "Write" >> beam.Map(lambda counts: fsio.write_json(path, counts)))
