@@ -74,7 +74,7 @@ class Holders:
     @classmethod
     def local_ps(cls, num_ps: int) -> "Holders":
         return cls(1, 1.0, f"on this host (its {num_ps} PS tasks hold one copy between them)",
-                   "run the PS tasks on other hosts (a TF_CONFIG cluster: see \"Strategies\")")
+                   "run the PS tasks on other hosts (a TF_CONFIG cluster: README \"Running on a cluster\")")
 
 
 def memory_verdict(state: StateSize, holders: Holders, available: int,
