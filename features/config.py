@@ -228,8 +228,9 @@ class EvaluateSpec:
 class PreprocessSpec:
     # anomalies (pipeline.anomalies): a feature the train split gives nothing to learn from (no value in any
     # train row, or a dense one of one value), that the eval split lacks, or whose splits disagree beyond the
-    # limits below (with the previous day's run too); a file whose timestamps are in another unit; more rows
-    # dead-lettered than the limit below: a warning naming each (warn), or the preprocess run fails (fail)
+    # limits below (with the previous day's run too); a ranking split of one label; a file whose timestamps
+    # are in another unit; more rows dead-lettered than the limit below: a warning naming each (warn), or the
+    # preprocess run fails (fail)
     on_anomaly: Literal["warn", "fail"] = "warn"
     # the share of rows holding a value may move this much (absolute, 0-1) from the train split to the
     # validation or eval split, or from the previous day's train split to this one's

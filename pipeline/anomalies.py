@@ -37,18 +37,20 @@ _STANDARD_ERRORS = 4.0
 
 @dataclass(frozen=True)
 class SplitCounts:
-    """What one run's row-counting branch saw per split: its rows, per column-fed feature the rows holding a
-    value, and per dense feature with moments the sum of those values as its statistics see them
-    (features.canonical.dense_sums)."""
+    """What one run's row-counting branch saw per split: its rows and those labelled 1, per column-fed feature
+    the rows holding a value, and per dense feature with moments the sum of those values as its statistics
+    see them (features.canonical.dense_sums)."""
     rows: dict[str, int]
     with_value: dict[str, dict[str, int]] = field(default_factory=dict)
     dense_sums: dict[str, dict[str, int]] = field(default_factory=dict)
+    positives: dict[str, int] = field(default_factory=dict)  # rows labelled 1
 
     @classmethod
     def from_row_counts(cls, row_counts: dict[str, Any]) -> "SplitCounts":
         """From a published artifact's row_counts (those written before a figure was counted lack it)."""
         rows = {s: int(row_counts.get(s, 0)) for s in ("train", "validation", "eval")}
-        return cls(rows, row_counts.get("with_value", {}), row_counts.get("dense_sums", {}))
+        return cls(rows, row_counts.get("with_value", {}), row_counts.get("dense_sums", {}),
+                   row_counts.get("positives", {}))
 
     def share(self, split: str, name: str) -> Optional[float]:
         """The share of the split's rows holding a value for the feature (None: not counted, or no rows)."""
@@ -155,13 +157,34 @@ def _means_moved(cfg: Config, artifact: TransformArtifact, now: SplitCounts,
     return out
 
 
+_ONE_CLASS = {"train": "a model cannot learn to tell the two apart",
+              "validation": "AUC is undefined on it, so early stopping cannot choose a checkpoint (every one "
+                            "scores NaN and the last is kept)",
+              "eval": "AUC is undefined on it, so the model cannot be judged (recpipe evaluate reports NaN)"}
+
+
+def _one_label_class(cfg: Config, now: SplitCounts) -> list[str]:
+    """A ranking split whose rows all have one label (a label column broken upstream, a filter keeping only
+    clicks, a split too small for the click rate). Retrieval logs hold clicks only, by design."""
+    if cfg.model.task != "ranking":
+        return []
+    out = []
+    for split, why in _ONE_CLASS.items():
+        n, positives = now.rows.get(split, 0), now.positives.get(split)
+        if n and positives in (0, n):
+            out.append(f"every one of the {n:,} {split} rows has label {int(positives > 0)} (column "
+                       f"{cfg.label.column!r}): {why}")
+    return out
+
+
 def feature_warnings(cfg: Config, artifact: TransformArtifact, now: SplitCounts,
                      previous: Optional[TransformArtifact] = None) -> list[str]:
     """Every anomaly of this run, each naming its feature and column; `previous`: the transform a day's run
     extends (--previous-transform), whose train split this run's is compared with."""
     before = SplitCounts.from_row_counts(previous.row_counts) if previous is not None else None
     name = f"the previous run's ({previous.day})" if previous is not None and previous.day else "the previous run's"
-    return [*_nothing_to_learn(cfg, artifact, now), *_shares_moved(cfg, now, before, name),
+    return [*_one_label_class(cfg, now), *_nothing_to_learn(cfg, artifact, now),
+            *_shares_moved(cfg, now, before, name),
             *_means_moved(cfg, artifact, now, (previous, before) if previous is not None else None, name)]
 
 

@@ -51,6 +51,7 @@ class PreprocessResult:
     with_value: dict[str, dict[str, int]] = field(default_factory=dict)  # split -> feature -> rows with a value
     dense_sums: dict[str, dict[str, int]] = field(default_factory=dict)  # split -> dense feature -> sum (fixed point)
     time_ranges: dict[str, tuple[float, float]] = field(default_factory=dict)  # file -> first, last timestamp
+    positives: dict[str, int] = field(default_factory=dict)  # split -> rows labelled 1
 
     @property
     def rows_dead(self) -> int:
@@ -64,7 +65,7 @@ class PreprocessResult:
         return {"train": self.rows_train, "validation": self.rows_validation, "eval": self.rows_eval}[split]
 
     def split_counts(self) -> SplitCounts:
-        return SplitCounts({s: self.rows(s) for s in SPLITS}, self.with_value, self.dense_sums)
+        return SplitCounts({s: self.rows(s) for s in SPLITS}, self.with_value, self.dense_sums, self.positives)
 
     def summary(self) -> str:
         reasons = ", ".join(f"{k}={v}" for k, v in sorted(self.dead_letter.items())) or "none"
@@ -212,7 +213,8 @@ def _row_counts(staged: PreprocessedData) -> PreprocessResult:
             (first if kind == "time_first" else last)[rest] = n[1]
     return PreprocessResult(staged.root, counts.get("in", 0), counts.get("train", 0), counts.get("eval", 0), dead,
                             counts.get("validation", 0), per_split["with_value"], per_split["dense_sum"],
-                            {path: (first[path], last[path]) for path in first})
+                            {path: (first[path], last[path]) for path in first},
+                            {s: counts.get(f"positives.{s}", 0) for s in SPLITS})
 
 
 def _staging_path(output: str) -> str:
@@ -334,7 +336,8 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
         artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "validation": res.rows_validation,
                                "eval": res.rows_eval,
                                "dead_letter": res.rows_dead, "dead_letter_by_reason": res.dead_letter,
-                               "files": len(inputs), "with_value": res.with_value, "dense_sums": res.dense_sums}
+                               "files": len(inputs), "with_value": res.with_value, "dense_sums": res.dense_sums,
+                               "positives": res.positives}
         artifact.write_meta(staged.transform_dir)  # last: the row counts mark the folder complete
         if local:
             if os.path.exists(output):

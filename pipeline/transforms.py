@@ -544,7 +544,8 @@ def _count_in(b: RawBatch) -> list[tuple[str, int]]:
 
 
 def _count_split(cols: dict, split: str, cfg: Config) -> list[tuple[str, int]]:
-    return [(split, len(cols[LABEL_KEY])),
+    labels = cols[LABEL_KEY].to_numpy(zero_copy_only=False)
+    return [(split, len(labels)), (f"positives.{split}", int(np.count_nonzero(labels > 0.5))),
             *((f"with_value.{split}.{name}", n) for name, n in rows_with_value(cols, cfg).items()),
             *((f"dense_sum.{split}.{name}", s) for name, s in dense_sums(cols, cfg).items())]
 
@@ -565,11 +566,11 @@ def _sum_or_extreme(values) -> int | tuple[str, float]:
 
 class CountRows(beam.PTransform):
     """(read batches, {split: its columns}, dead-letter tables, SplitRows' time_range) -> one JSON file of
-    row counts ({"in", "train", "validation", "eval", "dead_letter.<reason>", "with_value.<split>.<feature>",
-    "dense_sum.<split>.<feature>"}: pipeline.anomalies.SplitCounts; and each file's ["min", first] and
-    ["max", last] timestamp as "time_first.<file>", "time_last.<file>"), computed from
-    the elements themselves: a task a runner retries contributes once, as its output does (counters may count it
-    twice)."""
+    row counts ({"in", "train", "validation", "eval", "positives.<split>", "dead_letter.<reason>",
+    "with_value.<split>.<feature>", "dense_sum.<split>.<feature>"}: pipeline.anomalies.SplitCounts; and each
+    file's ["min", first] and ["max", last] timestamp as "time_first.<file>", "time_last.<file>"), computed
+    from the elements themselves: a task a runner retries contributes once, as its output does (counters may
+    count it twice)."""
 
     def __init__(self, path: str, cfg: Config):
         super().__init__()

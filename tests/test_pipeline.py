@@ -829,6 +829,22 @@ def test_files_whose_timestamps_are_in_other_units_are_named(tmp_path, small_log
     assert "are they microseconds read as seconds?" in micro
 
 
+def test_a_split_of_one_label_is_named(tmp_path, small_log, small_cfg):
+    """Eval rows all labelled 0 (a label column broken upstream) gave `recpipe evaluate` an AUC of NaN, and a
+    validation split so would leave early stopping choosing nothing, with no word from preprocess."""
+    t = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0])
+    late = t.column("ts").to_numpy() > np.quantile(t.column("ts").to_numpy(), 0.8)
+    _write(str(tmp_path / "log" / "p.parquet"), _with_columns(
+        t, label=pa.array([0 if x else v for v, x in zip(t.column("label").to_pylist(), late)], pa.int64())))
+    said = []
+    res = run_preprocess(small_cfg, str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, say=said.append)
+    assert [s for s in said if "WARNING" in s] == [
+        f"preprocess: WARNING: every one of the {res.rows_eval:,} eval rows has label 0 (column 'label'): AUC is "
+        f"undefined on it, so the model cannot be judged (recpipe evaluate reports NaN)"]
+    assert res.positives["eval"] == 0 < res.positives["train"] < res.rows_train
+    assert TransformArtifact.read(str(tmp_path / "out" / "transform")).row_counts["positives"] == res.positives
+
+
 def test_a_few_rows_of_sampling_noise_are_not_named(preprocessed):
     """Shares and means that move only as far as a split's few rows allow by chance are not anomalies."""
     from pipeline.anomalies import SplitCounts, feature_warnings
