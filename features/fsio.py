@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import posixpath
 import uuid
@@ -10,7 +11,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 __all__ = ["resolve", "join", "makedirs", "exists", "write_text", "read_text", "write_bytes", "read_bytes",
-           "read_json", "write_json", "replace_bytes", "list_files", "remove", "SubPath"]
+           "read_json", "write_json", "json_safe", "replace_bytes", "list_files", "remove", "SubPath"]
 
 
 def resolve(path: str) -> tuple[pafs.FileSystem, str]:
@@ -62,9 +63,21 @@ def read_json(path: str) -> Any:
 def write_json(path: str, data: Any, *, indent: int = 1, sort_keys: bool = True, only_if_changed: bool = False) -> bool:
     """Write `data` as JSON; atomically (temp file + rename) on local paths. With only_if_changed, a
     file that already holds the same text is left untouched (a rerun changes nothing). Returns
-    whether the file was written."""
-    text = json.dumps(data, indent=indent, sort_keys=sort_keys)
+    whether the file was written. NaN and infinities are written as null (json_safe): bare NaN is not
+    JSON, and jq, browsers and most parsers outside Python refuse the whole file."""
+    text = json.dumps(json_safe(data), indent=indent, sort_keys=sort_keys, allow_nan=False)
     return replace_bytes(path, text.encode("utf-8"), only_if_changed=only_if_changed)
+
+
+def json_safe(data: Any) -> Any:
+    """`data` with every NaN or infinite float, in any dict, list or tuple, replaced by None (null)."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: json_safe(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [json_safe(v) for v in data]
+    return data
 
 
 def replace_bytes(path: str, data: bytes, *, only_if_changed: bool = False) -> bool:

@@ -160,7 +160,7 @@ def _means_moved(cfg: Config, artifact: TransformArtifact, now: SplitCounts,
 _ONE_CLASS = {"train": "a model cannot learn to tell the two apart",
               "validation": "AUC is undefined on it, so early stopping cannot choose a checkpoint (every one "
                             "scores NaN and the last is kept)",
-              "eval": "AUC is undefined on it, so the model cannot be judged (recpipe evaluate reports NaN)"}
+              "eval": "AUC is undefined on it, so the model cannot be judged (recpipe evaluate reports it as null)"}
 
 
 def _one_label_class(cfg: Config, now: SplitCounts) -> list[str]:

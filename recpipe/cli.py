@@ -178,6 +178,8 @@ def cmd_evaluate(a) -> None:
     from trainers.evaluate import evaluate
     from trainers.slices import parse_slice
     metrics = evaluate(a.model_dir, a.data, a.out, slices=[parse_slice(s) for s in a.slice] if a.slice else None)
+    for name, why in metrics.get("undefined", {}).items():
+        _say(f"evaluate: WARNING: {name} is null: {why}")
     _say(json.dumps(metrics))
 
 

@@ -151,6 +151,8 @@ def step_evaluate(dc: DailyConfig, day: str, say) -> int:
     from trainers.evaluate import evaluate
     d = _day_dir(dc, day)
     metrics = evaluate(d.model_root, d.data.root, d.metrics_path)
+    for name, why in metrics.get("undefined", {}).items():
+        say(f"daily evaluate: WARNING: {name} is null: {why}")
     say(f"daily evaluate: {json.dumps(metrics)}")
     return 0
 

@@ -252,3 +252,55 @@ def test_retrieval_options_are_checked():
                   "candidate_features": ["user_id"], "logq_correction": True}
     with pytest.raises(ConfigError, match="model.logq_correction: needs candidate frequencies"):
         parse_config(d)
+
+
+def test_splits_of_one_label_give_null_metrics_named_not_bare_nan(tmp_path, small_log, capsys):
+    """Validation and eval rows all labelled 0: early stopping said nothing and kept the last checkpoint,
+    and `recpipe evaluate` exited 0 with `"auc": NaN`, which is not JSON (jq and JSON.parse refuse it)."""
+    import glob
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from conftest import IN_MEMORY, small_config_dict
+    from features.config import parse_config
+    from pipeline.preprocess import run_preprocess
+    from recpipe.cli import main
+    data = small_config_dict()
+    data["split"]["validation_fraction"] = 0.25
+    for i, src in enumerate(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))):
+        t = pq.read_table(src)
+        if i:  # the second day holds the validation and eval rows: their labels broken upstream
+            t = t.set_column(t.schema.get_field_index("label"), "label", pa.array(np.zeros(len(t), np.int64)))
+        day = tmp_path / "log" / os.path.basename(os.path.dirname(src))
+        os.makedirs(day)
+        pq.write_table(t, str(day / "p.parquet"))
+    pre = run_preprocess(parse_config(data), str(tmp_path / "log"), str(tmp_path / "data"), IN_MEMORY,
+                         say=lambda _: None)
+    assert pre.positives["validation"] == pre.positives["eval"] == 0 < pre.positives["train"]
+    said = []
+    cfg_path = _config(tmp_path, data, steps=60, checkpoint_every=20, early_stopping={"patience": 1})
+    state = train(TrainOptions(str(tmp_path / "data"), str(tmp_path / "m"), cfg_path), say=said.append)
+    assert state.steps_done == 60 and state.best_step is None  # nothing to choose by: the last one is kept
+    assert [s for s in said if "WARNING" in s] == [
+        f"train: WARNING: validation auc is undefined: every one of the {pre.rows_validation:,} validation rows "
+        "has label 0: AUC needs rows of both labels, so the model cannot be judged on this split; no checkpoint "
+        "can be chosen by it, so the last one is the model kept"]
+    history = json.loads(open(ModelDir(str(tmp_path / "m")).validation_path).read(), parse_constant=_refuse)
+    assert [h["auc"] for h in history["history"]] == [None] * 3
+    capsys.readouterr()
+    out = tmp_path / "metrics.json"
+    argv = ["evaluate", "--model-dir", str(tmp_path / "m"), "--data", str(tmp_path / "data"), "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out.splitlines()
+    metrics = json.loads(out.read_text(), parse_constant=_refuse)
+    assert json.loads(printed[-1], parse_constant=_refuse) == metrics
+    assert metrics["auc"] is None and metrics["calibration"] is None and metrics["positive_rate"] == 0
+    assert metrics["logloss"] > 0 and metrics["examples"] == pre.rows_eval
+    assert metrics["undefined"]["auc"].startswith(f"every one of the {pre.rows_eval:,} eval rows has label 0")
+    assert printed[:2] == [f"evaluate: WARNING: {k} is null: {v}" for k, v in metrics["undefined"].items()]
+
+
+def _refuse(constant: str):
+    raise AssertionError(f"{constant} is not JSON")

@@ -840,7 +840,7 @@ def test_a_split_of_one_label_is_named(tmp_path, small_log, small_cfg):
     res = run_preprocess(small_cfg, str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, say=said.append)
     assert [s for s in said if "WARNING" in s] == [
         f"preprocess: WARNING: every one of the {res.rows_eval:,} eval rows has label 0 (column 'label'): AUC is "
-        f"undefined on it, so the model cannot be judged (recpipe evaluate reports NaN)"]
+        f"undefined on it, so the model cannot be judged (recpipe evaluate reports it as null)"]
     assert res.positives["eval"] == 0 < res.positives["train"] < res.rows_train
     assert TransformArtifact.read(str(tmp_path / "out" / "transform")).row_counts["positives"] == res.positives
 

@@ -10,7 +10,7 @@ from trainers.data import naming_bad_shards
 from trainers.errors import TrainError
 from trainers.model_dir import ModelDir, check_data_matches, load_trained
 from trainers.plots import reliability_png, slices_png
-from trainers.scoring import Slicing, baselines, score
+from trainers.scoring import Slicing, baselines, score, undefined_metrics
 from trainers.slices import check_slices
 
 __all__ = ["evaluate"]
@@ -24,7 +24,8 @@ def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_s
     models' scores on the same split (constant click rate; most popular candidates). The model's best
     checkpoint on the validation split is the one evaluated, when training kept one. With the config's
     evaluate.slices, `slices` holds the AUC (ranking) or recall@10 (retrieval) per slice, and
-    MODEL_DIR/slices.png their bars; `slices` replaces the config's."""
+    MODEL_DIR/slices.png their bars; `slices` replaces the config's. A metric the split cannot define
+    (AUC on rows of one label) is null, and `undefined` says why, per metric."""
     cfg, _, model = load_trained(model_dir)
     artifact = check_data_matches(cfg, PreprocessedData(data_dir), f"the model in {model_dir}")
     if artifact.row_counts.get("eval") == 0:
@@ -40,7 +41,10 @@ def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_s
     if "slices" in metrics:
         slices_png(metrics["slices"], "auc" if cfg.model.task != "retrieval" else "recall_at_10",
                    ModelDir(model_dir).slices_png)
+    why = undefined_metrics(metrics, "eval")
+    metrics = fsio.json_safe({**metrics, "undefined": why} if why else metrics)
     if out_path:
         os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
         fsio.write_json(out_path, metrics, sort_keys=False, only_if_changed=True)  # reruns leave it untouched
     return metrics
+

@@ -5,6 +5,7 @@ checkpoint while training (trainers.validation). Both read through here, so they
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,8 @@ from trainers.errors import TrainError
 from trainers.slices import ranking_slices, retrieval_slices, slice_labels, slice_name
 from trainers.metrics import log_loss, mrr_at_k, ndcg_at_k, recall_at_k, reliability_table, roc_auc
 
-__all__ = ["score", "Slicing", "ranking_scores", "retrieval_clicks", "retrieval_scores", "baselines", "HIGHER_IS_BETTER"]
+__all__ = ["score", "Slicing", "ranking_scores", "retrieval_clicks", "retrieval_scores", "baselines",
+           "HIGHER_IS_BETTER", "undefined_metrics"]
 
 # which way each selectable metric improves
 HIGHER_IS_BETTER = {"auc": True, "logloss": False, "recall_at_10": True, "ndcg_at_10": True}
@@ -226,3 +228,23 @@ def baselines(cfg: Config, data_dir: str, split: str = "eval", batch_size: int =
             out["history_cooccurrence"] = _scored(
                 lambda c: tie + (scored.history[c] @ together).toarray() * weight, scored, seen, ks)
     return out
+
+
+def undefined_metrics(metrics: dict, split: str) -> dict[str, str]:
+    """Why each metric that is NaN in `metrics` is undefined on `split` (ranking: AUC needs both labels,
+    calibration a click), by metric name; slices of one label by slice name under "slices"."""
+    why: dict[str, str] = {}
+    if "positive_rate" not in metrics:
+        return why
+    rows, rate = metrics["examples"], metrics["positive_rate"]
+    if math.isnan(metrics["auc"]):
+        why["auc"] = (f"every one of the {rows:,} {split} rows has label {int(rate > 0.5)}: AUC needs rows of both "
+                      "labels, so the model cannot be judged on this split")
+    if math.isnan(metrics["calibration"]):
+        why["calibration"] = f"none of the {rows:,} {split} rows has label 1: calibration divides by the click rate"
+    one_label = [f"{name} {s['slice']}" for name, table in metrics.get("slices", {}).items() for s in table
+                 if math.isnan(s["auc"])]
+    if one_label:
+        why["slices"] = (f"AUC is null for the {len(one_label)} slices whose rows all have one label: "
+                         f"{', '.join(one_label[:5])}{', …' if len(one_label) > 5 else ''}")
+    return why

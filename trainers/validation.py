@@ -19,7 +19,7 @@ from features.artifact import TransformArtifact
 from features.config import Config
 from trainers.model_dir import ModelDir
 from trainers.models import build_model, dummy_batch
-from trainers.scoring import HIGHER_IS_BETTER, retrieval_clicks, score
+from trainers.scoring import HIGHER_IS_BETTER, retrieval_clicks, score, undefined_metrics
 
 __all__ = ["ValidationHistory", "Validator", "selection_metric", "validator_for"]
 
@@ -109,6 +109,10 @@ class Validator:
         h.write(self.history_path)
         mark = "  (best)" if improved else f"  (best {h.best:.4f} at step {h.best_step})" if h.best is not None else ""
         self.say(f"train: step {step}: validation {h.metric} {value:.4f}{mark}")
+        why = undefined_metrics(scores, "validation").get(h.metric)
+        if why and len(h.history) == 1:  # said once: the split does not change while training
+            self.say(f"train: WARNING: validation {h.metric} is undefined: {why}; no checkpoint can be chosen by "
+                     "it, so the last one is the model kept")
         if stop:
             self.say(f"train: early stop at step {step}: no better validation {h.metric} in {patience} "
                      f"checkpoints; the best, step {h.best_step}, is the model kept")
