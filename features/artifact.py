@@ -24,7 +24,7 @@ __all__ = ["RAW_KINDS", "TransformArtifact", "ArtifactError", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 # How a raw log column is represented; the serving signature and the Beam reader both key on it.
-RAW_KINDS = ("string", "int", "float", "list<string>", "list<int>")
+RAW_KINDS = ("string", "int", "uint64", "float", "list<string>", "list<int>", "list<uint64>")
 
 
 class ArtifactError(RecpipeError, ValueError):

@@ -20,8 +20,8 @@ import pyarrow.compute as pc
 from features.config import Config, SparseFeature
 from features.errors import RecpipeError
 
-__all__ = ["LABEL_KEY", "SchemaError", "NULL_KIND", "plain_type", "plain_columns", "raw_kind", "check_schema",
-           "validate_batch", "canonicalize", "as_string", "list_parts", "dense_prenorm", "numeric",
+__all__ = ["LABEL_KEY", "SchemaError", "NULL_KIND", "plain_type", "plain_columns", "raw_kind", "merged_kind",
+           "check_schema", "validate_batch", "canonicalize", "as_string", "list_parts", "dense_prenorm", "numeric",
            "times", "rows_with_value", "dense_sums", "DENSE_SUM_SCALE", "DEFAULT_SEPARATOR", "CROSS_SEPARATOR",
            "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
 
@@ -44,8 +44,12 @@ _SECONDS = {"s": 1, "ms": 10 ** 3, "us": 10 ** 6, "ns": 10 ** 9}
 # The kind of a column of Arrow type null (pandas writes an all-None column so): every value missing, so
 # any feature can read it, as the kind the other files (or the previous transform) give the column.
 NULL_KIND = "null"
-_KIND_TYPES = {"string": pa.string(), "int": pa.int64(), "float": pa.float64(), "list<string>": pa.list_(pa.string()),
-               "list<int>": pa.list_(pa.int64())}
+_KIND_TYPES = {"string": pa.string(), "int": pa.int64(), "uint64": pa.uint64(), "float": pa.float64(),
+               "list<string>": pa.list_(pa.string()), "list<int>": pa.list_(pa.int64()),
+               "list<uint64>": pa.list_(pa.uint64())}
+# Files that log one column as int64 and as uint64: the signed kind, as before uint64 was a kind of its own
+# (a value of 2**63 or more still trains, as its decimal string; an int64 input cannot carry it).
+_MERGED_KINDS = {frozenset(("int", "uint64")): "int", frozenset(("list<int>", "list<uint64>")): "list<int>"}
 
 
 def plain_type(tp: pa.DataType) -> pa.DataType:
@@ -114,15 +118,27 @@ def raw_kind(tp: pa.DataType) -> str | None:
         return NULL_KIND
     if pa.types.is_string(tp) or pa.types.is_large_string(tp):
         return "string"
+    if pa.types.is_uint64(tp):  # served as uint64: an int64 input cannot carry 2**63 and above
+        return "uint64"
     if pa.types.is_integer(tp) or pa.types.is_boolean(tp):
         return "int"
     if pa.types.is_floating(tp):
         return "float"
     if pa.types.is_list(tp) or pa.types.is_large_list(tp):
         inner = raw_kind(tp.value_type)
-        if inner in ("string", "int"):
+        if inner in ("string", "int", "uint64"):
             return f"list<{inner}>"
     return None
+
+
+def merged_kind(a: str, b: str) -> str | None:
+    """The kind of a column that files (or a previous transform) type as `a` and as `b`; None when no
+    kind holds both. NULL_KIND takes the other."""
+    if a == b or b == NULL_KIND:
+        return a
+    if a == NULL_KIND:
+        return b
+    return _MERGED_KINDS.get(frozenset((a, b)))
 
 
 def check_schema(schema: pa.Schema, cfg: Config, source: str) -> dict[str, str]:
@@ -141,6 +157,7 @@ def check_schema(schema: pa.Schema, cfg: Config, source: str) -> dict[str, str]:
         kinds[col] = kind
 
     def need(col: str, allowed: tuple[str, ...], what: str) -> None:
+        allowed = (*allowed, *(k.replace("int", "uint64") for k in allowed if "int" in k))
         if kinds[col] not in (*allowed, NULL_KIND):
             raise SchemaError(f"{source}: column {col!r} ({kinds[col]}) cannot feed {what}; "
                               f"expected {' or '.join(allowed)}")

@@ -24,8 +24,8 @@ from features.canonical import CROSS_SEPARATOR, DEFAULT_SEPARATOR, FLOAT32_MAX, 
 from features.config import Config
 
 __all__ = ["FeatureTransform", "PackedVocabularies", "canonical_to_tensors", "canonicalize_request", "request_spec",
-           "request_from_arrow", "int64_nulls", "string_ids", "example_spec", "request_from_examples",
-           "examples_from_arrow"]
+           "request_from_arrow", "int64_nulls", "string_ids", "INTEGER_ID_DTYPES", "example_spec",
+           "request_from_examples", "examples_from_arrow"]
 
 
 _KEY_SEPARATOR = "\x1f"  # vocabulary table keys "<owner index>\x1f<value>": an index holds no separator
@@ -170,13 +170,14 @@ def canonical_to_tensors(columns: dict[str, pa.Array]) -> dict[str, tf.Tensor]:
 
 
 # ------------------------------------------------------------------ serving-side raw inputs
-_REQUEST_DTYPES = {"string": tf.string, "int": tf.int64, "float": tf.float32,
-                   "list<string>": tf.string, "list<int>": tf.string}
+_REQUEST_DTYPES = {"string": tf.string, "int": tf.int64, "uint64": tf.uint64, "float": tf.float32,
+                   "list<string>": tf.string, "list<int>": tf.string, "list<uint64>": tf.string}
+INTEGER_ID_DTYPES = (tf.int64, tf.uint64)  # integer ID inputs, as logged; the transform reads their decimal strings
 
 
 def request_spec(artifact: TransformArtifact, features: list[str] | None = None) -> dict[str, tf.TensorSpec]:
     """One [None] input per raw log column a feature reads, named after the column: strings and
-    int64 for sparse columns as logged, float32 for dense ones (NaN = missing).
+    int64 (uint64 for a column logged so) for sparse columns as logged, float32 for dense ones (NaN = missing).
 
     Multivalent columns arrive as one string per row joined by the feature's separator
     (``|`` for list columns), because TF Serving's JSON/gRPC batches must be rectangular.
@@ -253,7 +254,7 @@ def request_from_arrow(table: pa.Table, specs: dict[str, tf.TensorSpec]) -> dict
         elif spec.dtype == tf.float32:  # parsed as the Beam job parses it: a blank string is missing too
             values = numeric(table.column(name))[0]
         elif None in values:
-            raise ValueError(f"column {name!r} row {values.index(None)}: null, which the int64 input "
+            raise ValueError(f"column {name!r} row {values.index(None)}: null, which the {spec.dtype.name} input "
                              f"{name!r} cannot carry (a tf.Example can leave it out)")
         request[name] = tf.constant(values, spec.dtype)
     return request
@@ -269,7 +270,7 @@ def int64_nulls(table: pa.Table, specs: dict[str, tf.TensorSpec]) -> np.ndarray:
     them (the Beam job reads a null ID as ""), a request to an int64 input cannot."""
     bad = np.zeros(table.num_rows, dtype=bool)
     for name, spec in specs.items():
-        if spec.dtype == tf.int64:
+        if spec.dtype in INTEGER_ID_DTYPES:
             bad |= np.asarray(table.column(name).is_null().to_numpy(zero_copy_only=False), dtype=bool)
     return bad
 
@@ -277,21 +278,28 @@ def int64_nulls(table: pa.Table, specs: dict[str, tf.TensorSpec]) -> np.ndarray:
 def string_ids(specs: dict[str, tf.TensorSpec]) -> dict[str, tf.TensorSpec]:
     """`specs` with integer ID inputs taken as the strings canonicalize_request makes of them ("" for
     a missing one)."""
-    return {name: tf.TensorSpec(s.shape, tf.string, name=name) if s.dtype == tf.int64 else s
+    return {name: tf.TensorSpec(s.shape, tf.string, name=name) if s.dtype in INTEGER_ID_DTYPES else s
             for name, s in specs.items()}
 
 
 # ------------------------------------------------------------------ tf.Example requests
+_INT64_LIST_KINDS = ("int", "list<int>", "uint64", "list<uint64>")
+# A tf.Example has no uint64 list: a uint64 column's values travel in its int64_list as their bit
+# pattern (value - 2**64 from 2**63 on, as numpy's view and every protobuf int64 field read them).
+_UNSIGNED_KINDS = ("uint64", "list<uint64>")
+
+
 def example_spec(cfg: Config, raw_schema: dict[str, str]) -> dict[str, tf.io.RaggedFeature]:
     """How a serialized tf.Example carries the raw columns request_spec names (TF Serving's
     classify/regress clients send these): an ID column as bytes_list (string columns) or int64_list
-    (integer columns), a list column as a bytes_list/int64_list of its items (or one joined string
+    (integer columns; a uint64 column's values as their int64 bit pattern), a list column as a
+    bytes_list/int64_list of its items (or one joined string
     when the log stores it joined), a dense column as float_list. Every feature may be absent: a
     missing value, as a null in the log. cfg, raw_schema: a transform artifact's, or an export's meta."""
     spec: dict[str, tf.io.RaggedFeature] = {}
     for f in cfg.column_sparse:
         kind = raw_schema[f.column]
-        spec[f.column] = tf.io.RaggedFeature(tf.int64 if kind in ("int", "list<int>") else tf.string)
+        spec[f.column] = tf.io.RaggedFeature(tf.int64 if kind in _INT64_LIST_KINDS else tf.string)
     for d in cfg.features.dense:
         spec.setdefault(d.column, tf.io.RaggedFeature(tf.float32))
     return spec
@@ -327,6 +335,8 @@ def request_from_examples(parsed: dict[str, tf.RaggedTensor], artifact: Transfor
     cfg = artifact.config
     out: dict[str, tf.Tensor] = {}
     single: dict[tf.DType, list[str]] = {}  # parsed dtype -> its single-valued columns
+    parsed = {c: v.with_flat_values(tf.bitcast(v.flat_values, tf.uint64))
+              if artifact.raw_schema.get(c) in _UNSIGNED_KINDS else v for c, v in parsed.items()}
     for f in cfg.column_sparse:
         values = parsed[f.column]
         if f.multivalent and artifact.raw_schema[f.column].startswith("list"):
@@ -365,8 +375,9 @@ def examples_from_arrow(table: pa.Table, cfg: Config, raw_schema: dict[str, str]
             if v is None:
                 continue
             items = [x for x in v if x is not None] if isinstance(v, list) else [v]  # null items: no tokens
-            if fs.dtype == tf.int64:
-                feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(x) for x in items]))
+            if fs.dtype == tf.int64:  # uint64 values as their bit pattern (_UNSIGNED_KINDS)
+                feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(
+                    value=[int(x) - (1 << 64) if int(x) >= 1 << 63 else int(x) for x in items]))
             elif fs.dtype == tf.float32:
                 feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(x) for x in items]))
             else:

@@ -20,7 +20,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from features import fsio
 from features.artifact import TransformArtifact
-from features.canonical import NULL_KIND, SchemaError
+from features.canonical import NULL_KIND, SchemaError, merged_kind
 from features.config import Config, config_to_dict
 from features.days import day_number
 from features.errors import RecpipeError
@@ -95,7 +95,7 @@ def load_previous_transform(path: str, cfg: Config, raw_schema: dict[str, str]) 
             raise PreprocessError(f"{path}: previous transform has a different '{key}' section; "
                                   f"IDs can only be kept stable for the same features")
     for col, kind in raw_schema.items():
-        if kind != NULL_KIND and prev.raw_schema.get(col, kind) != kind:
+        if merged_kind(prev.raw_schema.get(col, kind), kind) is None:
             raise PreprocessError(f"{path}: column {col!r} was {prev.raw_schema[col]} there, {kind} now")
     return prev
 
@@ -109,7 +109,7 @@ def typed_schema(raw_schema: dict[str, str], previous: TransformArtifact | None,
         raise SchemaError(f"{input_spec}: column(s) {', '.join(map(repr, untyped))} hold only nulls (Arrow type "
                           f"null) in every input file, so nothing says what they hold; write them typed, or extend "
                           f"a previous transform (--previous-transform) that has them")
-    return {c: known[c] if kind == NULL_KIND else kind for c, kind in raw_schema.items()}
+    return {c: merged_kind(known.get(c, kind), kind) for c, kind in raw_schema.items()}
 
 
 def run_day(cfg: Config, day: str | None, files: list[str], previous: TransformArtifact | None) -> int | None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from features.canonical import NULL_KIND, SchemaError, check_schema
+from features.canonical import NULL_KIND, SchemaError, check_schema, merged_kind
 from features.config import Config
 from features.errors import RecpipeError
 from features.fsio import resolve
@@ -155,8 +155,10 @@ def inspect_inputs(files: list[str], cfg: Config) -> tuple[dict[str, str], list[
                 continue
             if raw_schema[col] == NULL_KIND:
                 raw_schema[col], source[col] = kind, path
-            elif raw_schema[col] != kind:
+            elif merged_kind(raw_schema[col], kind) is None:
                 raise SchemaError(f"{path}: column {col!r} is {kind} but {raw_schema[col]} in {source[col]}")
+            else:
+                raw_schema[col] = merged_kind(raw_schema[col], kind)
         n = pf.metadata.num_rows
         out.append(InputFile(path, n, offset))
         offset += n

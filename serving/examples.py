@@ -56,7 +56,8 @@ def _feature(name: str, where: str, value: Any) -> feature_pb2.Feature:
                            f"{str(value)[:80]}")
     if all(isinstance(x, int) for x in items):
         if any(not -(2 ** 63) <= x < 2 ** 63 for x in items):
-            raise RequestError(f"{where}: feature {name!r}: integer out of int64 range")
+            raise RequestError(f"{where}: feature {name!r}: integer out of int64 range (an int64_list carries a uint64 "
+                               f"value of 2**63 and more as its bit pattern, the value - 2**64)")
         return feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=items))
     return feature_pb2.Feature(float_list=feature_pb2.FloatList(value=[float(x) for x in items]))
 

@@ -36,7 +36,8 @@ from features.errors import RecpipeError
 from features.preprocessed import PreprocessedData
 from features.records import read_single_batch
 from features.transform import (FeatureTransform, canonicalize_request, example_spec, examples_from_arrow,
-                                int64_nulls, request_from_arrow, request_from_examples, request_spec, string_ids)
+                                int64_nulls, request_from_arrow, request_from_examples, request_spec, string_ids,
+                                INTEGER_ID_DTYPES)
 from serving.prune import Pruning, prune_model, prune_vocabularies, pruned_candidates, pruned_records
 from serving.quantize import quantize_model
 from serving.version import EXAMPLES_SIGNATURE, TEMP_PREFIX, ExportBase, ExportedVersion, ExportMeta
@@ -60,7 +61,7 @@ def _ranking_module(artifact: TransformArtifact, model: tf.keras.Model) -> tuple
 
     # One graph of the transform and the model (saved once), over the request with integer ID columns as
     # the strings canonicalize_request makes of them anyway: both signatures call it, and a tf.Example
-    # may leave an integer ID out ("", as a null in the log), which an int64 input cannot say.
+    # may leave an integer ID out ("", as a null in the log), which an int64 (uint64) input cannot say.
     @tf.function(input_signature=[string_ids(specs)])
     def score(inputs):
         features = module.transform(canonicalize_request(inputs, artifact))
@@ -71,7 +72,8 @@ def _ranking_module(artifact: TransformArtifact, model: tf.keras.Model) -> tuple
 
         @tf.function(input_signature=[specs])
         def serve(inputs):
-            return score_fn({k: tf.strings.as_string(v) if v.dtype == tf.int64 else v for k, v in inputs.items()})
+            return score_fn({k: tf.strings.as_string(v) if v.dtype in INTEGER_ID_DTYPES else v
+                             for k, v in inputs.items()})
 
         serve_fn = serve.get_concrete_function()
     spec = example_spec(artifact.config, artifact.raw_schema)
@@ -149,8 +151,8 @@ def example_request(serve_fn, n: int = 2) -> dict[str, np.ndarray]:
     for name, spec in serve_fn.structured_input_signature[1].items():
         if spec.dtype == tf.string:
             out[name] = np.array([b""] * n, dtype=object)
-        elif spec.dtype == tf.int64:
-            out[name] = np.zeros(n, np.int64)
+        elif spec.dtype in INTEGER_ID_DTYPES:
+            out[name] = np.zeros(n, spec.dtype.as_numpy_dtype)
         else:
             out[name] = np.full(n, np.nan, np.float32)
     return out

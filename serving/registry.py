@@ -84,6 +84,12 @@ class LoadedVersion:
             elif kind == "i":
                 if arr.dtype.kind not in "iu":
                     raise RequestError(f"input {name!r}: expects integers, got {arr.dtype}")
+                if arr.dtype != np_dtype:  # a cast would wrap a value beyond the input's range around, silently
+                    bounds = np.iinfo(np_dtype)
+                    outside = (arr < bounds.min) | (arr > bounds.max)
+                    if outside.any():
+                        row = int(np.argmax(outside))
+                        raise RequestError(f"input {name!r} row {row}: {arr[row]} is out of {bounds.dtype} range")
                 out[name] = arr.astype(np_dtype, copy=False)
             else:
                 if arr.dtype.kind not in "iuf":

@@ -81,11 +81,12 @@ def _column(name: str, values: list, kind_dtype: tuple[str, object], lists: bool
         return np.array(out, dtype=object)
     if kind == "i":
         out_i = []
+        bounds = np.iinfo(np_dtype)
         for i, v in enumerate(values):
             if isinstance(v, bool) or not isinstance(v, int):
                 raise RequestError(f"input {name!r} row {i}: expects an integer, got {v!r}")
-            if not -(2 ** 63) <= v < 2 ** 63:
-                raise RequestError(f"input {name!r} row {i}: integer out of int64 range")
+            if not bounds.min <= v <= bounds.max:
+                raise RequestError(f"input {name!r} row {i}: integer out of {bounds.dtype} range")
             out_i.append(v)
         return np.array(out_i, dtype=np_dtype)
     out_f = []

@@ -65,6 +65,13 @@ def test_schema_errors_name_file_and_column():
         check_schema(_table().set_column(5, "x", pa.array([[1]] * 5)).schema, cfg, "f.parquet")
     # string-typed numbers are fine at schema level: they are parsed row by row
     assert check_schema(_table().set_column(5, "x", pa.array(["1"] * 5)).schema, cfg, "f.parquet")["x"] == "string"
+    # uint64 is a kind of its own (served as uint64); with int64 files of the same column it is int, as before
+    assert check_schema(_table().set_column(5, "x", pa.array([1] * 5, pa.uint64())).schema, cfg, "f")["x"] == "uint64"
+    assert check_schema(_table().set_column(5, "x", pa.array([1] * 5, pa.uint32())).schema, cfg, "f")["x"] == "int"
+    from features.canonical import NULL_KIND, merged_kind
+    assert [merged_kind(a, b) for a, b in [("int", "uint64"), ("uint64", "int"), ("list<uint64>", "list<int>"),
+                                           ("uint64", NULL_KIND), (NULL_KIND, "uint64"), ("uint64", "string")]] == [
+        "int", "int", "list<int>", "uint64", "uint64", None]
 
 
 def test_numeric_parses_strings_row_by_row():

@@ -312,6 +312,20 @@ def test_listing_and_offsets(small_log, small_cfg):
     assert inputs[1].first_row == inputs[0].num_rows
 
 
+def test_a_column_logged_as_int64_and_as_uint64_is_int(tmp_path, small_log, small_cfg):
+    """Files that type one ID column uint64 and int64 read as the signed kind, as before uint64 had a kind
+    (serving then takes int64); with a string file beside them the column's kinds are named."""
+    t = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]).slice(0, 50)
+    users = pa.array(range(50), pa.int64())
+    paths = [_write(str(tmp_path / f"{kind}.parquet"), t.set_column(t.schema.get_field_index("user_id"), "user_id",
+                                                                     users.cast(kind)))
+             for kind in (pa.uint64(), pa.int64(), pa.uint64(), pa.string())]
+    assert inspect_inputs(paths[:1], small_cfg)[0]["user_id"] == "uint64"
+    assert inspect_inputs(paths[:3], small_cfg)[0]["user_id"] == "int"
+    with pytest.raises(SchemaError, match=r"string.parquet: column 'user_id' is string but int in .*uint64.parquet"):
+        inspect_inputs(paths, small_cfg)
+
+
 def test_a_tables_hidden_folders_and_markers_are_not_input(tmp_path, small_log, small_cfg):
     """What Spark and Hive leave beside a table's data, an uncommitted task's `_temporary/` output, a
     `.hive-staging_*` folder, `_SUCCESS`, is not read from a directory, local or by URL (a Parquet file

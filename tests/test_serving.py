@@ -401,3 +401,81 @@ def test_retrieval_export_and_serving(tmp_path, preprocessed, small_log, small_c
     vocab = set(json.loads(vocab_json)["values"])
     assert len(first["candidates"]) == 5 and set(first["candidates"]) <= vocab
     assert first["scores"] == sorted(first["scores"], reverse=True)
+
+
+def test_uint64_ids_of_2_to_the_63_and_more_serve_like_the_trainer(tmp_path, small_log):
+    """A uint64 ID column (64-bit hashed user IDs: half of them 2**63 and more) trained, as decimal strings,
+    but no int64 input could carry its upper half: the REST server answered 400 for those users. Now such a
+    column is its own kind: serving_default takes it as uint64 (TF Serving's DT_UINT64), a tf.Example as its
+    int64 bit pattern, and both score every eval sample row as the trainer does (the export's skew checks)."""
+    import pyarrow as pa
+    from tensorflow.core.example import example_pb2
+
+    from features.config import parse_config
+    from features.preprocessed import PreprocessedData
+    from features.transform import examples_from_arrow, int64_nulls, request_from_arrow
+    from pipeline.preprocess import run_preprocess
+    from trainers.options import TrainOptions
+    from trainers.train import train
+
+    from conftest import IN_MEMORY, small_config_dict
+    log = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]).slice(0, 2000)
+    users = [None if i % 11 == 4 else (1 << 64) - 1 - i % 53 if i % 2 else i % 47 for i in range(log.num_rows)]
+    log = log.set_column(log.schema.get_field_index("user_id"), "user_id", pa.array(users, pa.uint64()))
+    os.makedirs(tmp_path / "log")
+    pq.write_table(log, str(tmp_path / "log" / "part-0.parquet"))
+    cfg_dict = small_config_dict(steps=20)
+    cfg_dict["features"]["sparse"][0] = {"name": "user_id", "column": "user_id", "vocab": {"min_count": 1},
+                                         "embedding_dim": 8}
+    (tmp_path / "cfg.yaml").write_text(json.dumps(cfg_dict))
+    run_preprocess(parse_config(cfg_dict), str(tmp_path / "log"), str(tmp_path / "pre"), IN_MEMORY,
+                   say=lambda _: None)
+    data = PreprocessedData(str(tmp_path / "pre"))
+    art = data.transform()
+    assert art.raw_schema["user_id"] == "uint64" and str((1 << 64) - 1) in art.vocabularies["user_id"]
+    train(TrainOptions(data_dir=data.root, model_dir=str(tmp_path / "m"), config_path=str(tmp_path / "cfg.yaml")),
+          say=lambda _: None)
+    base = str(tmp_path / "export")
+    export_model(str(tmp_path / "m"), base, version=1)
+    report = ExportBase(base).version(1).skew_report()
+    sample = pq.read_table(data.eval_sample_parquet)
+    big = [u for u in sample.column("user_id").to_pylist() if u is not None and u >= 1 << 63]
+    assert big and report["passed"] and report["examples_passed"] and report["examples_rows"] == sample.num_rows
+
+    srv = ModelServer(ServeOptions(base, "u", rest_port=0, grpc_port=0, poll_seconds=0.2)).start()
+    try:
+        lv = srv.registry.get()
+        assert lv.inputs["user_id"].dtype == tf.uint64
+        rows = sample.filter(pa.array(~int64_nulls(sample, lv.inputs)))
+        expected = lv.run({k: v.numpy() for k, v in request_from_arrow(rows, lv.inputs).items()})["score"]
+        instances = [{k: v for k, v in r.items() if k in lv.inputs} for r in rows.to_pylist()]
+        url = f"http://127.0.0.1:{srv.rest_port}/v1/models/u"
+        code, body = _http("POST", url + ":predict", {"instances": instances})
+        assert code == 200, body
+        np.testing.assert_allclose([p["score"] if isinstance(p, dict) else p for p in body["predictions"]],
+                                   expected, atol=1e-6)
+        as_examples = [example_pb2.Example.FromString(b) for b in examples_from_arrow(rows, art.config, art.raw_schema)]
+        high = next(i for i, u in enumerate(rows.column("user_id").to_pylist()) if u >= 1 << 63)
+        assert as_examples[high].features.feature["user_id"].int64_list.value[0] < 0  # the bit pattern
+        with grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}") as ch:
+            from tensorflow_serving.apis import regression_pb2
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(ch)
+            req = regression_pb2.RegressionRequest()
+            req.model_spec.name = "u"
+            req.input.example_list.examples.extend(as_examples)
+            np.testing.assert_allclose([r.value for r in stub.Regress(req, timeout=30).result.regressions],
+                                       expected, atol=1e-6)
+            req = predict_pb2.PredictRequest()
+            req.model_spec.name = "u"
+            for k, v in request_from_arrow(rows, lv.inputs).items():
+                req.inputs[k].CopyFrom(tf.make_tensor_proto(v.numpy()))
+            got = tf.make_ndarray(stub.Predict(req, timeout=30).outputs["score"])
+            np.testing.assert_allclose(got, expected, atol=1e-6)
+            req.inputs["user_id"].CopyFrom(tf.make_tensor_proto(np.full(rows.num_rows, -1, np.int64)))
+            with pytest.raises(grpc.RpcError) as e:  # a cast would wrap -1 around to 2**64 - 1, silently
+                stub.Predict(req, timeout=30)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "out of uint64 range" in e.value.details()
+        code, body = _http("POST", url + ":predict", {"instances": [{**instances[0], "user_id": -1}]})
+        assert code == 400 and "integer out of uint64 range" in body["error"]
+    finally:
+        srv.stop()
