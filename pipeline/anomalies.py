@@ -19,7 +19,7 @@ from features.config import Config
 from features.days import day_number
 from pipeline.sources import partition_day
 
-__all__ = ["SplitCounts", "feature_warnings", "timestamp_warnings", "dead_letter_warnings"]
+__all__ = ["SplitCounts", "feature_warnings", "timestamp_warnings", "dead_letter_warnings", "copied_file_warnings"]
 
 DAY = 86_400
 YEAR = 365.2425 * DAY
@@ -231,3 +231,16 @@ def dead_letter_warnings(rows_in: int, dead_letter: dict[str, int], limit: float
     return [f"{dead:,} of the {rows_in:,} rows read ({dead / rows_in:.1%}) were dead-lettered, over "
             f"preprocess.max_dead_letter_fraction ({limit:g}): {reasons}; each row's file, row and field are "
             f"in {where}"]
+
+
+def copied_file_warnings(groups: list[list[str]], rows: list[int]) -> list[str]:
+    """Input files that hold the same bytes (pipeline.sources.same_files: paths and rows per group): every
+    row of such a file is read once per copy, so the model weighs it that many times and, in a time
+    split, the same rows may sit in train and in eval."""
+    out = []
+    for paths, n in zip(groups, rows):
+        named = ", ".join(paths[:-1]) + f" and {paths[-1]}"
+        out.append(f"{named} hold the same bytes ({n:,} rows each): a file written {len(paths)} times upstream (a "
+                   f"retried task, a re-run backfill beside the first run's output)? Each of its rows is read "
+                   f"{len(paths)} times; remove the copies")
+    return out

@@ -25,9 +25,10 @@ from features.config import Config, config_to_dict
 from features.days import day_number
 from features.errors import RecpipeError
 from features.preprocessed import SPLITS, PreprocessedData
-from pipeline.anomalies import SplitCounts, dead_letter_warnings, feature_warnings, timestamp_warnings
+from pipeline.anomalies import (SplitCounts, copied_file_warnings, dead_letter_warnings, feature_warnings,
+                                timestamp_warnings)
 from pipeline.options import beam_args_with_defaults, check_beam_args, pipeline_runner
-from pipeline.sources import inspect_inputs, list_input_files, partition_day
+from pipeline.sources import inspect_inputs, list_input_files, partition_day, same_files
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
                                  ComputeDenseStats, ComputeVocabularies, CountRows, PackArtifact, ReadClickLogs,
                                  SplitCutoffs, SplitRows, ValidateRows, WriteEvalSample)
@@ -302,11 +303,17 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
     check_beam_args(beam_args)
     files = list_input_files(input_spec)
     raw_schema, inputs = inspect_inputs(files, cfg)
+    copies = same_files(inputs)
+    copied = copied_file_warnings([[f.path for f in g] for g in copies], [g[0].num_rows for g in copies])
+    if copied and cfg.preprocess.on_anomaly == "fail":
+        raise PreprocessError("; ".join(copied) + " (preprocess.on_anomaly is fail)")
     previous = load_previous_transform(previous_transform, cfg, raw_schema) if previous_transform else None
     raw_schema = typed_schema(raw_schema, previous, input_spec)
     day_no = run_day(cfg, day, files, previous)
     total = sum(f.num_rows for f in inputs)
     say(f"preprocess: {len(inputs)} file(s), {total} rows")
+    for warning in copied:
+        say(f"preprocess: WARNING: {warning}")
 
     local = "://" not in output
     if local and os.path.exists(output) and os.listdir(output):

@@ -2,12 +2,13 @@
 
 Everything here reads only file listings and Parquet footers, so a missing column, a file that is
 not Parquet, a truncated file or an empty input fails at launch with the file's name, before any
-Beam worker starts.
+Beam worker starts. Only files whose footers are alike are read whole, to tell a copy (same_files).
 """
 from __future__ import annotations
 
 import fnmatch
 import glob as globlib
+import hashlib
 import os
 import posixpath
 import re
@@ -21,7 +22,8 @@ from features.config import Config
 from features.errors import RecpipeError
 from features.fsio import resolve
 
-__all__ = ["InputError", "InputFile", "list_input_files", "inspect_inputs", "open_parquet", "partition_day"]
+__all__ = ["InputError", "InputFile", "list_input_files", "inspect_inputs", "open_parquet", "partition_day",
+           "same_files"]
 
 _PARTITION_DAY = re.compile(r"(?:^|/)dt=([0-9]{4}-[0-9]{2}-[0-9]{2})(?:/|$)")
 
@@ -35,6 +37,7 @@ class InputFile:
     path: str
     num_rows: int
     first_row: int  # global row number of this file's first row (files in path order)
+    footer: tuple = ()  # what a copy of the file shares: its footer's size and row groups' rows and bytes
 
 
 def _is_glob(p: str) -> bool:
@@ -159,10 +162,43 @@ def inspect_inputs(files: list[str], cfg: Config) -> tuple[dict[str, str], list[
                 raise SchemaError(f"{path}: column {col!r} is {kind} but {raw_schema[col]} in {source[col]}")
             else:
                 raw_schema[col] = merged_kind(raw_schema[col], kind)
-        n = pf.metadata.num_rows
-        out.append(InputFile(path, n, offset))
+        meta = pf.metadata
+        n = meta.num_rows
+        footer = (meta.serialized_size, n, *((meta.row_group(i).num_rows, meta.row_group(i).total_byte_size)
+                                             for i in range(meta.num_row_groups)))
+        out.append(InputFile(path, n, offset, footer))
         offset += n
     if offset == 0:
         raise InputError(f"{files[0] if len(files) == 1 else str(len(files)) + ' files'}: input has no rows")
     assert raw_schema is not None
     return raw_schema, out
+
+
+def same_files(inputs: list[InputFile]) -> list[list[InputFile]]:
+    """Groups of two or more input files with the same bytes: a file written twice upstream (a retried
+    task, a backfill re-run beside the first run's output), whose rows would all be read twice. Only
+    files with rows whose footers agree (InputFile.footer) are read, once each, to compare their bytes."""
+    alike: dict[tuple, list[InputFile]] = {}
+    for f in inputs:
+        if f.num_rows:
+            alike.setdefault(f.footer, []).append(f)
+    groups: list[list[InputFile]] = []
+    for candidates in alike.values():
+        if len(candidates) < 2:
+            continue
+        by_digest: dict[str, list[InputFile]] = {}
+        for f in candidates:
+            by_digest.setdefault(_digest(f.path), []).append(f)
+        groups.extend(g for g in by_digest.values() if len(g) > 1)
+    return groups
+
+
+def _digest(path: str, chunk: int = 16 << 20) -> str:
+    fs, p = resolve(path)
+    h = hashlib.sha256()
+    with fs.open_input_stream(p) as stream:
+        while True:
+            block = stream.read(chunk)
+            if not block:
+                return h.hexdigest()
+            h.update(block)

@@ -312,6 +312,34 @@ def test_listing_and_offsets(small_log, small_cfg):
     assert inputs[1].first_row == inputs[0].num_rows
 
 
+def test_a_file_written_twice_upstream_is_named(tmp_path, small_log, small_cfg):
+    """A partition holding the same file twice (a retried task's output kept beside the first, a backfill
+    re-run) was read whole twice with no word: every row weighed double, and counted as two rows in."""
+    import shutil
+    days = sorted(glob.glob(os.path.join(small_log, "*")))
+    log = tmp_path / "log"
+    for d in days:
+        shutil.copytree(d, log / os.path.basename(d))
+    first = sorted(glob.glob(str(log / "*" / "*.parquet")))[0]
+    copy = first.replace(".parquet", "-attempt2.parquet")
+    shutil.copyfile(first, copy)
+    other = pq.read_table(first)  # the same rows, written again: another file (its footer differs), not named
+    pq.write_table(other.slice(1), first.replace(".parquet", "-shorter.parquet"))
+    rows = pq.ParquetFile(first).metadata.num_rows
+    said = []
+    res = run_preprocess(small_cfg, str(log), str(tmp_path / "out"), IN_MEMORY, say=said.append)
+    assert [s for s in said if "same bytes" in s] == [  # "-attempt2" sorts before ".parquet"
+        f"preprocess: WARNING: {copy} and {first} hold the same bytes ({rows:,} rows each): a file written 2 times "
+        "upstream (a retried task, a re-run backfill beside the first run's output)? Each of its rows is read 2 "
+        "times; remove the copies"]
+    assert res.rows_in == res.rows_out + res.rows_dead == sum(
+        pq.ParquetFile(f).metadata.num_rows for f in glob.glob(str(log / "*" / "*.parquet")))
+    cfg = parse_config({**small_config_dict(), "preprocess": {"on_anomaly": "fail"}})
+    with pytest.raises(PreprocessError, match="hold the same bytes"):  # at launch, before any Beam stage runs
+        run_preprocess(cfg, str(log), str(tmp_path / "out2"), IN_MEMORY, say=lambda _: None)
+    assert not os.path.exists(tmp_path / "out2")
+
+
 def test_a_column_logged_as_int64_and_as_uint64_is_int(tmp_path, small_log, small_cfg):
     """Files that type one ID column uint64 and int64 read as the signed kind, as before uint64 had a kind
     (serving then takes int64); with a string file beside them the column's kinds are named."""
