@@ -405,6 +405,9 @@ def _validate(cfg: Config) -> Config:
                 raise ConfigError(f"{path}.column: {f.column!r} cannot be a serving input name (the exported "
                                   f"signature takes raw columns by name): use letters, digits, '_', '.', '-', '/' "
                                   f"only (rename the column in the log)")
+            if f.column is not None and f.column == cfg.label.column:
+                raise ConfigError(f"{path}.column: {f.column!r} is the label column (label.column): a feature of it "
+                                  f"shows the model the answer, which serving does not know")
             names[f.name] = path
     if not cfg.features.sparse and not cfg.features.dense:
         raise ConfigError("features: declare at least one sparse or dense feature")

@@ -68,6 +68,14 @@ class PreprocessedData:
     def has_eval_sample(self) -> bool:
         return fsio.exists(self.eval_sample_parquet) and fsio.exists(self.eval_sample_records)
 
+    def eval_sample_table(self):
+        """The raw eval rows of eval_sample.parquet (a pyarrow Table), or None when the eval split is empty."""
+        if not fsio.exists(self.eval_sample_parquet):
+            return None
+        import pyarrow.parquet as pq
+        fs, path = fsio.resolve(self.eval_sample_parquet)
+        return pq.read_table(path, filesystem=fs)
+
     def transform(self) -> TransformArtifact:
         try:
             return TransformArtifact.read(self.transform_dir)

@@ -27,6 +27,7 @@ from features.errors import RecpipeError
 from features.preprocessed import SPLITS, PreprocessedData
 from pipeline.anomalies import (SplitCounts, copied_file_warnings, dead_letter_warnings, feature_warnings,
                                 timestamp_warnings)
+from pipeline.leakage import leak_warnings
 from pipeline.options import beam_args_with_defaults, check_beam_args, pipeline_runner
 from pipeline.sources import inspect_inputs, list_input_files, partition_day, same_files
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
@@ -256,10 +257,11 @@ def _check_written(data: PreprocessedData, res: PreprocessResult) -> None:
 
 
 def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResult, previous: TransformArtifact | None,
-                  say) -> None:
+                  say, eval_sample=None) -> None:
     """Nothing is published that training cannot use: finite statistics, non-empty splits; features the
     train split gives nothing to learn from, or whose splits (or this day and the previous) disagree, are
-    named (pipeline.anomalies)."""
+    named (pipeline.anomalies), and so are those that give the label away on the eval sample
+    (pipeline.leakage)."""
     for name, stats in artifact.dense_stats.items():
         values = [stats.get("mean"), stats.get("std"), *stats.get("boundaries", [])]
         if not all(v is None or math.isfinite(v) for v in values):
@@ -283,7 +285,8 @@ def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResul
     anomalies = [*dead_letter_warnings(res.rows_in, res.dead_letter, cfg.preprocess.max_dead_letter_fraction,
                                        fsio.join(res.output, "dead_letter")),
                  *feature_warnings(cfg, artifact, res.split_counts(), previous),
-                 *timestamp_warnings(res.time_ranges, cfg.input.timestamp)]
+                 *timestamp_warnings(res.time_ranges, cfg.input.timestamp),
+                 *(leak_warnings(cfg, eval_sample) if eval_sample is not None else [])]
     if anomalies and cfg.preprocess.on_anomaly == "fail":
         raise PreprocessError("; ".join(anomalies) + " (preprocess.on_anomaly is fail)")
     for warning in anomalies:
@@ -339,7 +342,7 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
                 f"counted twice?); the accounting uses the data")
         _check_written(staged, res)
         artifact = staged.transform()  # the published artifact must load
-        _check_usable(cfg, artifact, res, previous, say)
+        _check_usable(cfg, artifact, res, previous, say, staged.eval_sample_table())
         artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "validation": res.rows_validation,
                                "eval": res.rows_eval,
                                "dead_letter": res.rows_dead, "dead_letter_by_reason": res.dead_letter,

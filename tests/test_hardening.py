@@ -344,6 +344,7 @@ def test_5_data_from_another_config_is_named_not_a_tensorflow_trace(tmp_path, pr
 @pytest.mark.parametrize("mutate, key", [
     (lambda d: d["features"]["sparse"][0].update(name="user_id\n"), "features.sparse[0].name"),
     (lambda d: d["features"]["sparse"][0].update(column="user id"), "features.sparse[0].column: 'user id' cannot"),
+    (lambda d: d["features"]["dense"][1].update(column="label"), "features.dense[1].column: 'label' is the label"),
 ])
 def test_5_names_that_would_fail_later_fail_at_config_load(mutate, key):
     d = small_config_dict()

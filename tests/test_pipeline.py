@@ -887,6 +887,33 @@ def test_a_split_of_one_label_is_named(tmp_path, small_log, small_cfg):
     assert TransformArtifact.read(str(tmp_path / "out" / "transform")).row_counts["positives"] == res.positives
 
 
+def test_features_that_give_the_label_away_are_named(tmp_path, small_log, small_cfg):
+    """A column recorded after the click (seconds to the click, null without one) and a flag joined in
+    from the outcome table: each orders the rows by label, the model's eval AUC would be near 1.0 and
+    serving would not know them. Preprocess published such a log with no word."""
+    t = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0])
+    label = np.array(t.column("label").to_pylist())
+    rng = np.random.default_rng(0)
+    _write(str(tmp_path / "log" / "p.parquet"), _with_columns(
+        t, I1=pa.array(np.where(label == 1, rng.exponential(30, len(label)), np.nan), from_pandas=True),
+        C1=pa.array(np.where(label == 1, "converted", "none").tolist())))
+    said = []
+    res = run_preprocess(small_cfg, str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, say=said.append)
+    n = min(res.rows_eval, 1000)
+    why = ("is it recorded after the click, or derived from the label? A model trained on it scores near 1.0 in "
+           "evaluation and fails in serving, where the value is not known yet")
+    missing = 1 - float(np.mean(pq.read_table(PreprocessedData(str(tmp_path / "out")).eval_sample_parquet)
+                                .column("label").to_numpy()))
+    assert [s for s in said if "label away" in s or "by their label" in s] == [
+        f"preprocess: WARNING: dense feature 'I1' (column 'I1') alone orders the {n:,} eval-sample rows by their "
+        f"label (column 'label') with AUC 1.000, {missing:.0%} of them without a value (scored lowest): {why}",
+        f"preprocess: WARNING: feature 'C1' (column 'C1'): its 2 values alone sort the {n:,} eval-sample rows by "
+        f"their label (column 'label'), AUC 1.000 from each value's click rate: {why}"]
+    strict = parse_config({**small_config_dict(), "preprocess": {"on_anomaly": "fail"}})
+    with pytest.raises(PreprocessError, match="dense feature 'I1' .* alone orders"):
+        run_preprocess(strict, str(tmp_path / "log"), str(tmp_path / "out2"), IN_MEMORY, say=lambda _: None)
+
+
 def test_a_few_rows_of_sampling_noise_are_not_named(preprocessed):
     """Shares and means that move only as far as a split's few rows allow by chance are not anomalies."""
     from pipeline.anomalies import SplitCounts, feature_warnings
