@@ -225,6 +225,17 @@ class EvaluateSpec:
 
 
 @dataclass(frozen=True)
+class FeatureLimits:
+    """preprocess.features[]: one feature's own anomaly limits in place of the run's (as TFX's schema gives
+    each feature its own skew and drift thresholds): a feature known to be filled unevenly, or to move, or
+    to be that predictive, is not named for it while the others still are."""
+    feature: str
+    max_presence_change: Optional[float] = None  # None: preprocess.max_presence_change
+    max_mean_shift: Optional[float] = None       # dense features only; None: preprocess.max_mean_shift
+    leak_check: bool = True                      # false: not named for ordering the rows by label alone
+
+
+@dataclass(frozen=True)
 class PreprocessSpec:
     # anomalies (pipeline.anomalies): a feature the train split gives nothing to learn from (no value in any
     # train row, or a dense one of one value), that the eval split lacks, or whose splits disagree beyond the
@@ -240,6 +251,18 @@ class PreprocessSpec:
     max_mean_shift: float = 1.0
     # more than this share of the rows read dead-lettered says something upstream broke
     max_dead_letter_fraction: float = 0.05
+    # per-feature limits in place of the two above, and the label-leak check turned off for a feature
+    features: list[FeatureLimits] = field(default_factory=list)
+
+    def limit(self, feature: str, key: str) -> tuple[float, str]:
+        """(max_presence_change or max_mean_shift for `feature`, the config key it comes from)."""
+        for i, own in enumerate(self.features):
+            if own.feature == feature and getattr(own, key) is not None:
+                return getattr(own, key), f"preprocess.features[{i}].{key}"
+        return getattr(self, key), f"preprocess.{key}"
+
+    def leak_checked(self, feature: str) -> bool:
+        return all(own.leak_check for own in self.features if own.feature == feature)
 
 
 @dataclass(frozen=True)
@@ -387,6 +410,25 @@ def _positive(value: Optional[float], path: str, allow_zero: bool = False) -> No
         raise ConfigError(f"{path}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
+def _check_feature_limits(cfg: Config) -> None:
+    column_fed = {f.name for f in [*cfg.column_sparse, *cfg.features.dense]}
+    dense, seen = {d.name for d in cfg.features.dense}, {}
+    for i, own in enumerate(cfg.preprocess.features):
+        path = f"preprocess.features[{i}]"
+        if own.feature not in column_fed:
+            raise ConfigError(f"{path}.feature: {own.feature!r} is not a feature read from a column "
+                              f"({', '.join(sorted(column_fed))})")
+        if own.feature in seen:
+            raise ConfigError(f"{path}.feature: {own.feature!r} already has limits in {seen[own.feature]}")
+        seen[own.feature] = path
+        if own.max_presence_change is not None and not 0 < own.max_presence_change <= 1:
+            raise ConfigError(f"{path}.max_presence_change: must be in (0, 1], got {own.max_presence_change}")
+        if own.max_mean_shift is not None:
+            if own.feature not in dense:
+                raise ConfigError(f"{path}.max_mean_shift: {own.feature!r} is not a dense feature")
+            _positive(own.max_mean_shift, f"{path}.max_mean_shift")
+
+
 def _validate(cfg: Config) -> Config:
     names: dict[str, str] = {}
     for kind in ("sparse", "dense"):
@@ -449,6 +491,7 @@ def _validate(cfg: Config) -> Config:
     if not 0 < (change := cfg.preprocess.max_presence_change) <= 1:
         raise ConfigError(f"preprocess.max_presence_change: must be in (0, 1], got {change}")
     _positive(cfg.preprocess.max_mean_shift, "preprocess.max_mean_shift")
+    _check_feature_limits(cfg)
     if not 0 <= (dead := cfg.preprocess.max_dead_letter_fraction) <= 1:
         raise ConfigError(f"preprocess.max_dead_letter_fraction: must be in [0, 1], got {dead}")
     if not 0 < cfg.split.eval_fraction < 1:

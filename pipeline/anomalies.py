@@ -105,11 +105,12 @@ def _shares_moved(cfg: Config, now: SplitCounts, previous: Optional[SplitCounts]
     the train split to the validation or eval split (skew: the model is judged on rows unlike those it
     learnt from, e.g. a join that broke part way through the log), or from the previous run's train split to
     this one's (drift). A split with no value at all is _nothing_to_learn's."""
-    limit, out = cfg.preprocess.max_presence_change, []
+    out = []
     pairs = [(split, "the", now, "the") for split in ("validation", "eval")]  # (split, whose, train of, whose)
     if previous is not None:
         pairs.append(("train", "this run's", previous, previous_name))
     for f in [*cfg.column_sparse, *cfg.features.dense]:
+        limit, key = cfg.preprocess.limit(f.name, "max_presence_change")
         for split, own, base, base_name in pairs:
             a, b = base.share("train", f.name), now.share(split, f.name)
             if a is None or b is None or a == 0 or b == 0:
@@ -118,7 +119,7 @@ def _shares_moved(cfg: Config, now: SplitCounts, previous: Optional[SplitCounts]
             if _moved(a, n_a, b, n_b, limit):
                 out.append(f"feature {f.name!r} (column {f.column!r}) has a value in {b:.1%} of {own} {n_b:,} {split} "
                            f"rows against {a:.1%} of {base_name} {n_a:,} train rows, a change beyond "
-                           f"preprocess.max_presence_change ({limit:g}): is it filled "
+                           f"{key} ({limit:g}): is it filled "
                            f"{'less' if b < a else 'more'} upstream now?")
     return out
 
@@ -130,8 +131,9 @@ def _means_moved(cfg: Config, artifact: TransformArtifact, now: SplitCounts,
     std the model normalises it with; rows missing the value left out, _shares_moved's concern): a unit or
     scale changed upstream (milliseconds for seconds, cents for euros) gives a model inputs far outside what
     it learnt from, with no NaN or error anywhere."""
-    limit, out = cfg.preprocess.max_mean_shift, []
+    out = []
     for d in cfg.features.dense:
+        limit, key = cfg.preprocess.limit(d.name, "max_mean_shift")
         std = artifact.dense_stats.get(d.name, {}).get("std")
         train_mean = now.mean("train", d.name)
         if not std or train_mean is None:
@@ -153,7 +155,7 @@ def _means_moved(cfg: Config, artifact: TransformArtifact, now: SplitCounts,
             if abs(shift) > limit and abs(shift) > _STANDARD_ERRORS / math.sqrt(n):
                 out.append(f"dense feature {d.name!r} (column {d.column!r}): its values in {what} average {m:g}"
                            f"{log1p}, {shift:+.1f} standard deviations ({sd:g}) from {against}' {mean:g}, beyond "
-                           f"preprocess.max_mean_shift ({limit:g}): has its unit or scale changed upstream?")
+                           f"{key} ({limit:g}): has its unit or scale changed upstream?")
     return out
 
 

@@ -35,7 +35,8 @@ def _auc(scores: np.ndarray, clicked: np.ndarray) -> float:
 def leak_warnings(cfg: Config, sample: pa.Table) -> list[str]:
     """One message per column-fed feature that alone orders `sample`'s rows by their label with an AUC of
     LEAK_AUC or more (a dense one either way). Retrieval logs (clicks only) and samples with fewer than
-    MIN_PER_LABEL rows of either label are not judged."""
+    MIN_PER_LABEL rows of either label are not judged, nor features whose preprocess.features[] entry sets
+    leak_check: false."""
     if cfg.model.task == "retrieval" or sample.num_rows == 0:
         return []
     clicked = numeric(sample.column(cfg.label.column))[0] > 0.5
@@ -46,7 +47,7 @@ def leak_warnings(cfg: Config, sample: pa.Table) -> list[str]:
            "evaluation and fails in serving, where the value is not known yet")
     out, seen = [], set()
     for d in cfg.features.dense:
-        if d.column in seen:
+        if d.column in seen or not cfg.preprocess.leak_checked(d.name):
             continue
         seen.add(d.column)
         x = numeric(sample.column(d.column))[0]
@@ -57,7 +58,7 @@ def leak_warnings(cfg: Config, sample: pa.Table) -> list[str]:
             out.append(f"dense feature {d.name!r} (column {d.column!r}) alone orders the {n:,} eval-sample rows "
                        f"by their label (column {cfg.label.column!r}) with AUC {auc:.3f}{where}: {why}")
     for f in cfg.column_sparse:
-        if f.multivalent or f.column in seen:
+        if f.multivalent or f.column in seen or not cfg.preprocess.leak_checked(f.name):
             continue
         seen.add(f.column)
         tokens = np.array(["" if v is None else str(v) for v in sample.column(f.column).to_pylist()], dtype=object)

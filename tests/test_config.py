@@ -54,6 +54,13 @@ def _with(mutate):
     (lambda d: d.update(preprocess={"max_presence_change": 0}), "preprocess.max_presence_change: must be in (0, 1]"),
     (lambda d: d.update(preprocess={"max_presence_change": 1.5}), "preprocess.max_presence_change: must be in (0, 1]"),
     (lambda d: d.update(preprocess={"max_mean_shift": -1}), "preprocess.max_mean_shift: must be > 0"),
+    (lambda d: d.update(preprocess={"features": [{"feature": "nope"}]}), "preprocess.features[0].feature: 'nope' is not"),
+    (lambda d: d.update(preprocess={"features": [{"feature": "C1", "max_mean_shift": 2}]}),
+     "preprocess.features[0].max_mean_shift: 'C1' is not a dense feature"),
+    (lambda d: d.update(preprocess={"features": [{"feature": "I2", "max_presence_change": 0}]}),
+     "preprocess.features[0].max_presence_change: must be in (0, 1]"),
+    (lambda d: d.update(preprocess={"features": [{"feature": "I2"}, {"feature": "I2", "max_mean_shift": 2}]}),
+     "preprocess.features[1].feature: 'I2' already has limits in preprocess.features[0]"),
     (lambda d: d.update(preprocess={"max_dead_letter_fraction": 2}), "preprocess.max_dead_letter_fraction: must be in"),
 ])
 def test_errors_name_the_key(mutate, key):

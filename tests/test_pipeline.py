@@ -826,6 +826,21 @@ def test_features_whose_splits_or_days_disagree_are_named(tmp_path, small_log, s
     said = []
     run_preprocess(parse_config(loose), str(tmp_path / "split"), str(tmp_path / "o2"), IN_MEMORY, say=said.append)
     assert not [s for s in said if "WARNING" in s]
+    # per feature (TFX's per-feature thresholds): I1's own limit silences it only; C1's, tighter than its move,
+    # names C1 with its own key, and I2 keeps the global one; with C1's and I2's own limits raised, none is named
+    own = small_config_dict()
+    own["preprocess"] = {"features": [{"feature": "C1", "max_presence_change": 0.5},
+                                      {"feature": "I1", "max_presence_change": 0.9}]}
+    said = []
+    run_preprocess(parse_config(own), str(tmp_path / "split"), str(tmp_path / "o3"), IN_MEMORY, say=said.append)
+    named = {s.split("'")[1]: s for s in said if "WARNING" in s}
+    assert set(named) == {"C1", "I2"} and "beyond preprocess.features[0].max_presence_change (0.5)" in named["C1"]
+    assert "beyond preprocess.max_mean_shift (1)" in named["I2"]
+    own["preprocess"]["features"][0]["max_presence_change"] = 1
+    own["preprocess"]["features"].append({"feature": "I2", "max_mean_shift": shift + 1, "leak_check": False})
+    said = []
+    run_preprocess(parse_config(own), str(tmp_path / "split"), str(tmp_path / "o4"), IN_MEMORY, say=said.append)
+    assert not [s for s in said if "WARNING" in s]
 
     # a day's run against the previous day's: the second day's I1 mostly missing and I2 in other units
     said = []
@@ -909,6 +924,10 @@ def test_features_that_give_the_label_away_are_named(tmp_path, small_log, small_
         f"label (column 'label') with AUC 1.000, {missing:.0%} of them without a value (scored lowest): {why}",
         f"preprocess: WARNING: feature 'C1' (column 'C1'): its 2 values alone sort the {n:,} eval-sample rows by "
         f"their label (column 'label'), AUC 1.000 from each value's click rate: {why}"]
+    known = parse_config({**small_config_dict(), "preprocess": {"features": [{"feature": "C1", "leak_check": False}]}})
+    said = []
+    run_preprocess(known, str(tmp_path / "log"), str(tmp_path / "out1"), IN_MEMORY, say=said.append)
+    assert [s.split("'")[1] for s in said if "by their label" in s] == ["I1"]  # C1's own leak_check is off
     strict = parse_config({**small_config_dict(), "preprocess": {"on_anomaly": "fail"}})
     with pytest.raises(PreprocessError, match="dense feature 'I1' .* alone orders"):
         run_preprocess(strict, str(tmp_path / "log"), str(tmp_path / "out2"), IN_MEMORY, say=lambda _: None)
