@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from tensorflow.core.example import example_pb2, feature_pb2
 
-from serving.registry import RequestError
+from serving.errors import RequestError
 from serving.version import EXAMPLES_SIGNATURE, SIGNATURE
 
 __all__ = ["SIGNATURES", "check_signature", "is_b64", "b64_bytes", "examples_from_json", "examples_from_input",

@@ -40,12 +40,14 @@ from features.transform import (FeatureTransform, canonicalize_request, example_
                                 INTEGER_ID_DTYPES)
 from serving.prune import Pruning, prune_model, prune_vocabularies, pruned_candidates, pruned_records
 from serving.quantize import quantize_model
+from serving.registry import load_version
+from serving.warmup import missing_rows, warmup_logs, write_warmup
 from serving.version import EXAMPLES_SIGNATURE, TEMP_PREFIX, ExportBase, ExportedVersion, ExportMeta
 from trainers.candidates import read_clicks
 from trainers.metrics import roc_auc
 from trainers.model_dir import ModelDir
 
-__all__ = ["export_model", "example_request", "skew_check", "examples_check", "differing_features", "SkewError",
+__all__ = ["export_model", "skew_check", "examples_check", "differing_features", "SkewError",
            "ExportError", "SKEW_TOLERANCE", "sample_auc"]
 
 SKEW_TOLERANCE = 1e-5
@@ -143,19 +145,6 @@ def _retrieval_module(cfg, artifact: TransformArtifact, model: tf.keras.Model, d
         return {"candidates": tf.gather(module.labels, top.indices), "scores": top.values}
 
     return module, {"serving_default": serve.get_concrete_function(), "query_embedding": query_fn}
-
-
-def example_request(serve_fn, n: int = 2) -> dict[str, np.ndarray]:
-    """A request of n all-missing rows, with the dtypes the signature expects."""
-    out = {}
-    for name, spec in serve_fn.structured_input_signature[1].items():
-        if spec.dtype == tf.string:
-            out[name] = np.array([b""] * n, dtype=object)
-        elif spec.dtype in INTEGER_ID_DTYPES:
-            out[name] = np.zeros(n, spec.dtype.as_numpy_dtype)
-        else:
-            out[name] = np.full(n, np.nan, np.float32)
-    return out
 
 
 class SkewError(RecpipeError, RuntimeError):
@@ -300,7 +289,8 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
                                      version, dict(metrics or {}), weights))
         loaded = tf.saved_model.load(staged.path)
         serve_fn = loaded.signatures["serving_default"]
-        smoke = serve_fn(**{k: tf.constant(v) for k, v in example_request(serve_fn).items()})
+        smoke = serve_fn(**{k: tf.constant(v) for k, v in
+                            missing_rows(dict(serve_fn.structured_input_signature[1]), 2).items()})
         if not all(np.all(np.isfinite(v.numpy())) for v in smoke.values() if v.dtype.is_floating):
             raise RuntimeError(f"{staged.path}: the exported model returns non-finite scores")
         trained = direct(preprocessed).numpy()
@@ -320,6 +310,9 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
         if not report.get("examples_passed", True):
             raise SkewError(f"{EXAMPLES_SIGNATURE} scores the eval sample's rows as tf.Examples differently from "
                             f"the trainer (max |diff| {report['examples_max_abs_diff']:.3g})")
+        write_warmup(staged.warmup_path, warmup_logs(serve_fn, EXAMPLES_SIGNATURE in loaded.signatures, sample,
+                                                     artifact.config, artifact.raw_schema))
+        load_version(staged.path, version)  # loads in the model server, its warmup requests replayed, or fails here
         os.rename(staged.path, final.path)
     except BaseException:
         shutil.rmtree(staged.path, ignore_errors=True)

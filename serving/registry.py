@@ -17,18 +17,15 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
-from features.errors import RecpipeError
 from features.hostmem import GIB, available_memory
+from serving.errors import RequestError
 from serving.version import EXAMPLES_SIGNATURE, SIGNATURE, ExportBase, ExportedVersion
+from serving.warmup import missing_rows, read_warmup, replay
 
 __all__ = ["LoadedVersion", "ModelRegistry", "RequestError", "SIGNATURE", "EXAMPLES_SIGNATURE", "load_version",
            "dtype_kind"]
 
 log = logging.getLogger("recpipe.serving")
-
-
-class RequestError(RecpipeError, ValueError):
-    """The client sent something the model cannot take (HTTP 400 / gRPC INVALID_ARGUMENT)."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -187,18 +184,22 @@ def load_version(path: str, version: int) -> LoadedVersion:
     meta = ExportedVersion(path, version).meta()  # None: a SavedModel exported by something else
     lv = LoadedVersion(version, path, fn, inputs, sorted(fn.structured_outputs), sig_defs, loaded,
                        loaded.signatures.get(EXAMPLES_SIGNATURE), meta.list_columns() if meta else None)
-    _warm_up(lv)
+    warmup = ExportedVersion(path, version).warmup_path
+    if os.path.exists(warmup):  # as TF Serving: the version's own requests, each run once before it serves
+        logs = read_warmup(warmup)
+        replay(lv, logs, warmup)
+        log.info("version %d: replayed %d warmup request(s) from %s", version, len(logs), warmup)
+    else:
+        _warm_up(lv)
     return lv
 
 
 def _warm_up(lv: LoadedVersion) -> None:
-    columns = {}
-    for name, spec in lv.inputs.items():
-        if spec.dtype == tf.string:
-            columns[name] = np.array([b""], dtype=object)
-        else:
-            columns[name] = np.zeros(1, spec.dtype.as_numpy_dtype)
-    lv.predict(columns)
+    """A version without warmup requests (exported by something else, or before they were written): one
+    all-missing row through each signature, so the first real request does not run the graph first."""
+    lv.predict(missing_rows(lv.inputs, 1))
+    if lv.examples_fn is not None:
+        lv.score_examples([b""])  # an empty tf.Example: every feature absent, a missing value
 
 
 # TF Serving's estimate of a SavedModel's RAM: its bytes on disk x 1.2 (ResourceUtil's RAM multiplier)

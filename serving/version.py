@@ -2,6 +2,7 @@
 
     BASE/<version>/saved_model.pb, variables/   the SavedModel (any TF Serving-compatible export)
     BASE/<version>/assets.extra/recpipe.json    ExportMeta: config, raw schema, model dir, metrics, weight dtypes
+    BASE/<version>/assets.extra/tf_serving_warmup_requests  requests replayed before the version serves
     BASE/<version>/skew_check.json              the export's skew-check report
 
 A version is a folder named by a positive integer in ASCII digits; anything else in BASE (temp
@@ -66,6 +67,7 @@ class ExportedVersion:
     saved_model_pb = fsio.SubPath("saved_model.pb")
     variables_index = fsio.SubPath("variables", "variables.index")
     meta_path = fsio.SubPath("assets.extra", "recpipe.json")
+    warmup_path = fsio.SubPath("assets.extra", "tf_serving_warmup_requests")  # serving.warmup
     skew_report_path = fsio.SubPath("skew_check.json")
 
     @property

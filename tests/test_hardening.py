@@ -91,6 +91,45 @@ def test_1_a_corrupt_newest_version_does_not_block_startup(tmp_path, exported, c
         srv.stop()
 
 
+def test_1_warmup_requests_are_exported_and_replayed_before_a_version_serves(tmp_path, exported, caplog):
+    """TF Serving's SavedModel warmup: the export writes assets.extra/tf_serving_warmup_requests (Predict,
+    Classify and Regress on its first eval-sample rows), which TF Serving replays before a version serves,
+    and so does our server; a version whose warmup request fails is refused, as TF Serving fails its load.
+    Before, a version's first Classify call ran its graph for the first time (0.4 s against 2 ms after)."""
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    from serving.version import ExportedVersion
+    from serving.warmup import WARMUP_ROWS, read_warmup, write_warmup
+    warmup = ExportedVersion(exported[1], 1).warmup_path
+    logs = read_warmup(warmup)
+    assert [log.WhichOneof("log_type") for log in logs] == ["predict_log", "classify_log", "regress_log"]
+    predict = logs[0].predict_log.request
+    assert predict.model_spec.signature_name == "serving_default"
+    import tensorflow as tf
+    inputs = tf.saved_model.load(exported[1]).signatures["serving_default"].structured_input_signature[1]
+    assert {k: v.tensor_shape.dim[0].size for k, v in predict.inputs.items()} == dict.fromkeys(inputs, WARMUP_ROWS)
+    assert len(logs[1].classify_log.request.input.example_list.examples) == WARMUP_ROWS
+    assert logs[2].regress_log.request.model_spec.signature_name == "predict_examples"
+    base = tmp_path / "base"
+    _copy_version(exported[1], base, 1)
+    bad = _copy_version(exported[1], base, 2)
+    wrong = prediction_log_pb2.PredictionLog()
+    wrong.CopyFrom(logs[0])
+    wrong.predict_log.request.inputs["no_such_column"].CopyFrom(wrong.predict_log.request.inputs["C1"])
+    write_warmup(str(bad / "assets.extra" / "tf_serving_warmup_requests"), [logs[0], wrong])
+    with caplog.at_level(logging.INFO, logger="recpipe.serving"):
+        srv = ModelServer(ServeOptions(str(base), "small", rest_port=0, grpc_port=None, poll_seconds=0.2)).start()
+    try:
+        assert srv.registry.get().version == 1
+        messages = [r.getMessage() for r in caplog.records]
+        assert any(m.startswith("refusing small version 2") and "warmup record 1 (predict_log) fails: unknown "
+                   "input(s): no_such_column" in m for m in messages), messages
+        assert f"version 1: replayed 3 warmup request(s) from {base / '1' / 'assets.extra'}" \
+               f"/tf_serving_warmup_requests" in messages
+    finally:
+        srv.stop()
+
+
 def test_1_a_version_too_big_for_memory_is_refused_not_loaded(tmp_path, exported, caplog):
     """A new version whose load would take more memory than the server can still get (TF Serving's estimate:
     1.2x its bytes on disk) is refused with the figures, and the served version keeps serving; loading it

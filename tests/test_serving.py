@@ -284,6 +284,29 @@ def test_classify_and_regress_on_tf_examples(server, preprocessed, small_log):
         assert code == 400 and message in body["error"], (bad_body, body)
 
 
+def _trained_on(tmp_path, log):
+    """`log` written as TMP/log, preprocessed into TMP/pre with user_id read through a vocabulary, and a
+    small model trained on it in TMP/m (20 steps)."""
+    from features.config import parse_config
+    from features.preprocessed import PreprocessedData
+    from pipeline.preprocess import run_preprocess
+    from trainers.options import TrainOptions
+    from trainers.train import train
+
+    from conftest import IN_MEMORY, small_config_dict
+    os.makedirs(tmp_path / "log")
+    pq.write_table(log, str(tmp_path / "log" / "part-0.parquet"))
+    cfg_dict = small_config_dict(steps=20)
+    cfg_dict["features"]["sparse"][0] = {"name": "user_id", "column": "user_id", "vocab": {"min_count": 1},
+                                         "embedding_dim": 8}
+    (tmp_path / "cfg.yaml").write_text(json.dumps(cfg_dict))
+    run_preprocess(parse_config(cfg_dict), str(tmp_path / "log"), str(tmp_path / "pre"), IN_MEMORY,
+                   say=lambda _: None)
+    train(TrainOptions(data_dir=str(tmp_path / "pre"), model_dir=str(tmp_path / "m"),
+                       config_path=str(tmp_path / "cfg.yaml")), say=lambda _: None)
+    return PreprocessedData(str(tmp_path / "pre"))
+
+
 def test_integer_ids_null_list_items_and_string_numbers_export_and_serve(tmp_path, small_log):
     """A log whose ID column is integers, some of them null (the Beam job reads a null ID as ""), whose
     list column has null items (the Beam job drops them) and whose dense column is numbers in strings,
@@ -295,15 +318,9 @@ def test_integer_ids_null_list_items_and_string_numbers_export_and_serve(tmp_pat
     between serving and the Beam job') and could not parse a blank dense string as a float."""
     import pyarrow as pa
 
-    from features.config import parse_config
-    from features.preprocessed import PreprocessedData
     from features.transform import examples_from_arrow, int64_nulls, request_from_arrow
-    from pipeline.preprocess import run_preprocess
     from serving.export import sample_auc
-    from trainers.options import TrainOptions
-    from trainers.train import train
 
-    from conftest import IN_MEMORY, small_config_dict
     log = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]).slice(0, 2000)
     users = [None if i % 9 == 4 else i % 97 for i in range(log.num_rows)]
     log = log.set_column(log.schema.get_field_index("user_id"), "user_id", pa.array(users, pa.int64()))
@@ -312,18 +329,8 @@ def test_integer_ids_null_list_items_and_string_numbers_export_and_serve(tmp_pat
     log = log.set_column(log.schema.get_field_index("hist_items"), "hist_items", pa.array(hist, pa.list_(pa.string())))
     i1 = ["" if i % 5 == 2 else None if v is None else f" {v} " for i, v in enumerate(log.column("I1").to_pylist())]
     log = log.set_column(log.schema.get_field_index("I1"), "I1", pa.array(i1, pa.string()))
-    os.makedirs(tmp_path / "log")
-    pq.write_table(log, str(tmp_path / "log" / "part-0.parquet"))
-    cfg_dict = small_config_dict(steps=20)
-    cfg_dict["features"]["sparse"][0] = {"name": "user_id", "column": "user_id", "vocab": {"min_count": 1},
-                                         "embedding_dim": 8}
-    (tmp_path / "cfg.yaml").write_text(json.dumps(cfg_dict))
-    run_preprocess(parse_config(cfg_dict), str(tmp_path / "log"), str(tmp_path / "pre"), IN_MEMORY,
-                   say=lambda _: None)
-    data = PreprocessedData(str(tmp_path / "pre"))
+    data = _trained_on(tmp_path, log)
     assert data.transform().raw_schema["user_id"] == "int"
-    train(TrainOptions(data_dir=data.root, model_dir=str(tmp_path / "m"), config_path=str(tmp_path / "cfg.yaml")),
-          say=lambda _: None)
     path = export_model(str(tmp_path / "m"), str(tmp_path / "export"), version=1)
     version = ExportBase(str(tmp_path / "export")).version(1)
     report = version.skew_report()
@@ -411,30 +418,14 @@ def test_uint64_ids_of_2_to_the_63_and_more_serve_like_the_trainer(tmp_path, sma
     import pyarrow as pa
     from tensorflow.core.example import example_pb2
 
-    from features.config import parse_config
-    from features.preprocessed import PreprocessedData
     from features.transform import examples_from_arrow, int64_nulls, request_from_arrow
-    from pipeline.preprocess import run_preprocess
-    from trainers.options import TrainOptions
-    from trainers.train import train
 
-    from conftest import IN_MEMORY, small_config_dict
     log = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]).slice(0, 2000)
     users = [None if i % 11 == 4 else (1 << 64) - 1 - i % 53 if i % 2 else i % 47 for i in range(log.num_rows)]
     log = log.set_column(log.schema.get_field_index("user_id"), "user_id", pa.array(users, pa.uint64()))
-    os.makedirs(tmp_path / "log")
-    pq.write_table(log, str(tmp_path / "log" / "part-0.parquet"))
-    cfg_dict = small_config_dict(steps=20)
-    cfg_dict["features"]["sparse"][0] = {"name": "user_id", "column": "user_id", "vocab": {"min_count": 1},
-                                         "embedding_dim": 8}
-    (tmp_path / "cfg.yaml").write_text(json.dumps(cfg_dict))
-    run_preprocess(parse_config(cfg_dict), str(tmp_path / "log"), str(tmp_path / "pre"), IN_MEMORY,
-                   say=lambda _: None)
-    data = PreprocessedData(str(tmp_path / "pre"))
+    data = _trained_on(tmp_path, log)
     art = data.transform()
     assert art.raw_schema["user_id"] == "uint64" and str((1 << 64) - 1) in art.vocabularies["user_id"]
-    train(TrainOptions(data_dir=data.root, model_dir=str(tmp_path / "m"), config_path=str(tmp_path / "cfg.yaml")),
-          say=lambda _: None)
     base = str(tmp_path / "export")
     export_model(str(tmp_path / "m"), base, version=1)
     report = ExportBase(base).version(1).skew_report()
