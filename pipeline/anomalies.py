@@ -100,6 +100,33 @@ def _nothing_to_learn(cfg: Config, artifact: TransformArtifact, now: SplitCounts
     return out
 
 
+# A vocabulary feature is named when fewer than this share of its train rows hold a value that recurs (kept in
+# the vocabulary with a count of 2 or more), over at least this many train rows with a value.
+MIN_RECURRING_SHARE, MIN_RECURRING_ROWS = 0.05, 1_000
+
+
+def _values_never_recur(cfg: Config, artifact: TransformArtifact, now: SplitCounts) -> list[str]:
+    """A single-valued feature with its own vocabulary whose values almost never recur in the train rows: a
+    row, request or event ID, or a timestamp, read as an ID. The model learns nothing from it (each value's
+    row is trained once, or the value is left out as rare) and at serving every value is new (OOV); with
+    min_count 1 its table also grows by a row per example. Counted on this run's rows, so not on a day run
+    (whose counts carry the earlier days)."""
+    shared = {f.share_embedding_with for f in cfg.features.sparse if f.share_embedding_with}
+    out = []
+    for f in cfg.column_sparse:
+        counts, n = artifact.vocab_counts.get(f.name), now.with_value.get("train", {}).get(f.name, 0)
+        if f.vocab is None or f.multivalent or f.name in shared or counts is None or n < MIN_RECURRING_ROWS:
+            continue
+        recurring = sum(c for c in counts if c is not None and c >= 2)
+        if recurring < MIN_RECURRING_SHARE * n:
+            out.append(f"feature {f.name!r} (column {f.column!r}): only {recurring / n:.1%} of its {n:,} train rows "
+                       f"with a value hold one that recurs in train and is kept (vocab.min_count "
+                       f"{f.vocab.min_count}; {len(counts):,} values kept): is it a row, request or event ID, or a "
+                       f"timestamp? The model cannot learn from values that never come back, and at serving they "
+                       f"are all new (OOV)")
+    return out
+
+
 def _shares_moved(cfg: Config, now: SplitCounts, previous: Optional[SplitCounts], previous_name: str) -> list[str]:
     """A feature's share of rows with a value that moves by more than preprocess.max_presence_change: from
     the train split to the validation or eval split (skew: the model is judged on rows unlike those it
@@ -186,6 +213,7 @@ def feature_warnings(cfg: Config, artifact: TransformArtifact, now: SplitCounts,
     before = SplitCounts.from_row_counts(previous.row_counts) if previous is not None else None
     name = f"the previous run's ({previous.day})" if previous is not None and previous.day else "the previous run's"
     return [*_one_label_class(cfg, now), *_nothing_to_learn(cfg, artifact, now),
+            *(_values_never_recur(cfg, artifact, now) if previous is None else []),
             *_shares_moved(cfg, now, before, name),
             *_means_moved(cfg, artifact, now, (previous, before) if previous is not None else None, name)]
 

@@ -933,6 +933,25 @@ def test_features_that_give_the_label_away_are_named(tmp_path, small_log, small_
         run_preprocess(strict, str(tmp_path / "log"), str(tmp_path / "out2"), IN_MEMORY, say=lambda _: None)
 
 
+def test_an_id_whose_values_never_recur_is_named(tmp_path, small_log):
+    """A row or event ID (or a timestamp) configured as a sparse feature: every value is new, so the model
+    learns nothing from it, serving sees only OOV values, and with min_count 1 its table grows by a row per
+    example; it was published with no word."""
+    t = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0])
+    _write(str(tmp_path / "log" / "p.parquet"), t.append_column("event_id", pa.array(
+        [f"ev-{i:08d}" for i in range(t.num_rows)])))
+    d = small_config_dict()
+    d["features"]["sparse"].append({"name": "event", "column": "event_id", "vocab": {"min_count": 1},
+                                    "embedding_dim": 8})
+    said = []
+    res = run_preprocess(parse_config(d), str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, say=said.append)
+    assert [s for s in said if "WARNING" in s] == [
+        f"preprocess: WARNING: feature 'event' (column 'event_id'): only 0.0% of its {res.rows_train:,} train rows "
+        f"with a value hold one that recurs in train and is kept (vocab.min_count 1; {res.rows_train:,} values "
+        f"kept): is it a row, request or event ID, or a timestamp? The model cannot learn from values that never "
+        f"come back, and at serving they are all new (OOV)"]
+
+
 def test_a_few_rows_of_sampling_noise_are_not_named(preprocessed):
     """Shares and means that move only as far as a split's few rows allow by chance are not anomalies."""
     from pipeline.anomalies import SplitCounts, feature_warnings
