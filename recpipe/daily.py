@@ -30,7 +30,8 @@ from features.preprocessed import PreprocessedData
 from serving.version import ExportBase
 from trainers.options import RunOptions, TrainOptions
 
-__all__ = ["DailyConfig", "DayDir", "auc_verdict", "load_daily_config", "run_step", "STEPS", "train_allocator"]
+__all__ = ["DailyConfig", "DayDir", "auc_verdict", "loses_to_baseline", "load_daily_config", "run_step", "STEPS",
+           "train_allocator"]
 
 STEPS = ("ready", "preprocess", "train", "evaluate", "bless", "push")
 
@@ -191,11 +192,36 @@ def step_bless(dc: DailyConfig, day: str, say) -> int:
         verdict = {"blessed": bool(new >= old - dc.bless_tolerance), "metric": "recall_at_10", "new": new,
                    "served": old, "served_version": served.path, "tolerance": dc.bless_tolerance,
                    "reason": f"new recall@10 {new:.4f} vs served model's recorded {old:.4f}"}
+    lost = loses_to_baseline(cfg.model.task, new_metrics)
+    if lost:  # TFX's Evaluator value threshold: never pushed, the first version included
+        verdict = {**verdict, "blessed": False, "baseline": lost[1],
+                   "reason": f"{lost[0]}; {verdict['reason']}" if verdict["blessed"] else
+                             f"{verdict['reason']}; also {lost[0]}"}
     verdict["day"] = day
     verdict["model_checkpoint"] = checkpoint
     fsio.write_json(d.blessing_path, verdict, only_if_changed=True)
     say(f"daily bless: {'BLESSED' if verdict['blessed'] else 'NOT blessed'}: {verdict['reason']}")
     return 0
+
+
+def loses_to_baseline(task: str, metrics: dict) -> Optional[tuple[str, dict]]:
+    """(why, figures) when the model's eval metrics (recpipe evaluate's) are no better than the trivial
+    model's beside them: ranking, a logloss no lower than predicting train's click rate; retrieval, a
+    recall@10 no higher than recommending the most popular candidates. None when it beats it. A model that
+    loses to it learnt nothing a constant does not know (a broken label, features or training), and the
+    first day has no served model to lose to."""
+    if task == "retrieval":
+        new = metrics.get("recall_at_10")
+        base = metrics.get("baselines", {}).get("most_popular", {}).get("recall_at_10")
+        if new is None or base is None or new > base:
+            return None
+        return (f"the new model's eval recall@10 {new:.4f} is no higher than recommending the most popular "
+                f"candidates ({base:.4f})", {"metric": "recall_at_10", "model": new, "most_popular": base})
+    new, base = metrics.get("logloss"), metrics.get("baselines", {}).get("constant_rate", {}).get("logloss")
+    if new is None or base is None or new < base:
+        return None
+    return (f"the new model's eval logloss {new:.4f} is no lower than predicting train's click rate ({base:.4f})",
+            {"metric": "logloss", "model": new, "constant_rate": base})
 
 
 def auc_verdict(labels, new_auc: float, served_auc: float, tolerance: float) -> dict:

@@ -115,6 +115,37 @@ def test_bless_on_a_sample_of_one_class_says_why_and_keeps_the_served_model():
     assert auc_verdict([1.0, 0.0], 0.69, 0.70, 0.005)["blessed"] is False
 
 
+
+def test_a_model_no_better_than_the_click_rate_is_never_pushed_the_first_one_included(tmp_path, preprocessed):
+    """A model whose eval logloss is no lower than predicting train's click rate (here: trained 2 steps, its
+    scores near 0.5) learnt nothing; with no model served yet it was blessed and pushed ('no model is served
+    yet'), as TFX's Evaluator would not with a value threshold. Run as the DAG's tasks run them."""
+    import shutil
+
+    from recpipe.daily import loses_to_baseline, run_step
+    day = "2026-01-05"
+    shutil.copytree(preprocessed[0], tmp_path / "work" / day / "preprocessed")
+    cfg = small_config_dict(steps=2)
+    cfg["train"]["checkpoint_every"] = 2
+    project = _project(tmp_path, "untrained", cfg)
+    said = []
+    for step in ("train", "evaluate", "bless", "push"):
+        assert run_step(step, project, day, say=said.append) == 0
+    metrics = json.loads((tmp_path / "work" / day / "metrics.json").read_text())
+    verdict = json.loads((tmp_path / "work" / day / "blessing.json").read_text())
+    base = metrics["baselines"]["constant_rate"]["logloss"]
+    assert verdict["blessed"] is False and verdict["baseline"] == {"metric": "logloss", "model": metrics["logloss"],
+                                                                   "constant_rate": base}
+    assert verdict["reason"] == (f"the new model's eval logloss {metrics['logloss']:.4f} is no lower than predicting "
+                                 f"train's click rate ({base:.4f}); no model is served yet")
+    assert not os.path.exists(tmp_path / "serving") or not os.listdir(tmp_path / "serving")  # nothing pushed
+    assert any("not blessed" in s for s in said)
+    # retrieval: against the most popular candidates; a model that beats its baseline is not held back
+    assert loses_to_baseline("retrieval", {"recall_at_10": 0.1, "baselines": {"most_popular": {"recall_at_10": 0.1}}})
+    assert loses_to_baseline("retrieval", {"recall_at_10": 0.2, "baselines": {"most_popular": {"recall_at_10": 0.1}}}) \
+        is None
+    assert loses_to_baseline("ranking", {"logloss": 0.4, "baselines": {"constant_rate": {"logloss": 0.5}}}) is None
+
 RUN_ONE = """
 import json, sys, pendulum
 from airflow.dag_processing.dagbag import DagBag
