@@ -214,7 +214,9 @@ def cmd_serve(a) -> None:
     from serving.server import ModelServer, ServeOptions
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     server = ModelServer(ServeOptions(a.model_base, a.model_name, a.host, a.rest_port, a.grpc_port,
-                                      a.poll_seconds, a.max_batch_rows, a.batch_timeout_ms)).start()
+                                      a.poll_seconds, a.max_batch_rows, a.batch_timeout_ms))
+    server.catch_signals()
+    server.start()
     server.serve_until_signal(say=_say)
 
 

@@ -52,7 +52,7 @@ class ModelServer:
         self._rest = None
         self._grpc = None
         self.rest_port = self.grpc_port = None
-        self._stopped = threading.Event()
+        self._signalled = threading.Event()  # catch_signals' signal arrived
 
     def start(self) -> "ModelServer":
         self.registry.start()
@@ -73,13 +73,19 @@ class ModelServer:
             self._rest.shutdown()
         if self._grpc is not None:
             self._grpc.stop(grace=1).wait()
-        self._stopped.set()
+
+    def catch_signals(self) -> None:
+        """From now on SIGINT/SIGTERM ask serve_until_signal to stop the server. Called before start(): the
+        REST port answers before the gRPC one is up, and a SIGTERM in between used to find the default
+        disposition and kill the process (exit -15) instead of stopping it."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: self._signalled.set())
 
     def serve_until_signal(self, say=print) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: threading.Thread(target=self.stop).start())
+        """Serve until catch_signals' signal arrives (at once if it came while starting), then stop."""
         say(f"serve: model {self.opts.model_name!r} version {self.registry.get().version} on "
             f"REST http://{self.opts.host}:{self.rest_port}"
             + (f", gRPC {self.opts.host}:{self.grpc_port}" if self.grpc_port else ""), )
-        self._stopped.wait()
+        self._signalled.wait()
+        self.stop()
         logging.getLogger("recpipe.serving").info("server stopped")
