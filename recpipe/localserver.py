@@ -31,8 +31,8 @@ def start_server(model_base: str, model_name: str, rest_port: int, grpc_port: in
                             text=True)
 
 
-def wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    """Block until the model server in `proc` answers /healthz on 127.0.0.1:port."""
+def wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 120.0, poll_s: float = 0.5) -> None:
+    """Block until the model server in `proc` answers /healthz on 127.0.0.1:port (asked every poll_s)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -42,7 +42,7 @@ def wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> N
                 if resp.status == 200:
                     return
         except (urllib.error.URLError, ConnectionError, OSError):
-            time.sleep(0.5)
+            time.sleep(poll_s)
     raise TimeoutError(f"model server not healthy on port {port} after {timeout:.0f}s")
 
 

@@ -312,7 +312,7 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
                             f"the trainer (max |diff| {report['examples_max_abs_diff']:.3g})")
         write_warmup(staged.warmup_path, warmup_logs(serve_fn, EXAMPLES_SIGNATURE in loaded.signatures, sample,
                                                      artifact.config, artifact.raw_schema))
-        load_version(staged.path, version)  # loads in the model server, its warmup requests replayed, or fails here
+        load_version(staged.path, version, loaded)  # as the model server loads it, warmup replayed, or fails here
         os.rename(staged.path, final.path)
     except BaseException:
         shutil.rmtree(staged.path, ignore_errors=True)

@@ -170,9 +170,10 @@ def _graph_error(message: str) -> str:
     return message.splitlines()[0] if message else "invalid examples"
 
 
-def load_version(path: str, version: int) -> LoadedVersion:
-    """Load, inspect and warm up one SavedModel version."""
-    loaded = tf.saved_model.load(path)
+def load_version(path: str, version: int, loaded=None) -> LoadedVersion:
+    """Load, inspect and warm up one SavedModel version; `loaded`: the SavedModel at `path`, loaded already
+    (the export's check, which must not hold a second copy of a large model's weights)."""
+    loaded = loaded if loaded is not None else tf.saved_model.load(path)
     if SIGNATURE not in loaded.signatures:
         raise ValueError(f"{path}: no {SIGNATURE!r} signature")
     fn = loaded.signatures[SIGNATURE]

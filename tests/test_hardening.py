@@ -293,20 +293,13 @@ def test_4_a_sigterm_the_moment_the_server_answers_stops_it_cleanly(exported):
     """`recpipe serve` answered REST before it caught SIGTERM (the handler came after the gRPC server had
     started), so a SIGTERM in between, as an orchestrator's rolling restart may send, killed it (exit -15)
     instead of stopping it; the chain test met it once in a few runs."""
-    from recpipe.localserver import free_port
+    from recpipe.localserver import free_port, wait_healthy
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "serve", "--model-base", exported[0], "--model-name",
                              "small", "--rest-port", str(port), "--grpc-port", str(free_port())],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                time.sleep(0.005)
+        wait_healthy(port, proc, poll_s=0.005)
         proc.send_signal(signal.SIGTERM)  # at once: the gRPC server may still be starting
         out, _ = proc.communicate(timeout=60)
     finally:
