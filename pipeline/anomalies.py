@@ -17,7 +17,7 @@ from features.artifact import TransformArtifact
 from features.canonical import DENSE_SUM_SCALE
 from features.config import Config
 from features.days import day_number
-from pipeline.sources import partition_day
+from pipeline.sources import InputFile, partition_day
 
 __all__ = ["SplitCounts", "feature_warnings", "timestamp_warnings", "dead_letter_warnings", "copied_file_warnings"]
 
@@ -263,14 +263,14 @@ def dead_letter_warnings(rows_in: int, dead_letter: dict[str, int], limit: float
             f"in {where}"]
 
 
-def copied_file_warnings(groups: list[list[str]], rows: list[int]) -> list[str]:
-    """Input files that hold the same bytes (pipeline.sources.same_files: paths and rows per group): every
-    row of such a file is read once per copy, so the model weighs it that many times and, in a time
-    split, the same rows may sit in train and in eval."""
+def copied_file_warnings(groups: list[list[InputFile]]) -> list[str]:
+    """Input files that hold the same bytes (pipeline.sources.same_files): every row of such a file is read
+    once per copy, so the model weighs it that many times and, in a time split, the same rows may sit in
+    train and in eval."""
     out = []
-    for paths, n in zip(groups, rows):
-        named = ", ".join(paths[:-1]) + f" and {paths[-1]}"
-        out.append(f"{named} hold the same bytes ({n:,} rows each): a file written {len(paths)} times upstream (a "
-                   f"retried task, a re-run backfill beside the first run's output)? Each of its rows is read "
-                   f"{len(paths)} times; remove the copies")
+    for files in groups:
+        named = ", ".join(f.path for f in files[:-1]) + f" and {files[-1].path}"
+        out.append(f"{named} hold the same bytes ({files[0].num_rows:,} rows each): a file written {len(files)} "
+                   f"times upstream (a retried task, a re-run backfill beside the first run's output)? Each of its "
+                   f"rows is read {len(files)} times; remove the copies")
     return out

@@ -287,6 +287,11 @@ def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResul
                  *feature_warnings(cfg, artifact, res.split_counts(), previous),
                  *timestamp_warnings(res.time_ranges, cfg.input.timestamp),
                  *(leak_warnings(cfg, eval_sample) if eval_sample is not None else [])]
+    _report(cfg, anomalies, say)
+
+
+def _report(cfg: Config, anomalies: list[str], say) -> None:
+    """Each anomaly as a WARNING line, or, under preprocess.on_anomaly: fail, the run stopped naming them all."""
     if anomalies and cfg.preprocess.on_anomaly == "fail":
         raise PreprocessError("; ".join(anomalies) + " (preprocess.on_anomaly is fail)")
     for warning in anomalies:
@@ -306,17 +311,12 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
     check_beam_args(beam_args)
     files = list_input_files(input_spec)
     raw_schema, inputs = inspect_inputs(files, cfg)
-    copies = same_files(inputs)
-    copied = copied_file_warnings([[f.path for f in g] for g in copies], [g[0].num_rows for g in copies])
-    if copied and cfg.preprocess.on_anomaly == "fail":
-        raise PreprocessError("; ".join(copied) + " (preprocess.on_anomaly is fail)")
     previous = load_previous_transform(previous_transform, cfg, raw_schema) if previous_transform else None
     raw_schema = typed_schema(raw_schema, previous, input_spec)
     day_no = run_day(cfg, day, files, previous)
     total = sum(f.num_rows for f in inputs)
     say(f"preprocess: {len(inputs)} file(s), {total} rows")
-    for warning in copied:
-        say(f"preprocess: WARNING: {warning}")
+    _report(cfg, copied_file_warnings(same_files(inputs)), say)  # at launch, before any stage runs
 
     local = "://" not in output
     if local and os.path.exists(output) and os.listdir(output):

@@ -158,10 +158,11 @@ def inspect_inputs(files: list[str], cfg: Config) -> tuple[dict[str, str], list[
                 continue
             if raw_schema[col] == NULL_KIND:
                 raw_schema[col], source[col] = kind, path
-            elif merged_kind(raw_schema[col], kind) is None:
+                continue
+            merged = merged_kind(raw_schema[col], kind)
+            if merged is None:
                 raise SchemaError(f"{path}: column {col!r} is {kind} but {raw_schema[col]} in {source[col]}")
-            else:
-                raw_schema[col] = merged_kind(raw_schema[col], kind)
+            raw_schema[col] = merged
         meta = pf.metadata
         n = meta.num_rows
         footer = (meta.serialized_size, n, *((meta.row_group(i).num_rows, meta.row_group(i).total_byte_size)
