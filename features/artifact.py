@@ -11,6 +11,7 @@ the serving export (lookup tables inside the graph). Layout of ``DIR``:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -60,6 +61,25 @@ class TransformArtifact:
         """Embedding table name (the owning feature) -> number of rows."""
         return {f.name: self.id_space_size(f) for f in self.config.features.sparse
                 if f.share_embedding_with is None}
+
+    def mapping_differences(self, other: "TransformArtifact", ours: str, theirs: str, limit: int = 3) -> list[str]:
+        """Where `other` turns raw rows into other model inputs than this artifact does (for the same
+        config): per vocabulary, IDs that stand for another value or that only one of them has; per
+        dense feature, the statistics its normalisation uses. Empty when both give every row the same
+        IDs and values (row counts, value counts, lifecycle state and the split may differ, as between
+        two runs of one job on the same logs). `ours`/`theirs` name the two ("the model's"), up to
+        `limit` lines."""
+        out: list[str] = []
+        for name, mine in self.vocabularies.items():
+            other_values = other.vocabularies.get(name)
+            if other_values is not None and other_values != mine:
+                out.append(_vocabulary_difference(name, mine, other_values, ours, theirs))
+        for d in self.config.features.dense:
+            a, b = self.dense_stats.get(d.name, {}), other.dense_stats.get(d.name, {})
+            if not _same_stats(a, b):
+                out.append(f"dense feature {d.name!r} is normalised with {_stats_text(a)} in {ours} transform and "
+                           f"{_stats_text(b)} in {theirs}")
+        return out[:limit] + ([f"and {len(out) - limit} more"] if len(out) > limit else [])
 
     # ------------------------------------------------------------ files
     def write(self, directory: str) -> None:
@@ -118,3 +138,50 @@ class TransformArtifact:
                    dense_stats=meta["dense_stats"], split=meta["split"],
                    row_counts=meta["row_counts"], versions=meta.get("versions", {}),
                    lineage=meta.get("lineage", {}), day=meta.get("day"))
+
+
+def _vocabulary_difference(name: str, a: list[Optional[str]], b: list[Optional[str]], ours: str, theirs: str) -> str:
+    """One line on how vocabulary `b` differs from `a` (they differ)."""
+    common = min(len(a), len(b))
+    moved = [i for i in range(common) if a[i] != b[i]]
+    what = lambda v: "a free slot" if v is None else "'' (a missing value)" if v == "" else repr(v)  # noqa: E731
+    text = f"feature {name!r}: "
+    if moved:
+        i = moved[0]
+        text += (f"{len(moved):,} of the {common:,} IDs both vocabularies hold stand for other values (ID {i}: "
+                 f"{what(a[i])} in {ours}, {what(b[i])} in {theirs})")
+        if len(a) != len(b):
+            text += f"; {ours} holds {len(a):,} values, {theirs} {len(b):,}"
+        return text
+    longer, shorter, extra = (theirs, ours, len(b) - len(a)) if len(b) > len(a) else (ours, theirs, len(a) - len(b))
+    return (f"{text}{longer} vocabulary holds {shorter} {common:,} values under the same IDs and {extra:,} more "
+            f"(IDs {common:,} and up): from a later run that extended it (--previous-transform)?")
+
+
+_STAT_TOLERANCE = 1e-9  # relative: two runs of the job on the same rows may sum them in another order
+
+
+def _same_stats(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """The statistics a dense transform uses (mean, std, bucket boundaries; not the row count) agree."""
+    def close(x, y) -> bool:
+        if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+            return len(x) == len(y) and all(close(u, v) for u, v in zip(x, y))
+        if isinstance(x, (int, float)) and isinstance(y, (int, float)):
+            return math.isclose(x, y, rel_tol=_STAT_TOLERANCE, abs_tol=1e-12)
+        return x == y
+    keys = (set(a) | set(b)) - {"count"}
+    return all(close(a.get(k), b.get(k)) for k in keys)
+
+
+def _stats_text(stats: dict[str, Any]) -> str:
+    parts = []
+    for key in sorted(set(stats) - {"count"}):
+        value = stats[key]
+        if isinstance(value, (list, tuple)):
+            shown = ", ".join(f"{v:.6g}" for v in value[:6]) + (", ..." if len(value) > 6 else "")
+            parts.append(f"{key} [{shown}]")
+        elif isinstance(value, float):
+            parts.append(f"{key} {value:.6g}")
+        else:
+            parts.append(f"{key} {value}")
+    return ", ".join(parts) or "no statistics"

@@ -45,7 +45,7 @@ from serving.warmup import missing_rows, warmup_logs, write_warmup
 from serving.version import EXAMPLES_SIGNATURE, TEMP_PREFIX, ExportBase, ExportedVersion, ExportMeta
 from trainers.candidates import read_clicks
 from trainers.metrics import roc_auc
-from trainers.model_dir import ModelDir
+from trainers.model_dir import ModelDir, check_same_transform
 
 __all__ = ["export_model", "skew_check", "examples_check", "differing_features", "SkewError",
            "ExportError", "SKEW_TOLERANCE", "sample_auc"]
@@ -176,13 +176,18 @@ def differing_features(artifact: TransformArtifact, sample: pa.Table, preprocess
     return out
 
 
-def _eval_sample(model_dir: ModelDir, data_dir: Optional[str]) -> PreprocessedData:
-    """The preprocessed data whose eval sample feeds the skew check: --data, else the model's own."""
-    data_dir = data_dir or model_dir.data_dir()
+def _eval_sample(model_dir: ModelDir, data_dir: Optional[str], artifact: TransformArtifact) -> PreprocessedData:
+    """The preprocessed data whose eval sample feeds the skew check: --data, else the model's own; its
+    transform must be the model's (`artifact`), or its records hold IDs that stand for other values."""
+    trained_on = model_dir.data_dir()
+    data_dir = data_dir or trained_on
     if data_dir is None:
         raise FileNotFoundError(f"{model_dir.root}: cannot tell which preprocessed data it was trained on; "
                                 f"pass --data")
     data = PreprocessedData(data_dir)
+    check_same_transform(artifact, data.transform(), model_dir.root, data.root,
+                         "Export with the data it was trained on"
+                         + (f" (leave --data out: {trained_on})" if trained_on and trained_on != data.root else ""))
     for p in (data.eval_sample_parquet, data.eval_sample_records):
         if not os.path.exists(p):
             raise FileNotFoundError(f"{p}: no eval sample for the skew check (re-run `recpipe preprocess`)")
@@ -255,7 +260,7 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
     pruned_candidates), and pruned query values map to OOV."""
     md = ModelDir(model_dir)
     cfg, artifact, model = md.load_trained(serving=True)
-    data = _eval_sample(md, data_dir)
+    data = _eval_sample(md, data_dir, artifact)
     sample = pq.read_table(data.eval_sample_parquet)
     preprocessed = read_single_batch(cfg, data.eval_sample_records)
     pruning = None

@@ -1,4 +1,5 @@
 """Canonicalisation (Arrow), the TF transform, and the shard record format."""
+import dataclasses
 import math
 
 import numpy as np
@@ -243,6 +244,26 @@ def test_artifact_round_trip(tmp_path):
     assert back.vocabularies == {"a": ["p", "q"]}
     assert back.id_space_size(cfg.sparse_by_name["tags"]) == 4  # 2 values + 2 OOV, shared with a
     assert back.table_sizes() == {"a": 4, "n": 50, "lst": 10, "a_x_n": 1000}
+
+
+def test_mapping_differences_are_ids_and_normalisations_not_counts():
+    """What makes another run's rows other model inputs: a value under another ID (an evicted value's
+    free slot too) or other dense statistics. Counts, lifecycle state, row counts and float noise a
+    re-run's summing order leaves do not."""
+    cfg = _cfg()
+    a = _artifact(cfg)
+    same = dataclasses.replace(a, vocab_counts={"a": [9, 9]}, vocab_last_seen={"a": [1, 2]}, row_counts={"train": 7},
+                               dense_stats={**a.dense_stats, "x": {"mean": 1.0 + 1e-13, "std": 2.0, "count": 99}})
+    assert a.mapping_differences(same, "A", "B") == []
+    freed = dataclasses.replace(a, vocabularies={"a": ["p", None, "r"]})
+    assert a.mapping_differences(freed, "A's", "B's") == [
+        "feature 'a': 1 of the 2 IDs both vocabularies hold stand for other values (ID 1: 'q' in A's, a free slot in "
+        "B's); A's holds 2 values, B's 3"]
+    shifted = dataclasses.replace(a, dense_stats={**a.dense_stats, "b": {"boundaries": [1.5, 6.0]}})
+    assert a.mapping_differences(shifted, "A's", "B's") == [
+        "dense feature 'b' is normalised with boundaries [1.5, 5] in A's transform and boundaries [1.5, 6] in B's"]
+    assert len(a.mapping_differences(dataclasses.replace(freed, dense_stats=shifted.dense_stats), "A", "B",
+                                     limit=1)) == 2  # the first, and "and 1 more"
 
 
 @pytest.mark.parametrize("free_slots", [False, True])

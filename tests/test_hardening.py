@@ -35,6 +35,7 @@ from serving.export import ExportError, SkewError, export_model
 from serving.server import ModelServer, ServeError, ServeOptions
 from trainers.errors import TrainError
 from trainers.evaluate import evaluate
+from trainers.model_dir import ModelDir
 from trainers.options import RunOptions, TrainOptions
 from trainers.train import train
 
@@ -397,6 +398,55 @@ def test_5_data_from_another_config_is_named_not_a_tensorflow_trace(tmp_path, pr
         evaluate(trained, other)
     with pytest.raises(TrainError, match="another 'features' section"):
         train(TrainOptions(other, trained, run=RunOptions(steps=200)), **QUIET)
+
+
+def test_5_data_of_another_preprocess_run_is_named_not_scored(tmp_path, preprocessed, trained, small_log, small_cfg):
+    """Same config, another run (other logs, another day): its IDs stand for other values. With tables
+    of the same sizes, evaluate scored them and a resumed training trained on them, without a word."""
+    rerun = str(tmp_path / "rerun")  # the same job on the same logs gives the same IDs: accepted
+    run_preprocess(small_cfg, small_log, rerun, IN_MEMORY, **QUIET)
+    assert evaluate(trained, rerun)["auc"] == evaluate(trained, preprocessed[0])["auc"]
+
+    def other_run(name: str, change) -> str:
+        root = tmp_path / name
+        shutil.copytree(preprocessed[0], root)
+        change(root / "transform")
+        return str(root)
+
+    def edit(path: Path, change) -> None:
+        body = json.loads(path.read_text())
+        change(body)
+        path.write_text(json.dumps(body))
+
+    def swap_first_two(body):
+        body["values"][:2] = body["values"][1::-1]
+    swapped = other_run("swapped", lambda t: edit(t / "vocab" / "C1.json", swap_first_two))
+    first, second = json.loads((Path(preprocessed[0]) / "transform" / "vocab" / "C1.json").read_text())["values"][:2]
+    named = (rf"{re.escape(swapped)}: preprocessed by another run than the data the model in {re.escape(trained)} was "
+             rf"trained on, so its "
+             rf"IDs stand for other values: feature 'C1': 2 of the \d+ IDs both vocabularies hold stand for other "
+             rf"values \(ID 0: '{first}' in the model's, '{second}' in the data's\)\.")
+    own = re.escape(preprocessed[0])
+    with pytest.raises(TrainError, match=named + rf" Evaluate it on data of the run it was trained on \({own}\)"):
+        evaluate(trained, swapped)
+    resumed = str(tmp_path / "resumed")
+    shutil.copytree(trained, resumed)
+    with pytest.raises(TrainError, match=rf"in a new --model-dir \(--warm-start {re.escape(resumed)} carries"):
+        train(TrainOptions(swapped, resumed, run=RunOptions(steps=200)), **QUIET)
+    assert ModelDir(resumed).latest_step() == ModelDir(trained).latest_step()
+    with pytest.raises(TrainError, match=r"Export with the data it was trained on \(leave --data out"):
+        export_model(trained, str(tmp_path / "export"), data_dir=swapped)
+    assert not glob.glob(str(tmp_path / "export" / "*"))
+
+    def later_day(t: Path) -> None:  # a later run with --previous-transform: the same IDs and new ones
+        edit(t / "vocab" / "item_id.json", lambda b: b["values"].extend(["new-a", "new-b"]))
+        edit(t / "transform.json", lambda m: m["dense_stats"]["I2"].update(mean=m["dense_stats"]["I2"]["mean"] + 1))
+    with pytest.raises(TrainError) as e:
+        evaluate(trained, other_run("later", later_day))
+    assert re.search(r"feature 'item_id': the data's vocabulary holds the model's \d+ values under the same IDs and "
+                     r"2 more \(IDs \d+ and up\): from a later run that extended it", str(e.value))
+    assert re.search(r"dense feature 'I2' is normalised with mean [\d.]+, std [\d.]+ in the model's transform and "
+                     r"mean [\d.]+, std [\d.]+ in the data's", str(e.value))
 
 
 @pytest.mark.parametrize("mutate, key", [

@@ -8,7 +8,7 @@ from features.config import SliceSpec
 from features.preprocessed import PreprocessedData
 from trainers.data import naming_bad_shards
 from trainers.errors import TrainError
-from trainers.model_dir import ModelDir, check_data_matches, load_trained
+from trainers.model_dir import ModelDir, check_data_matches, check_same_transform, load_trained
 from trainers.plots import reliability_png, slices_png
 from trainers.scoring import Slicing, baselines, score, undefined_metrics
 from trainers.slices import check_slices
@@ -26,8 +26,15 @@ def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_s
     evaluate.slices, `slices` holds the AUC (ranking) or recall@10 (retrieval) per slice, and
     MODEL_DIR/slices.png their bars; `slices` replaces the config's. A metric the split cannot define
     (AUC on rows of one label) is null, and `undefined` says why, per metric."""
-    cfg, _, model = load_trained(model_dir)
-    artifact = check_data_matches(cfg, PreprocessedData(data_dir), f"the model in {model_dir}")
+    cfg, trained_with, model = load_trained(model_dir)
+    data = PreprocessedData(data_dir)
+    artifact = check_data_matches(cfg, data, f"the model in {model_dir}")
+    trained_on = ModelDir(model_dir).data_dir()
+    check_same_transform(trained_with, artifact, model_dir, data.root,
+                         "Evaluate it on data of the run it was trained on"
+                         + (f" ({trained_on})" if trained_on and trained_on != data.root else "")
+                         + "; to compare models on new logs, score their raw rows through the exported "
+                           "SavedModels, as the daily bless does")
     if artifact.row_counts.get("eval") == 0:
         raise TrainError(f"{data_dir}: the eval split is empty (nothing to evaluate on)")
     if slices is not None:  # instead of the config's evaluate.slices, checked as they would be there

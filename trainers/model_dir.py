@@ -30,7 +30,7 @@ from features.preprocessed import PreprocessedData
 from trainers.errors import TrainError
 from trainers.models import build_model, dummy_batch
 
-__all__ = ["TrainState", "ModelDir", "load_trained", "check_data_matches"]
+__all__ = ["TrainState", "ModelDir", "load_trained", "check_data_matches", "check_same_transform"]
 
 MAX_CHECKPOINTS = 3
 
@@ -77,6 +77,17 @@ def check_data_matches(cfg: Config, data: PreprocessedData, what: str) -> Transf
             raise TrainError(f"{data.root}: preprocessed with another '{key}' section than {what}; use data "
                              f"preprocessed with that config (or re-run `recpipe preprocess` with it)")
     return artifact
+
+
+def check_same_transform(model: TransformArtifact, data: TransformArtifact, model_root: str, data_root: str,
+                         advice: str) -> None:
+    """A TrainError when the data's transform gives rows other IDs or dense values than the model's (a
+    copy of the one it was trained with): its shards would feed the model IDs that stand for other
+    values, in silence when its tables have rows for them, else as a TensorFlow index error."""
+    diffs = model.mapping_differences(data, "the model's", "the data's")
+    if diffs:
+        raise TrainError(f"{data_root}: preprocessed by another run than the data the model in {model_root} was "
+                         f"trained on, so its IDs stand for other values: {'; '.join(diffs)}. {advice}")
 
 
 class ModelDir:
@@ -162,9 +173,16 @@ class ModelDir:
 
     def prepare(self, data: PreprocessedData, config_path: Optional[str]) -> tuple[Config, TransformArtifact]:
         """Create or reuse the dir for training on `data`; return (config, transform artifact)."""
-        cfg, _ = self.resolve_config(data, config_path)
+        cfg, data_artifact = self.resolve_config(data, config_path)
         os.makedirs(self.root, exist_ok=True)
-        if not os.path.exists(os.path.join(self.transform_dir, "transform.json")):
+        if os.path.exists(os.path.join(self.transform_dir, "transform.json")):  # a rerun resumes: on the same IDs
+            trained_on = self.data_dir()
+            check_same_transform(self.transform(), data_artifact, self.root, data.root,
+                                 f"Train on it in a new --model-dir (--warm-start {self.root} carries the rows of "
+                                 f"the values both know over, by value)"
+                                 + (f", or resume on the data this one was trained on ({trained_on})"
+                                    if trained_on and trained_on != data.root else ""))
+        else:
             # Unique temp names: several Horovod ranks may prepare the same model dir at once.
             tmp = f"{self.transform_dir}.tmp-{os.getpid()}"
             shutil.copytree(data.transform_dir, tmp)
