@@ -251,6 +251,12 @@ class PreprocessSpec:
     max_mean_shift: float = 1.0
     # more than this share of the rows read dead-lettered says something upstream broke
     max_dead_letter_fraction: float = 0.05
+    # a day's run (--previous-transform) reads, per dt= partition day, at least this share of the rows the
+    # previous run read per day (fewer: a partition only partly written, rows dropped upstream) and at most
+    # this many times them (more: rows in two files, a re-run's output beside the first run's); TFX's
+    # num_examples drift comparator. 0 and a large max turn them off.
+    min_rows_vs_previous: float = 0.5
+    max_rows_vs_previous: float = 1.75
     # per-feature limits in place of the two above, and the label-leak check turned off for a feature
     features: list[FeatureLimits] = field(default_factory=list)
 
@@ -494,6 +500,10 @@ def _validate(cfg: Config) -> Config:
     _check_feature_limits(cfg)
     if not 0 <= (dead := cfg.preprocess.max_dead_letter_fraction) <= 1:
         raise ConfigError(f"preprocess.max_dead_letter_fraction: must be in [0, 1], got {dead}")
+    if not 0 <= (least := cfg.preprocess.min_rows_vs_previous) <= 1:
+        raise ConfigError(f"preprocess.min_rows_vs_previous: must be in [0, 1], got {least}")
+    if not (most := cfg.preprocess.max_rows_vs_previous) >= 1:
+        raise ConfigError(f"preprocess.max_rows_vs_previous: must be >= 1, got {most}")
     if not 0 < cfg.split.eval_fraction < 1:
         raise ConfigError(f"split.eval_fraction: must be between 0 and 1 (exclusive), got {cfg.split.eval_fraction}")
     if not 0 <= cfg.split.validation_fraction < 1:

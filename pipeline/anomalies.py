@@ -19,7 +19,8 @@ from features.config import Config
 from features.days import day_number
 from pipeline.sources import InputFile, partition_day
 
-__all__ = ["SplitCounts", "feature_warnings", "timestamp_warnings", "dead_letter_warnings", "copied_file_warnings"]
+__all__ = ["SplitCounts", "feature_warnings", "timestamp_warnings", "dead_letter_warnings", "copied_file_warnings",
+           "volume_warnings"]
 
 DAY = 86_400
 YEAR = 365.2425 * DAY
@@ -274,3 +275,28 @@ def copied_file_warnings(groups: list[list[InputFile]]) -> list[str]:
                    f"times upstream (a retried task, a re-run backfill beside the first run's output)? Each of its "
                    f"rows is read {len(files)} times; remove the copies")
     return out
+
+
+def volume_warnings(cfg: Config, rows: int, days: list[str], previous: Optional[TransformArtifact]) -> list[str]:
+    """A day's run that reads far fewer or far more rows per dt= partition day than the run it extends
+    (TFX's num_examples drift comparator): a partition only partly written upstream, rows dropped before
+    the log, or rows in two files. A run in no partition counts as one day."""
+    if previous is None or not previous.row_counts.get("in"):
+        return []
+    before_days = previous.row_counts.get("partition_days") or 1
+    ratio = (rows / max(len(days), 1)) / (previous.row_counts["in"] / before_days)
+    least, most = cfg.preprocess.min_rows_vs_previous, cfg.preprocess.max_rows_vs_previous
+    if least <= ratio <= most:
+        return []
+    span = "no dt= partition" if not days else f"dt={days[0]}" if len(days) == 1 else \
+        f"{len(days)} days, dt={days[0]} to dt={days[-1]}"
+    per = f"{previous.row_counts['in']:,} rows" if before_days == 1 else \
+        f"{previous.row_counts['in'] / before_days:,.0f} rows a day"
+    said = (f"this run reads {rows:,} rows ({span}) against {per} in the previous run"
+            f"{f' ({previous.day})' if previous.day else ''}")
+    if ratio < least:
+        return [f"{said}: {ratio:.2f} of them, below preprocess.min_rows_vs_previous ({least:g}): is a partition "
+                f"only partly written upstream (files missing), or were rows dropped before the log? The model "
+                f"learns from what is there"]
+    return [f"{said}: {ratio:.2f} times them, above preprocess.max_rows_vs_previous ({most:g}): are rows in two "
+            f"files (a re-run's output beside the first run's), or is it a day of that much more traffic?"]

@@ -26,10 +26,10 @@ from features.days import day_number
 from features.errors import RecpipeError
 from features.preprocessed import SPLITS, PreprocessedData
 from pipeline.anomalies import (SplitCounts, copied_file_warnings, dead_letter_warnings, feature_warnings,
-                                timestamp_warnings)
+                                timestamp_warnings, volume_warnings)
 from pipeline.leakage import leak_warnings
 from pipeline.options import beam_args_with_defaults, check_beam_args, pipeline_runner
-from pipeline.sources import inspect_inputs, list_input_files, partition_day, same_files
+from pipeline.sources import inspect_inputs, list_input_files, partition_day, partition_days, same_files
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
                                  ComputeDenseStats, ComputeVocabularies, CountRows, PackArtifact, ReadClickLogs,
                                  SplitCutoffs, SplitRows, ValidateRows, WriteEvalSample)
@@ -316,7 +316,9 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
     day_no = run_day(cfg, day, files, previous)
     total = sum(f.num_rows for f in inputs)
     say(f"preprocess: {len(inputs)} file(s), {total} rows")
-    _report(cfg, copied_file_warnings(same_files(inputs)), say)  # at launch, before any stage runs
+    days = partition_days(files)
+    _report(cfg, [*copied_file_warnings(same_files(inputs)), *volume_warnings(cfg, total, days, previous)],
+            say)  # at launch, before any stage runs
 
     local = "://" not in output
     if local and os.path.exists(output) and os.listdir(output):
@@ -346,7 +348,8 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
         artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "validation": res.rows_validation,
                                "eval": res.rows_eval,
                                "dead_letter": res.rows_dead, "dead_letter_by_reason": res.dead_letter,
-                               "files": len(inputs), "with_value": res.with_value, "dense_sums": res.dense_sums,
+                               "files": len(inputs), "partition_days": len(days),
+                               "with_value": res.with_value, "dense_sums": res.dense_sums,
                                "positives": res.positives}
         artifact.write_meta(staged.transform_dir)  # last: the row counts mark the folder complete
         if local:

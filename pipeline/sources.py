@@ -23,7 +23,7 @@ from features.errors import RecpipeError
 from features.fsio import resolve
 
 __all__ = ["InputError", "InputFile", "list_input_files", "inspect_inputs", "open_parquet", "partition_day",
-           "same_files"]
+           "partition_days", "same_files"]
 
 _PARTITION_DAY = re.compile(r"(?:^|/)dt=([0-9]{4}-[0-9]{2}-[0-9]{2})(?:/|$)")
 
@@ -44,11 +44,16 @@ def _is_glob(p: str) -> bool:
     return any(c in p for c in "*?[")
 
 
+def partition_days(files: list[str]) -> list[str]:
+    """The dt=YYYY-MM-DD partitions the input files are in, sorted, each once (none: [])."""
+    return sorted({m.group(1) for f in files for m in [_PARTITION_DAY.search(posixpath.dirname(f.replace(os.sep, "/")))]
+                   if m})
+
+
 def partition_day(files: list[str]) -> str | None:
     """The latest dt=YYYY-MM-DD partition the input files are in (None when none is)."""
-    days = [m.group(1) for f in files for m in [_PARTITION_DAY.search(posixpath.dirname(f.replace(os.sep, "/")))]
-            if m]
-    return max(days) if days else None
+    days = partition_days(files)
+    return days[-1] if days else None
 
 
 def _glob_match(path: str, pattern: str) -> bool:

@@ -62,6 +62,8 @@ def _with(mutate):
     (lambda d: d.update(preprocess={"features": [{"feature": "I2"}, {"feature": "I2", "max_mean_shift": 2}]}),
      "preprocess.features[1].feature: 'I2' already has limits in preprocess.features[0]"),
     (lambda d: d.update(preprocess={"max_dead_letter_fraction": 2}), "preprocess.max_dead_letter_fraction: must be in"),
+    (lambda d: d.update(preprocess={"min_rows_vs_previous": 1.5}), "preprocess.min_rows_vs_previous: must be in"),
+    (lambda d: d.update(preprocess={"max_rows_vs_previous": 0.5}), "preprocess.max_rows_vs_previous: must be >= 1"),
 ])
 def test_errors_name_the_key(mutate, key):
     with pytest.raises(ConfigError) as e:

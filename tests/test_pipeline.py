@@ -340,6 +340,44 @@ def test_a_file_written_twice_upstream_is_named(tmp_path, small_log, small_cfg):
     assert not os.path.exists(tmp_path / "out2")
 
 
+def test_a_day_of_far_fewer_or_more_rows_than_the_previous_run_is_named(tmp_path, small_log, small_cfg):
+    """A day's partition only partly written upstream (its marker set, files missing), or its rows in two
+    files of another layout (which the copied-file check cannot see), trained a model with no word. A day's
+    run compares its rows per dt= day with the run it extends (TFX's num_examples drift comparator)."""
+    day1, day2 = sorted(glob.glob(os.path.join(small_log, "dt=*")))
+    run_preprocess(small_cfg, day1, str(tmp_path / "d1"), IN_MEMORY, say=lambda _: None)
+    before = pq.read_table(day1).num_rows
+    t = pq.read_table(day2)
+    _write(str(tmp_path / "partial" / "dt=2026-01-02" / "part-00000.parquet"), t.slice(0, int(t.num_rows * 0.3)))
+    _write(str(tmp_path / "twice" / "dt=2026-01-02" / "part-00000.parquet"), t)
+    pq.write_table(t, str(tmp_path / "twice" / "dt=2026-01-02" / "part-00000-rerun.parquet"), row_group_size=1000)
+    strict = parse_config({**small_config_dict(), "preprocess": {"on_anomaly": "fail"}})
+    short = (rf"this run reads {int(t.num_rows * 0.3):,} rows \(dt=2026-01-02\) against {before:,} rows in the "
+             rf"previous run \(2026-01-01\): 0\.30 of them, below preprocess\.min_rows_vs_previous \(0\.5\): is a "
+             rf"partition only partly written upstream")
+    with pytest.raises(PreprocessError, match=short):  # at launch, before any Beam stage runs
+        run_preprocess(strict, str(tmp_path / "partial"), str(tmp_path / "o1"), IN_MEMORY, say=lambda _: None,
+                       previous_transform=str(tmp_path / "d1"))
+    with pytest.raises(PreprocessError, match=rf"reads {2 * t.num_rows:,} rows .*: 2\.00 times them, above "
+                                              rf"preprocess\.max_rows_vs_previous \(1\.75\): are rows in two files"):
+        run_preprocess(strict, str(tmp_path / "twice"), str(tmp_path / "o2"), IN_MEMORY, say=lambda _: None,
+                       previous_transform=str(tmp_path / "d1"))
+    assert not glob.glob(str(tmp_path / "o*"))
+    said = []  # warn (the default): named, and the day is published
+    run_preprocess(small_cfg, str(tmp_path / "partial"), str(tmp_path / "o3"), IN_MEMORY, say=said.append,
+                   previous_transform=str(tmp_path / "d1"))
+    assert [s for s in said if "WARNING" in s and "min_rows_vs_previous" in s]
+    # per day: a run over both days extended by one day of as many rows as each is not named
+    both = tmp_path / "both"
+    run_preprocess(small_cfg, small_log, str(both), IN_MEMORY, say=lambda _: None)
+    assert TransformArtifact.read(str(both / "transform")).row_counts["partition_days"] == 2
+    _write(str(tmp_path / "day3" / "dt=2026-01-03" / "part-00000.parquet"), t)
+    said = []
+    run_preprocess(small_cfg, str(tmp_path / "day3"), str(tmp_path / "o4"), IN_MEMORY, say=said.append,
+                   previous_transform=str(both))
+    assert not [s for s in said if "WARNING" in s], said
+
+
 def test_a_column_logged_as_int64_and_as_uint64_is_int(tmp_path, small_log, small_cfg):
     """Files that type one ID column uint64 and int64 read as the signed kind, as before uint64 had a kind
     (serving then takes int64); with a string file beside them the column's kinds are named."""
