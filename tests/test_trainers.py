@@ -161,7 +161,7 @@ def test_warm_start_from_previous_day(tmp_path, small_log, small_cfg, small_cfg_
     from features.artifact import TransformArtifact
     from pipeline.preprocess import run_preprocess
     from trainers.models import build_model
-    from trainers.warm_start import WarmStartError, warm_start
+    from trainers.warm_start import WarmStartError, features_difference, warm_start
     days = sorted(globlib.glob(os.path.join(small_log, "dt=*")))
     d1, d2 = str(tmp_path / "d1"), str(tmp_path / "d2")
     run_preprocess(small_cfg, days[0], d1, IN_MEMORY, say=lambda _: None)
@@ -197,6 +197,18 @@ def test_warm_start_from_previous_day(tmp_path, small_log, small_cfg, small_cfg_
     from dataclasses import replace
     with pytest.raises(WarmStartError, match="model section differs"):
         warm_start(fresh_model, replace(small_cfg, model=replace(small_cfg.model, deep_layers=[8])), art_fresh, m1)
+    # two dense features swapped in the YAML: the same shapes, so every kernel row went to the other input
+    dense = small_cfg.features.dense
+    swapped = replace(small_cfg, features=replace(small_cfg.features, dense=[dense[1], dense[0], *dense[2:]]))
+    swapped_model = build_model(swapped, art_fresh)
+    swapped_model(dummy_batch(swapped))
+    with pytest.raises(WarmStartError, match=r"its features differ from this config's: features\.dense\[0\] \('I1' "
+                                             r"there\): name 'I1' there, 'I2' here; column 'I1' there, 'I2' here; "
+                                             r"transform 'log_zscore' there, 'zscore' here\. Warm start pairs"):
+        warm_start(swapped_model, swapped, art_fresh, m1)
+    # a vocabulary's own settings, a list's separator or a dense fill may change: rows follow the values
+    loose = replace(small_cfg, features=replace(small_cfg.features, dense=[replace(dense[0], fill=3.0), *dense[1:]]))
+    assert features_difference(small_cfg, loose) is None
 
 
 def test_two_tower_retrieval_trains_and_beats_random(tmp_path, preprocessed):

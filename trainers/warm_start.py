@@ -8,6 +8,7 @@ is unchanged; the optimizer starts fresh.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Callable
 
@@ -19,7 +20,7 @@ from features.config import Config
 from features.errors import RecpipeError
 from trainers.model_dir import load_trained
 
-__all__ = ["WarmStartError", "warm_start", "apply_warm_start"]
+__all__ = ["WarmStartError", "warm_start", "apply_warm_start", "features_difference"]
 
 
 class WarmStartError(RecpipeError, ValueError):
@@ -41,11 +42,39 @@ def _row_map(cfg: Config, prev: TransformArtifact, artifact: TransformArtifact, 
     return today, earlier
 
 
+# What a feature may change between the model warm-started from and this one: its vocabulary (the rows follow
+# the values) and how a value is read (a list's separator, a dense value's fill and range rule).
+_MAY_CHANGE = {"sparse": {"vocab", "separator"}, "dense": {"fill", "out_of_range"}}
+
+
+def features_difference(before: Config, now: Config) -> str | None:
+    """The first change between two configs' features that moves what a weight stands for (None: none).
+    Weights pair by position: the embeddings and dense values are concatenated in the features' order, so
+    two features swapped (or one renamed, or reading another column) give every cross and deep kernel's
+    rows to other inputs, of the same shapes."""
+    for kind, was, nowl in (("sparse", before.features.sparse, now.features.sparse),
+                            ("dense", before.features.dense, now.features.dense)):
+        if len(was) != len(nowl):
+            return f"{len(was)} {kind} features there, {len(nowl)} here"
+        for i, (a, b) in enumerate(zip(was, nowl)):
+            da, db = ({k: v for k, v in dataclasses.asdict(f).items() if k not in _MAY_CHANGE[kind]} for f in (a, b))
+            changed = [f"{k} {da[k]!r} there, {db[k]!r} here" for k in da if da[k] != db[k]]
+            if changed:
+                return f"features.{kind}[{i}] ({a.name!r} there): {'; '.join(changed)}"
+    return None
+
+
 def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, previous_dir: str) -> dict:
     """Copy weights of previous_dir's latest checkpoint into `model` (built); return what was copied."""
     prev_cfg, prev_art, prev_model = load_trained(previous_dir)
     if prev_cfg.model != cfg.model:
         raise WarmStartError(f"{previous_dir}: its model section differs; warm start needs the same network")
+    changed = features_difference(prev_cfg, cfg)
+    if changed is not None:
+        raise WarmStartError(f"{previous_dir}: its features differ from this config's: {changed}. Warm start pairs "
+                             f"the weights by position, and the inputs of every cross and deep layer follow the "
+                             f"features' order, so it needs the same features in the same order (their "
+                             f"vocabularies may differ: rows follow the values); train this config from scratch")
     for table, new_rows in artifact.table_sizes().items():
         if table in prev_art.table_sizes() and cfg.sparse_by_name[table].hash_buckets is not None \
                 and prev_art.table_sizes()[table] != new_rows:
