@@ -10,6 +10,7 @@ the serving export (lookup tables inside the graph). Layout of ``DIR``:
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -80,6 +81,14 @@ class TransformArtifact:
                 out.append(f"dense feature {d.name!r} is normalised with {_stats_text(a)} in {ours} transform and "
                            f"{_stats_text(b)} in {theirs}")
         return out[:limit] + ([f"and {len(out) - limit} more"] if len(out) > limit else [])
+
+    def mapping_fingerprint(self) -> str:
+        """sha256 of what mapping_differences compares (every vocabulary's values by ID, every dense
+        statistic but the row count): equal for copies of one artifact, whatever their counts or paths."""
+        body = {"vocabularies": self.vocabularies,
+                "dense": {name: {k: v for k, v in stats.items() if k != "count"}
+                          for name, stats in self.dense_stats.items()}}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
     # ------------------------------------------------------------ files
     def write(self, directory: str) -> None:

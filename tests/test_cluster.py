@@ -117,3 +117,31 @@ def test_horovod_across_hosts_without_ssh(tmp_path, preprocessed, small_cfg_path
     assert sorted(f for f in os.listdir(ModelDir(model_dir).checkpoints_dir) if f.endswith(".index")) == \
         ["ckpt-100.index", "ckpt-150.index", "ckpt-50.index"]  # rank 0 alone wrote them
     assert evaluate(model_dir, data)["auc"] > 0.6  # 0.64 measured: 150 steps of 3 x 128 rows
+
+
+@needs_netns
+def test_horovod_hosts_holding_different_data_are_named_not_trained(tmp_path, preprocessed, small_cfg_path):
+    """A host whose copy of the data is another run's (a stale copy at the same path, another day's)
+    numbers the values otherwise: the ranks' averaged gradients trained each row on other values by rank,
+    without a word. Every rank now compares the transform it trains with, right after Horovod starts."""
+    import shutil
+    stale = tmp_path / "stale"
+    shutil.copytree(preprocessed[0], stale)
+    vocab = stale / "transform" / "vocab" / "C1.json"
+    body = json.loads(vocab.read_text())
+    body["values"][:2] = body["values"][1::-1]
+    vocab.write_text(json.dumps(body))
+    with VirtualHosts(2) as hosts:
+        host_list = ",".join(hosts.address(i) for i in range(2))
+        procs = [hosts.popen(i, _train(data, str(tmp_path / f"model_{i}"), "--strategy", "horovod", "--hosts",
+                                       host_list, "--host-index", str(i), "--config", small_cfg_path, "--steps", "20",
+                                       "--threads", "1"),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for i, data in enumerate([preprocessed[0], str(stale)])]
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [1, 1], outs
+    for out in outs:
+        assert f"the ranks read data of different preprocess runs: rank 1 (host {hosts.address(1)}, {stale}: " \
+            in out, out[-3000:]
+        assert f"against rank 0's (host {hosts.address(0)}, {preprocessed[0]}: " in out and "a whole copy" in out
+    assert not ModelDir(str(tmp_path / "model_0")).latest_step()

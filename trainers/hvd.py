@@ -281,6 +281,20 @@ def _replay(reporter: Reporter) -> Callable[[dict], None]:
     return show
 
 
+def _check_ranks_read_one_transform(ranks: list[tuple[str, str, str]]) -> None:
+    """Every rank's (host, --data, transform fingerprint) must name one transform: a host holding another
+    copy of the data (a stale one at the same path, another day's) numbers the values otherwise, and the
+    averaged gradients would train each row on values that differ by rank, without a word."""
+    host0, data0, print0 = ranks[0]
+    other = [(r, host, data, fp) for r, (host, data, fp) in enumerate(ranks) if fp != print0]
+    if other:
+        named = "; ".join(f"rank {r} (host {host}, {data}: {fp[:12]})" for r, host, data, fp in other[:4])
+        raise TrainError(f"the ranks read data of different preprocess runs: {named} against rank 0's (host {host0}, "
+                         f"{data0}: {print0[:12]}), fingerprints of their vocabularies and dense statistics; an ID "
+                         f"would stand for other values on different ranks. Give every host a whole copy of one "
+                         f"run's output")
+
+
 def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int,
              say: Callable[[str], None]) -> TrainState:
     """The training loop of one Horovod rank."""
@@ -291,6 +305,10 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
         hvd.init()
     rank, size = hvd.rank(), hvd.size()
     model_dir = ModelDir(opts.model_dir)
+    if size > 1 and not opts.synthetic_input:
+        host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()  # the host list's name for it
+        _check_ranks_read_one_transform(hvd.allgather_object((host, opts.data_dir,
+                                                              artifact.mapping_fingerprint())))
 
     def rank0_says_stop(flag: bool) -> bool:  # every rank must leave the loop at the same step
         return bool(hvd.broadcast(tf.constant(int(flag)), root_rank=0, name="early_stop").numpy())
