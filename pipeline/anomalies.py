@@ -128,6 +128,35 @@ def _values_never_recur(cfg: Config, artifact: TransformArtifact, now: SplitCoun
     return out
 
 
+# A full vocabulary (max_size) is named when more than this share of its train rows with a value map to OOV.
+MAX_CUT_SHARE = 0.2
+
+
+def _vocabulary_cut(cfg: Config, artifact: TransformArtifact, now: SplitCounts) -> list[str]:
+    """A single-valued feature whose vocabulary max_size cut values min_count would have kept, so many that a
+    large share of its train rows map to the few OOV buckets, where the model cannot tell them apart (TFT's
+    top_k does this in silence). Counted on this run's rows, so not on a day run."""
+    shared = {f.share_embedding_with for f in cfg.features.sparse if f.share_embedding_with}
+    out = []
+    for f in cfg.column_sparse:
+        values, counts = artifact.vocabularies.get(f.name), artifact.vocab_counts.get(f.name)
+        n, rows = now.with_value.get("train", {}).get(f.name, 0), now.rows["train"]
+        if f.vocab is None or f.vocab.max_size is None or f.multivalent or f.name in shared or not counts \
+                or values is None or len(values) < f.vocab.max_size or not n:
+            continue
+        least = min(counts)
+        missing_kept = "" in values  # rows without a value ("") are OOV for that reason when "" is not kept
+        oov = rows - sum(counts) - (0 if missing_kept else rows - n)
+        if least <= f.vocab.min_count or oov <= MAX_CUT_SHARE * n:
+            continue
+        out.append(f"feature {f.name!r} (column {f.column!r}): vocab.max_size ({f.vocab.max_size:,}) is full and its "
+                   f"least frequent value kept is in {least:,} train rows, so values in up to {least:,} rows, over "
+                   f"vocab.min_count ({f.vocab.min_count}), were cut: {oov / n:.1%} of the {n:,} train rows with a "
+                   f"value map to its {f.vocab.oov_buckets} OOV bucket(s), where the model cannot tell them apart; "
+                   f"raise max_size, or hash the feature (hash_buckets)")
+    return out
+
+
 def _shares_moved(cfg: Config, now: SplitCounts, previous: Optional[SplitCounts], previous_name: str) -> list[str]:
     """A feature's share of rows with a value that moves by more than preprocess.max_presence_change: from
     the train split to the validation or eval split (skew: the model is judged on rows unlike those it
@@ -215,6 +244,7 @@ def feature_warnings(cfg: Config, artifact: TransformArtifact, now: SplitCounts,
     name = f"the previous run's ({previous.day})" if previous is not None and previous.day else "the previous run's"
     return [*_one_label_class(cfg, now), *_nothing_to_learn(cfg, artifact, now),
             *(_values_never_recur(cfg, artifact, now) if previous is None else []),
+            *(_vocabulary_cut(cfg, artifact, now) if previous is None else []),
             *_shares_moved(cfg, now, before, name),
             *_means_moved(cfg, artifact, now, (previous, before) if previous is not None else None, name)]
 

@@ -990,6 +990,27 @@ def test_an_id_whose_values_never_recur_is_named(tmp_path, small_log):
         f"come back, and at serving they are all new (OOV)"]
 
 
+def test_a_vocabulary_whose_max_size_cuts_most_rows_to_oov_is_named(tmp_path, small_log, preprocessed):
+    """max_size far below a feature's values (TFT's top_k): values min_count keeps are cut, and most train
+    rows share the OOV buckets, where the model cannot tell them apart; it was published with no word."""
+    d = small_config_dict()
+    d["features"]["sparse"][3]["vocab"] = {"min_count": 2, "max_size": 20, "oov_buckets": 1}  # C1
+    said = []
+    res = run_preprocess(parse_config(d), small_log, str(tmp_path / "out"), IN_MEMORY, say=said.append)
+    art = PreprocessedData(str(tmp_path / "out")).transform()
+    values, counts = art.vocabularies["C1"], art.vocab_counts["C1"]
+    with_value = res.with_value["train"]["C1"]
+    oov = res.rows_train - sum(counts) - (0 if "" in values else res.rows_train - with_value)
+    assert len(values) == 20 and oov / with_value > 0.5
+    assert [s for s in said if "WARNING" in s] == [
+        f"preprocess: WARNING: feature 'C1' (column 'C1'): vocab.max_size (20) is full and its least frequent value "
+        f"kept is in {min(counts)} train rows, so values in up to {min(counts)} rows, over vocab.min_count (2), were "
+        f"cut: {oov / with_value:.1%} of the {with_value:,} train rows with a value map to its 1 OOV bucket(s), "
+        f"where the model cannot tell them apart; raise max_size, or hash the feature (hash_buckets)"]
+    full = PreprocessedData(preprocessed[0]).transform()  # no max_size: min_count alone sends rare values to OOV
+    assert len(full.vocabularies["C1"]) > 20
+
+
 def test_a_few_rows_of_sampling_noise_are_not_named(preprocessed):
     """Shares and means that move only as far as a split's few rows allow by chance are not anomalies."""
     from pipeline.anomalies import SplitCounts, feature_warnings
