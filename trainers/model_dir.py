@@ -175,28 +175,28 @@ class ModelDir:
         """Create or reuse the dir for training on `data`; return (config, transform artifact)."""
         cfg, data_artifact = self.resolve_config(data, config_path)
         os.makedirs(self.root, exist_ok=True)
-        if os.path.exists(os.path.join(self.transform_dir, "transform.json")):  # a rerun resumes: on the same IDs
-            trained_on = self.data_dir()
-            check_same_transform(self.transform(), data_artifact, self.root, data.root,
-                                 f"Train on it in a new --model-dir (--warm-start {self.root} carries the rows of "
-                                 f"the values both know over, by value)"
-                                 + (f", or resume on the data this one was trained on ({trained_on})"
-                                    if trained_on and trained_on != data.root else ""))
-        else:
+        if not os.path.exists(os.path.join(self.transform_dir, "transform.json")):
             # Unique temp names: several Horovod ranks may prepare the same model dir at once.
             tmp = f"{self.transform_dir}.tmp-{os.getpid()}"
             shutil.copytree(data.transform_dir, tmp)
             try:
                 os.rename(tmp, self.transform_dir)
-            except OSError:  # another process published it first
+            except OSError:  # another process published it first (checked below like a rerun's)
                 shutil.rmtree(tmp, ignore_errors=True)
+        trained_with = self.transform()  # a rerun resumes, so on the same IDs
+        trained_on = self.data_dir()
+        check_same_transform(trained_with, data_artifact, self.root, data.root,
+                             f"Train on it in a new --model-dir (--warm-start {self.root} carries the rows of the "
+                             f"values both know over, by value)"
+                             + (f", or resume on the data this one was trained on ({trained_on})"
+                                if trained_on and trained_on != data.root else ""))
         text = dump_config(cfg)
         if not self.has_config() or Path(self.config_path).read_text() != text:  # a rerun leaves the file untouched
             tmp = f"{self.config_path}.tmp-{os.getpid()}"
             with open(tmp, "w") as fh:
                 fh.write(text)
             os.replace(tmp, self.config_path)
-        return cfg, self.transform()
+        return cfg, trained_with
 
     def checkpoint(self, model: tf.keras.Model,
                    optimizer=None) -> tuple[tf.train.Checkpoint, tf.train.CheckpointManager]:
