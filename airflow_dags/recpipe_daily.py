@@ -13,7 +13,7 @@ from datetime import timedelta
 import pendulum
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.providers.standard.sensors.python import PythonSensor
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG, CronDataIntervalTimetable, Param
 
 # Run params reach the shell only as environment variables, never as text spliced into the command:
 # a param holding a quote or `;` stays one argument.
@@ -40,7 +40,10 @@ def _step(step: str, **kwargs) -> BashOperator:
 with DAG(
     dag_id="recpipe_daily",
     description="Daily training: preprocess -> train -> evaluate -> bless -> push",
-    schedule="@daily",
+    # The run for day D starts when D has ended, and {{ ds }} is D. Airflow 3 reads a bare "@daily" as a
+    # CronTriggerTimetable instead: the run for D would start at D's first second, waiting on (or reading) a
+    # partition its writer has only begun.
+    schedule=CronDataIntervalTimetable("0 0 * * *", timezone="UTC"),
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
