@@ -159,13 +159,14 @@ def step_evaluate(dc: DailyConfig, day: str, say) -> int:
 
 
 def step_bless(dc: DailyConfig, day: str, say) -> int:
-    """Ranking: AUC of the new model and of the served SavedModel on the SAME raw eval rows of this day
-    (eval_sample). Retrieval: the day's recall_at_10 against the one recorded for the served model."""
+    """The new model and the served SavedModel on the SAME raw eval rows of this day (eval_sample), as
+    TFX's Evaluator compares a candidate with its baseline: ranking by AUC; retrieval by recall@k of the
+    rows' clicks, each model recommending from its own candidate index (the served version's k)."""
     import pyarrow.parquet as pq
     import tensorflow as tf
 
     from features.records import read_single_batch
-    from serving.export import sample_auc
+    from serving.export import same_rows_recall, sample_auc
     from trainers.metrics import roc_auc
     from trainers.model_dir import ModelDir
     d = _day_dir(dc, day)
@@ -176,7 +177,7 @@ def step_bless(dc: DailyConfig, day: str, say) -> int:
         return 0
     versions = ExportBase(dc.model_base).versions()
     served = versions[-1] if versions else None
-    cfg, _, model = model_dir.load_trained()
+    cfg, artifact, model = model_dir.load_trained()
     new_metrics = fsio.read_json(d.metrics_path)
     if served is None:
         verdict = {"blessed": True, "reason": "no model is served yet"}
@@ -188,10 +189,8 @@ def step_bless(dc: DailyConfig, day: str, say) -> int:
         verdict = {**auc_verdict(labels, new_auc, sample_auc(served, sample), dc.bless_tolerance),
                    "served_version": served.path}
     else:
-        new, old = new_metrics["recall_at_10"], served.meta().metrics["recall_at_10"]
-        verdict = {"blessed": bool(new >= old - dc.bless_tolerance), "metric": "recall_at_10", "new": new,
-                   "served": old, "served_version": served.path, "tolerance": dc.bless_tolerance,
-                   "reason": f"new recall@10 {new:.4f} vs served model's recorded {old:.4f}"}
+        recall = same_rows_recall(served, cfg, artifact, model, d.data.root, pq.read_table(d.data.eval_sample_parquet))
+        verdict = {**recall_verdict(recall, dc.bless_tolerance), "served_version": served.path}
     lost = loses_to_baseline(cfg.model.task, new_metrics)
     if lost:  # TFX's Evaluator value threshold: never pushed, the first version included
         verdict = {**verdict, "blessed": False, "baseline": lost[1],
@@ -222,6 +221,21 @@ def loses_to_baseline(task: str, metrics: dict) -> Optional[tuple[str, dict]]:
         return None
     return (f"the new model's eval logloss {new:.4f} is no lower than predicting train's click rate ({base:.4f})",
             {"metric": "logloss", "model": new, "constant_rate": base})
+
+
+def recall_verdict(recall: dict, tolerance: float) -> dict:
+    """Bless the new retrieval model when its recall@k on the day's eval-sample clicks is at most `tolerance`
+    below the served model's on the same rows (serving.export.same_rows_recall); with no click in the
+    sample the models cannot be compared, and the served one stays."""
+    k, rows = recall["k"], recall["rows"]
+    out = {"metric": f"recall_at_{k}", "new": recall["new"], "served": recall["served"], "tolerance": tolerance,
+           "rows": rows}
+    if not rows:
+        return {**out, "blessed": False, "reason": "the day's eval sample holds no click: the models cannot be "
+                                                   "compared; the served one stays"}
+    return {**out, "blessed": bool(recall["new"] >= recall["served"] - tolerance),
+            "reason": f"new recall@{k} {recall['new']:.4f} vs served {recall['served']:.4f} on the same {rows} "
+                      f"eval clicks"}
 
 
 def auc_verdict(labels, new_auc: float, served_auc: float, tolerance: float) -> dict:

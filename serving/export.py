@@ -19,18 +19,20 @@ model from their preprocessed record, and the export fails if any score differs 
 """
 from __future__ import annotations
 
+import math
 import os
-
 import shutil
 import uuid
 from typing import Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import tensorflow as tf
 
 from features.artifact import TransformArtifact
+from features.canonical import canonicalize
 from features.config import config_to_dict
 from features.errors import RecpipeError
 from features.preprocessed import PreprocessedData
@@ -231,6 +233,40 @@ def sample_auc(version: ExportedVersion, sample: pa.Table) -> float:
         scores = fn(**request_from_arrow(sample, dict(fn.structured_input_signature[1])))["score"].numpy()
     label = cfg.label.column
     return roc_auc(sample.column(label).to_numpy(zero_copy_only=False).astype(float), scores)
+
+
+def _candidate_truth(cfg, artifact: TransformArtifact, sample: pa.Table) -> list[str]:
+    """Each row's clicked candidate as a retrieval export labels its index: the value of the first candidate
+    feature (canonical, as its vocabulary holds it), or, when its table is hashed, the bucket's ID."""
+    name = cfg.model.candidate_features[0]
+    if cfg.table_owner(cfg.sparse_by_name[name]).vocab is not None:
+        return canonicalize(sample, cfg)[name].to_pylist()
+    spec = {name: tf.TensorSpec([None], tf.string)}
+    ids = FeatureTransform(artifact)(canonicalize_request(request_from_arrow(sample, spec), artifact))[name]
+    return [str(i) for i in ids.numpy().tolist()]
+
+
+def _hits(serve, specs: dict, sample: pa.Table, truth: list[str]) -> np.ndarray:
+    """Per row, whether a retrieval signature's top candidates for its query hold the row's clicked one."""
+    top = serve(request_from_arrow(sample, specs))["candidates"].numpy()
+    return np.array([t in {c.decode() for c in row} for t, row in zip(truth, top)], dtype=bool)
+
+
+def same_rows_recall(served: ExportedVersion, cfg, artifact: TransformArtifact, model: tf.keras.Model, data_dir: str,
+                     sample: pa.Table) -> dict:
+    """recall@k of a served retrieval version and of a trained retrieval `model` (with the candidate index an
+    export of it from `data_dir` would hold) on the SAME raw rows: the sample's clicks, k the served
+    version's top k. Each recommends from its own index, as each would serve."""
+    clicks = sample.filter(pc.greater(pc.cast(sample.column(cfg.label.column), pa.float64()), 0.5))
+    signature = tf.saved_model.load(served.path).signatures["serving_default"]
+    k = int(signature.structured_outputs["candidates"].shape[-1])
+    ours = _retrieval_module(cfg, artifact, model, data_dir, k)[1]["serving_default"]  # takes the request dict
+    truth = _candidate_truth(cfg, artifact, clicks)
+    new = _hits(ours, dict(ours.structured_input_signature[0][0]), clicks, truth)
+    old = _hits(lambda request: signature(**request), dict(signature.structured_input_signature[1]), clicks, truth)
+    rows = clicks.num_rows
+    return {"k": k, "rows": rows, "new": float(new.mean()) if rows else math.nan,
+            "served": float(old.mean()) if rows else math.nan}
 
 
 def examples_check(examples_fn, trained: np.ndarray, sample: pa.Table, artifact: TransformArtifact) -> dict:

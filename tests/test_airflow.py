@@ -156,6 +156,50 @@ def test_a_model_no_better_than_the_click_rate_is_never_pushed_the_first_one_inc
         is None
     assert loses_to_baseline("ranking", {"logloss": 0.4, "baselines": {"constant_rate": {"logloss": 0.5}}}) is None
 
+def test_a_retrieval_model_is_blessed_against_the_served_one_on_the_same_eval_rows(tmp_path, small_log):
+    """Retrieval bless compared the new model's recall@10 on its day's eval split with the number the served
+    version recorded on ITS day's: two sets of rows, so a harder day held a better model back and an easier
+    one let a worse through. Both now recommend, each from its own index, for the same clicks of the day's
+    eval sample, as each would serve (TFX's Evaluator scores candidate and baseline on the same data)."""
+    import shutil
+
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+
+    from features.transform import request_from_arrow
+    from recpipe.daily import run_step
+    from serving.export import export_model
+    shutil.copytree(small_log, tmp_path / "log")
+    cfg = small_config_dict(steps=60)
+    cfg["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user_id", "hist", "I1"],
+                    "candidate_features": ["item_id"], "tower_layers": [32, 16]}
+    project = _project(tmp_path, "retrieval", cfg)
+    work = tmp_path / "work"
+    for step in ("preprocess", "train"):
+        assert run_step(step, project, "2026-01-01", say=lambda _: None) == 0
+    served = export_model(str(work / "2026-01-01" / "model"), str(tmp_path / "serving"))  # yesterday's, served
+    for step in ("preprocess", "train", "evaluate", "bless"):
+        assert run_step(step, project, "2026-01-02", say=lambda _: None) == 0
+    verdict = json.loads((work / "2026-01-02" / "blessing.json").read_text())
+    today = export_model(str(work / "2026-01-02" / "model"), str(tmp_path / "today"))
+
+    sample = pq.read_table(work / "2026-01-02" / "preprocessed" / "eval_sample.parquet")
+    clicks = sample.filter(pc.equal(sample.column("label"), 1))
+
+    def recall(path: str) -> float:  # as a client of each version would see it: the clicked item in its top 10?
+        fn = tf.saved_model.load(path).signatures["serving_default"]
+        top = fn(**request_from_arrow(clicks, dict(fn.structured_input_signature[1])))["candidates"].numpy()
+        return float(np.mean([item.encode() in row for item, row in zip(clicks.column("item_id").to_pylist(), top)]))
+    assert verdict["metric"] == "recall_at_10" and verdict["rows"] == clicks.num_rows > 20
+    assert verdict["served"] == pytest.approx(recall(served)) and verdict["new"] == pytest.approx(recall(today))
+    assert verdict["served_version"] == served
+    assert verdict["reason"].endswith(f"new recall@10 {verdict['new']:.4f} vs served {verdict['served']:.4f} on the "
+                                      f"same {clicks.num_rows} eval clicks")  # after the baseline's verdict, if any
+    assert verdict["blessed"] is (verdict["new"] >= verdict["served"] - 0.02 and "baseline" not in verdict)
+
+
 RUN_ONE = """
 import json, sys, pendulum
 from airflow.dag_processing.dagbag import DagBag
