@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -119,29 +120,69 @@ def test_horovod_across_hosts_without_ssh(tmp_path, preprocessed, small_cfg_path
     assert evaluate(model_dir, data)["auc"] > 0.6  # 0.64 measured: 150 steps of 3 x 128 rows
 
 
+def _two_hosts(args: list[list[str]], timeout: int = 600, **env) -> tuple[list[int], list[str]]:
+    """`recpipe train --strategy horovod` on 2 virtual hosts, each with its own arguments; (exit codes, outputs)."""
+    with VirtualHosts(2) as hosts:
+        host_list = ",".join(hosts.address(i) for i in range(2))
+        procs = [hosts.popen(i, [sys.executable, "-m", "recpipe.cli", "train", "--strategy", "horovod", "--hosts",
+                                 host_list, "--host-index", str(i), "--threads", "1", *a], env=dict(os.environ, **env),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i, a in enumerate(args)]
+        try:
+            outs = [p.communicate(timeout=timeout)[0] for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+    return [p.returncode for p in procs], outs
+
+
 @needs_netns
-def test_horovod_hosts_holding_different_data_are_named_not_trained(tmp_path, preprocessed, small_cfg_path):
-    """A host whose copy of the data is another run's (a stale copy at the same path, another day's)
-    numbers the values otherwise: the ranks' averaged gradients trained each row on other values by rank,
-    without a word. Every rank now compares the transform it trains with, right after Horovod starts."""
+def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, preprocessed, small_cfg_path):
+    """Hosts with their own disks and model dirs: a host whose copy of the data is another run's (a stale copy
+    at the same path, another day's) numbered the values otherwise, and the averaged gradients trained each
+    row on other values by rank, without a word; a host given another --config stepped with its own learning
+    rate; a resume hung, since only rank 0's model dir holds checkpoints, so the other ranks started over and
+    looped more steps than rank 0; and a host whose command failed before starting its ranks left the
+    others to die by SIGABRT after Gloo's 300 s, naming nothing."""
     import shutil
+
+    import yaml
+    data = preprocessed[0]
     stale = tmp_path / "stale"
-    shutil.copytree(preprocessed[0], stale)
+    shutil.copytree(data, stale)
     vocab = stale / "transform" / "vocab" / "C1.json"
     body = json.loads(vocab.read_text())
     body["values"][:2] = body["values"][1::-1]
     vocab.write_text(json.dumps(body))
-    with VirtualHosts(2) as hosts:
-        host_list = ",".join(hosts.address(i) for i in range(2))
-        procs = [hosts.popen(i, _train(data, str(tmp_path / f"model_{i}"), "--strategy", "horovod", "--hosts",
-                                       host_list, "--host-index", str(i), "--config", small_cfg_path, "--steps", "20",
-                                       "--threads", "1"),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                 for i, data in enumerate([preprocessed[0], str(stale)])]
-        outs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [1, 1], outs
+
+    def own(run: str, i: int) -> list[str]:
+        return ["--model-dir", str(tmp_path / f"{run}_{i}"), "--steps", "20"]
+    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("a", 0)],
+                              ["--data", str(stale), "--config", small_cfg_path, *own("a", 1)]])
+    assert codes == [1, 1], outs
     for out in outs:
-        assert f"the ranks read data of different preprocess runs: rank 1 (host {hosts.address(1)}, {stale}: " \
-            in out, out[-3000:]
-        assert f"against rank 0's (host {hosts.address(0)}, {preprocessed[0]}: " in out and "a whole copy" in out
-    assert not ModelDir(str(tmp_path / "model_0")).latest_step()
+        assert (f"the ranks read data of different preprocess runs: rank 1 (host 10.78.0.2, {stale}): " in out and
+                f"against rank 0 (host 10.78.0.1, {data}): " in out and "a whole copy" in out), out[-3000:]
+
+    other = yaml.safe_load(Path(small_cfg_path).read_text())
+    other["train"]["learning_rate"] *= 2
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("b", 0)],
+                              ["--data", data, "--config", str(tmp_path / "other.yaml"), *own("b", 1)]])
+    assert codes == [1, 1] and all(f"rank 1 (host 10.78.0.2, {data}) trains with another config or run than "
+                                   f"rank 0 (host 10.78.0.1, {data}): train.learning_rate differ" in out
+                                   for out in outs), outs
+
+    for steps in ("20", "40"):  # the second run resumes: rank 0 from its checkpoint, rank 1 from rank 0's weights
+        codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("c", i)[:2], "--steps", steps]
+                                  for i in range(2)])
+        assert codes == [0, 0], outs
+    assert f"resuming from {tmp_path / 'c_0' / 'checkpoints'}/ckpt-20 at step 20" in outs[0]
+    assert ModelDir(str(tmp_path / "c_0")).latest_step() == 40 and not ModelDir(str(tmp_path / "c_1")).latest_step()
+
+    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("d", 0)],
+                              ["--data", str(tmp_path / "missing"), "--config", small_cfg_path, *own("d", 1)]],
+                             HOROVOD_GLOO_TIMEOUT_SECONDS="10")
+    assert codes == [1, 1] and "not a `recpipe preprocess` output" in outs[1], outs
+    assert ("horovod rank 0 on 10.78.0.1 died (killed by SIGABRT: Gloo's rendezvous waited 10 s for rank(s) 1, which "
+            "never joined (HOROVOD_GLOO_TIMEOUT_SECONDS); is `recpipe train ... --host-index 1` running on 10.78.0.2, "
+            "or did it stop before starting its ranks (its own output says why)?)") in outs[0], outs[0][-2000:]

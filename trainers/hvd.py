@@ -32,7 +32,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from features.artifact import TransformArtifact
-from features.config import Config
+from features.config import Config, config_to_dict
 from features.preprocessed import PreprocessedData
 from trainers.advisor import allreduces_table
 from trainers.allocator import loaded_allocator
@@ -141,11 +141,21 @@ _CLI_ERROR = re.compile(r"^\s*recpipe [\w-]+: error: (.+)")
 _RAISED = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception): .+)")  # module path dropped
 
 
+# Gloo's rendezvous giving up on ranks that never registered (then std::terminate: SIGABRT, no traceback)
+_NEVER_JOINED = re.compile(r"Wait timeout after (\d+) seconds for key\(s\): ([\d ,]+)")
+NEVER_JOINED = "which never joined"
+
+
 def _failure(line: str) -> tuple[Optional[int], str] | None:
     """(rank or None when the line has no horovodrun prefix, message) of a failure line a rank printed;
     None for any other line, horovodrun's own 'one or more processes exited' included."""
     prefix = _RANK_PREFIX.match(line)
     rest = line[prefix.end():] if prefix else line
+    joined = _NEVER_JOINED.search(rest)
+    if joined:
+        ranks = ", ".join(re.findall(r"\d+", joined[2]))
+        return (int(prefix[1]) if prefix else None), (f"Gloo's rendezvous waited {joined[1]} s for rank(s) {ranks}, "
+                                                      f"{NEVER_JOINED} (HOROVOD_GLOO_TIMEOUT_SECONDS)")
     m = _CLI_ERROR.match(rest) or _RAISED.match(rest)
     if m is None or "one or more processes exited" in line:
         return None
@@ -162,13 +172,21 @@ def _last_failures(lines: list[str]) -> list[str]:
     return list(last.values())
 
 
-def rank_died(opts: TrainOptions, rank: int, code: int, where: str = "", output: list[str] = ()) -> TrainError:
+def rank_died(opts: TrainOptions, rank: int, code: int, where: str = "", output: list[str] = (),
+              host_of: Optional[dict[int, tuple[int, str]]] = None) -> TrainError:
     """output: the last lines of the rank's own process, or of horovodrun's (then each prefixed by its
     rank): the rank's last failure line there, if any, is given as the cause. Another rank's error
-    (e.g. a collective failing because this rank was killed) is not."""
+    (e.g. a collective failing because this rank was killed) is not. host_of: rank -> (host index, host)
+    of a job over --hosts, to say where ranks that never joined should have started."""
     causes = [f[1] for f in map(_failure, output) if f is not None and f[0] in (None, rank)]
+    hint = ""
+    if causes and NEVER_JOINED in causes[-1] and host_of:
+        waited_for = re.search(r"rank\(s\) ([\d, ]+), " + NEVER_JOINED, causes[-1])[1]
+        missing = sorted({host_of[int(r)] for r in re.findall(r"\d+", waited_for) if int(r) in host_of})
+        hint = "".join(f"; is `recpipe train ... --host-index {i}` running on {h}, or did it stop before starting its "
+                       f"ranks (its own output says why)?" for i, h in missing[:3])
     return TrainError(f"horovod rank {rank}{where} died ({how_it_ended(code)}"
-                      f"{': ' + causes[-1] if causes else ''}), so the job stopped: "
+                      f"{': ' + causes[-1] if causes else ''}{hint}), so the job stopped: "
                       f"{ModelDir(opts.model_dir).resume_hint()}")
 
 
@@ -225,7 +243,9 @@ def launch_on_host(opts: TrainOptions, total: int, say: Callable[[str], None]) -
                     if order is not None)
     if failed:
         _, rank, rc, tail = failed[0]
-        raise rank_died(opts, rank, rc, f" on {me}", tail)
+        host_of = {slot.rank: (next(i for i, h in enumerate(hosts) if h.hostname == slot.hostname), slot.hostname)
+                   for slot in plan}
+        raise rank_died(opts, rank, rc, f" on {me}", tail, host_of)
     if any(slot.rank == 0 for slot in mine):
         return _written_state(opts)
     say(f"train: ranks on {me} finished; rank 0 on {hosts[0].hostname} wrote the model dir")
@@ -281,18 +301,35 @@ def _replay(reporter: Reporter) -> Callable[[dict], None]:
     return show
 
 
-def _check_ranks_read_one_transform(ranks: list[tuple[str, str, str]]) -> None:
-    """Every rank's (host, --data, transform fingerprint) must name one transform: a host holding another
-    copy of the data (a stale one at the same path, another day's) numbers the values otherwise, and the
-    averaged gradients would train each row on values that differ by rank, without a word."""
-    host0, data0, print0 = ranks[0]
-    other = [(r, host, data, fp) for r, (host, data, fp) in enumerate(ranks) if fp != print0]
+def _leaf_differences(a, b, path: str = "") -> list[str]:
+    """The dotted keys whose values differ between two nested config dicts."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str)
+                for d in _leaf_differences(a.get(k), b.get(k), f"{path}.{k}" if path else str(k))]
+    return [] if a == b else [path]
+
+
+def _check_ranks_train_one_model(ranks: list[dict]) -> None:
+    """Every rank (its host, --data, transform fingerprint, config and run) must train one model: a host holding
+    another copy of the data (a stale one at the same path, another day's) numbers the values otherwise, and
+    the averaged gradients would train each row on values that differ by rank; another --config (a learning
+    rate, a layer) or --steps would make the ranks step apart or wait on each other, without a word."""
+    first = ranks[0]
+    where = lambda r, x: f"rank {r} (host {x['host']}, {x['data']})"  # noqa: E731
+    other = [(r, x) for r, x in enumerate(ranks) if x["transform"] != first["transform"]]
     if other:
-        named = "; ".join(f"rank {r} (host {host}, {data}: {fp[:12]})" for r, host, data, fp in other[:4])
-        raise TrainError(f"the ranks read data of different preprocess runs: {named} against rank 0's (host {host0}, "
-                         f"{data0}: {print0[:12]}), fingerprints of their vocabularies and dense statistics; an ID "
+        named = "; ".join(f"{where(r, x)}: {x['transform'][:12]}" for r, x in other[:4])
+        raise TrainError(f"the ranks read data of different preprocess runs: {named} against {where(0, first)}: "
+                         f"{first['transform'][:12]}, fingerprints of their vocabularies and dense statistics; an ID "
                          f"would stand for other values on different ranks. Give every host a whole copy of one "
                          f"run's output")
+    for r, x in enumerate(ranks):
+        keys = _leaf_differences(first["config"], x["config"]) + [k for k in ("steps", "precision")
+                                                                    if x[k] != first[k]]
+        if keys:
+            shown = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+            raise TrainError(f"{where(r, x)} trains with another config or run than {where(0, first)}: {shown} "
+                             f"differ; every host must run the same --config, --steps and --precision")
 
 
 def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int,
@@ -305,10 +342,11 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
         hvd.init()
     rank, size = hvd.rank(), hvd.size()
     model_dir = ModelDir(opts.model_dir)
-    if size > 1 and not opts.synthetic_input:
-        host = os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname()  # the host list's name for it
-        _check_ranks_read_one_transform(hvd.allgather_object((host, opts.data_dir,
-                                                              artifact.mapping_fingerprint())))
+    if size > 1:
+        _check_ranks_train_one_model(hvd.allgather_object({
+            "host": os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),  # the host list's name for it
+            "data": opts.data_dir, "config": config_to_dict(cfg), "steps": total, "precision": opts.run.precision,
+            "transform": "synthetic input" if opts.synthetic_input else artifact.mapping_fingerprint()}))
 
     def rank0_says_stop(flag: bool) -> bool:  # every rank must leave the loop at the same step
         return bool(hvd.broadcast(tf.constant(int(flag)), root_rank=0, name="early_stop").numpy())
@@ -321,6 +359,9 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
         if manager.latest_checkpoint:  # every rank restores the same files; broadcast keeps them identical
             ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
         start = int(optimizer.iterations.numpy())
+        if size > 1:  # rank 0's: a host whose own model dir holds no (or an older) checkpoint would loop more
+            # steps and wait on collectives no other rank makes; its weights come from rank 0's broadcast below
+            start = int(hvd.broadcast(tf.constant(start, tf.int64), root_rank=0, name="start_step").numpy())
         events = os.environ.get(EVENTS_ENV) if rank == 0 else None
         reporter = Reporter(say if rank == 0 else (lambda _: None), total, start, cfg.train.batch_size * size,
                             ranks=size, events_path=events)
