@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from features.artifact import TransformArtifact
 from features.canonical import DENSE_SUM_SCALE
-from features.config import Config
+from features.config import Config, SparseFeature
 from features.days import day_number
 from pipeline.sources import InputFile, partition_day
 
@@ -101,6 +101,13 @@ def _nothing_to_learn(cfg: Config, artifact: TransformArtifact, now: SplitCounts
     return out
 
 
+def _own_single_valued_vocabularies(cfg: Config) -> list[SparseFeature]:
+    """The single-valued, column-fed features with a vocabulary no other feature shares: those whose
+    vocabulary counts are their own train rows' values, one per row."""
+    shared = {f.share_embedding_with for f in cfg.features.sparse if f.share_embedding_with}
+    return [f for f in cfg.column_sparse if f.vocab is not None and not f.multivalent and f.name not in shared]
+
+
 # A vocabulary feature is named when fewer than this share of its train rows hold a value that recurs (kept in
 # the vocabulary with a count of 2 or more), over at least this many train rows with a value.
 MIN_RECURRING_SHARE, MIN_RECURRING_ROWS = 0.05, 1_000
@@ -112,11 +119,10 @@ def _values_never_recur(cfg: Config, artifact: TransformArtifact, now: SplitCoun
     row is trained once, or the value is left out as rare) and at serving every value is new (OOV); with
     min_count 1 its table also grows by a row per example. Counted on this run's rows, so not on a day run
     (whose counts carry the earlier days)."""
-    shared = {f.share_embedding_with for f in cfg.features.sparse if f.share_embedding_with}
     out = []
-    for f in cfg.column_sparse:
+    for f in _own_single_valued_vocabularies(cfg):
         counts, n = artifact.vocab_counts.get(f.name), now.with_value.get("train", {}).get(f.name, 0)
-        if f.vocab is None or f.multivalent or f.name in shared or counts is None or n < MIN_RECURRING_ROWS:
+        if counts is None or n < MIN_RECURRING_ROWS:
             continue
         recurring = sum(c for c in counts if c is not None and c >= 2)
         if recurring < MIN_RECURRING_SHARE * n:
@@ -136,13 +142,11 @@ def _vocabulary_cut(cfg: Config, artifact: TransformArtifact, now: SplitCounts) 
     """A single-valued feature whose vocabulary max_size cut values min_count would have kept, so many that a
     large share of its train rows map to the few OOV buckets, where the model cannot tell them apart (TFT's
     top_k does this in silence). Counted on this run's rows, so not on a day run."""
-    shared = {f.share_embedding_with for f in cfg.features.sparse if f.share_embedding_with}
     out = []
-    for f in cfg.column_sparse:
+    for f in _own_single_valued_vocabularies(cfg):
         values, counts = artifact.vocabularies.get(f.name), artifact.vocab_counts.get(f.name)
         n, rows = now.with_value.get("train", {}).get(f.name, 0), now.rows["train"]
-        if f.vocab is None or f.vocab.max_size is None or f.multivalent or f.name in shared or not counts \
-                or values is None or len(values) < f.vocab.max_size or not n:
+        if f.vocab.max_size is None or not counts or values is None or len(values) < f.vocab.max_size or not n:
             continue
         least = min(counts)
         missing_kept = "" in values  # rows without a value ("") are OOV for that reason when "" is not kept

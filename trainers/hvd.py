@@ -143,7 +143,7 @@ _RAISED = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception
 
 # Gloo's rendezvous giving up on ranks that never registered (then std::terminate: SIGABRT, no traceback)
 _NEVER_JOINED = re.compile(r"Wait timeout after (\d+) seconds for key\(s\): ([\d ,]+)")
-NEVER_JOINED = "which never joined"
+NEVER_JOINED = "which never joined"  # in _failure's message for such a line
 
 
 def _failure(line: str) -> tuple[Optional[int], str] | None:
@@ -180,9 +180,9 @@ def rank_died(opts: TrainOptions, rank: int, code: int, where: str = "", output:
     of a job over --hosts, to say where ranks that never joined should have started."""
     causes = [f[1] for f in map(_failure, output) if f is not None and f[0] in (None, rank)]
     hint = ""
-    if causes and NEVER_JOINED in causes[-1] and host_of:
-        waited_for = re.search(r"rank\(s\) ([\d, ]+), " + NEVER_JOINED, causes[-1])[1]
-        missing = sorted({host_of[int(r)] for r in re.findall(r"\d+", waited_for) if int(r) in host_of})
+    joined = next((m for m in map(_NEVER_JOINED.search, output) if m), None)
+    if joined and causes and NEVER_JOINED in causes[-1] and host_of:
+        missing = sorted({host_of[int(r)] for r in re.findall(r"\d+", joined[2]) if int(r) in host_of})
         hint = "".join(f"; is `recpipe train ... --host-index {i}` running on {h}, or did it stop before starting its "
                        f"ranks (its own output says why)?" for i, h in missing[:3])
     return TrainError(f"horovod rank {rank}{where} died ({how_it_ended(code)}"
@@ -243,8 +243,8 @@ def launch_on_host(opts: TrainOptions, total: int, say: Callable[[str], None]) -
                     if order is not None)
     if failed:
         _, rank, rc, tail = failed[0]
-        host_of = {slot.rank: (next(i for i, h in enumerate(hosts) if h.hostname == slot.hostname), slot.hostname)
-                   for slot in plan}
+        index = {h.hostname: i for i, h in enumerate(hosts)}
+        host_of = {slot.rank: (index[slot.hostname], slot.hostname) for slot in plan}
         raise rank_died(opts, rank, rc, f" on {me}", tail, host_of)
     if any(slot.rank == 0 for slot in mine):
         return _written_state(opts)
