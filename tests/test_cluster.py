@@ -1,10 +1,12 @@
 """The cluster paths over a real network stack: several hosts are network namespaces on a bridge
 (recpipe.netns), each task in its own. PS training from TF_CONFIG across 5 hosts survives a killed
-worker and a killed coordinator; Horovod runs one process per host from a host list, no ssh."""
+worker and a killed coordinator, and a worker whose host holds another copy of the data is named;
+Horovod runs one process per host from a host list, no ssh."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,6 +103,46 @@ def test_ps_training_across_hosts_survives_worker_and_coordinator_kills(tmp_path
 
 
 @needs_netns
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare(1) to give a task its own mounts")
+def test_a_ps_worker_reading_another_copy_of_the_data_is_named(tmp_path, preprocessed, small_cfg_path):
+    """PS workers read the shards at the chief's paths on their own hosts. A worker host holding another copy
+    there (a stale one: two item IDs swapped, same sizes) trained the shared tables on IDs that stand for other
+    values, without a word; one holding none failed with TensorFlow's trace. Worker 1 gets its own mounts
+    (unshare), with the other copy, or an empty folder, mounted over the data's path."""
+    data = preprocessed[0]
+    stale, empty = tmp_path / "stale", tmp_path / "empty"
+    shutil.copytree(data, stale)
+    empty.mkdir()
+    vocab = stale / "transform" / "vocab" / "item_id.json"
+    body = json.loads(vocab.read_text())
+    body["values"][:2] = body["values"][1::-1]
+    vocab.write_text(json.dumps(body))
+    for seen, why in ((stale, "holds other bytes than the same file on the chief"), (empty, "is missing")):
+        model_dir = str(tmp_path / f"model_{seen.name}")
+        with VirtualHosts(4) as hosts:
+            cluster = {"chief": [f"{hosts.address(0)}:{PORT}"], "ps": [f"{hosts.address(1)}:{PORT}"],
+                       "worker": [f"{hosts.address(2)}:{PORT}", f"{hosts.address(3)}:{PORT}"]}
+            host_of = {("ps", 0): 1, ("worker", 0): 2, ("worker", 1): 3}
+            for task, host in host_of.items():
+                cmd = _train(data, model_dir, "--strategy", "ps")
+                if task == ("worker", 1):  # this host's filesystem: `seen` at the data's path
+                    cmd = ["unshare", "--mount", "sh", "-c", f'mount --bind "{seen}" "{data}" && exec "$@"', "sh", *cmd]
+                proc = hosts.popen(host, cmd, env=_env(cluster, *task), stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+                hosts.wait_listening(host, PORT, proc=proc)
+            chief = hosts.run(0, _train(data, model_dir, "--strategy", "ps", "--config", small_cfg_path,
+                                        "--steps", "40"),
+                              env=_env(cluster, "chief", 0), capture_output=True, text=True, timeout=600)
+        assert chief.returncode == 1, chief.stdout[-2000:] + chief.stderr[-2000:]
+        assert (f"recpipe train: error: PS worker 1 ({hosts.address(3)}:{PORT}) reads other preprocessed data than "
+                f"the chief at {data}: {data}/transform/" in chief.stderr and f" {why}. PS workers read the shards "
+                f"at the chief's paths" in chief.stderr), chief.stderr[-3000:]
+        assert ModelDir(model_dir).latest_step() == 0  # not one step on the other copy
+    ours = json.loads((Path(data) / "transform" / "vocab" / "item_id.json").read_text())["values"]
+    assert ours[:2] == body["values"][1::-1]  # the mounts stayed worker 1's own
+
+
+@needs_netns
 def test_horovod_across_hosts_without_ssh(tmp_path, preprocessed, small_cfg_path):
     data, model_dir = preprocessed[0], str(tmp_path / "hvd_model")
     with VirtualHosts(3) as hosts:
@@ -143,8 +185,6 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
     rate; a resume hung, since only rank 0's model dir holds checkpoints, so the other ranks started over and
     looped more steps than rank 0; and a host whose command failed before starting its ranks left the
     others to die by SIGABRT after Gloo's 300 s, naming nothing."""
-    import shutil
-
     import yaml
     data = preprocessed[0]
     stale = tmp_path / "stale"

@@ -7,13 +7,15 @@ from typing import Iterator
 
 import tensorflow as tf
 
+from features import fsio
 from features.canonical import LABEL_KEY
 from features.config import Config
 from features.errors import RecpipeError
 from features.preprocessed import SPLITS, PreprocessedData
 from features.records import parse_record
 
-__all__ = ["DataError", "shard_files", "make_dataset", "record_count", "synthetic_dataset", "naming_bad_shards"]
+__all__ = ["DataError", "shard_files", "make_dataset", "record_count", "synthetic_dataset", "naming_bad_shards",
+           "SameCopyCheck"]
 
 
 class DataError(RecpipeError, ValueError):
@@ -79,6 +81,56 @@ def naming_bad_shards(data_dir: str) -> Iterator[None]:
         bad = [b for split in SPLITS for b in corrupt_records(data.shard_files(split))]
         where = "; ".join(bad) if bad else f"no shard under {data.root} fails when read alone"
         raise DataError(f"corrupt preprocessed data: {where} (run `recpipe preprocess` again)") from e
+
+
+class SameCopyCheck:
+    """Whether another task reads the same copy of the preprocessed data as this process. A PS worker
+    reads the shards at the paths the chief lists, on its own host's filesystem: a host holding another
+    copy there (a stale one, another day's run) would feed the model IDs that stand for other values,
+    without a word. The chief hashes its transform files once (`TransformArtifact`'s: the vocabularies
+    and dense statistics the shards were made with); `in_graph()`, called inside a dataset function,
+    adds assertions that the task running it reads the same bytes at the same paths. A failed assertion
+    stops the job with `MARKER` in TensorFlow's error; `error()` turns that into a DataError."""
+
+    MARKER = "recpipe-same-copy:"
+    _KEY = [0x7265637069706531, 0x636F70792D636865]  # SipHash key: any fixed pair, the same on every task
+
+    def __init__(self, data_dir: str):
+        data = PreprocessedData(data_dir)
+        self.root = data.root
+        files = [fsio.join(data.transform_dir, n) for n in ("transform.json", "config.yaml")]
+        files += fsio.list_files(fsio.join(data.transform_dir, "vocab"), ".json")
+        self.digests = {p: int(self._digest(tf.constant(p)).numpy()) for p in files}
+
+    @classmethod
+    def _digest(cls, path: tf.Tensor) -> tf.Tensor:
+        return tf.strings.to_hash_bucket_strong(tf.io.read_file(path), 2**62, cls._KEY)
+
+    def in_graph(self) -> None:
+        for path, digest in self.digests.items():
+            pattern = re.sub(r"([*?\[])", r"[\1]", path)  # matched as a glob: its own characters only
+            found = tf.debugging.Assert(tf.size(tf.io.matching_files(pattern)) > 0,
+                                        [f"{self.MARKER} {path} is missing"])
+            with tf.control_dependencies([found]):
+                tf.debugging.Assert(tf.equal(self._digest(tf.constant(path)), digest),
+                                    [f"{self.MARKER} {path} holds other bytes than the same file on the chief"])
+
+    def error(self, e: BaseException, workers: list[str]) -> "DataError | None":
+        """A DataError for `e` when it is this check's failure (TensorFlow's error, as the coordinator
+        passes a worker's on), naming the worker from `workers` (the cluster's addresses); else None."""
+        text = str(e)
+        found = re.search(re.escape(self.MARKER) + r" (.*?)(?:\]|\\n|\n|$)", text)
+        if found is None:
+            return None
+        task = re.search(r"/job:worker/replica:\d+/task:(\d+)", text)
+        who = "a PS worker"
+        if task is not None:
+            i = int(task.group(1))
+            who = f"PS worker {i}" + (f" ({workers[i]})" if i < len(workers) else "")
+        return DataError(f"{who} reads other preprocessed data than the chief at {self.root}: {found.group(1)}. "
+                         f"PS workers read the shards at the chief's paths on their own hosts, so an ID would stand "
+                         f"for other values there; give every host the same copy (shared storage, or one run's "
+                         f"output copied whole)")
 
 
 def _row_shuffler(seed: int):

@@ -18,7 +18,7 @@ from features.errors import RecpipeError
 from features.preprocessed import PreprocessedData
 from trainers.advisor import advise
 from trainers.allocator import loaded_allocator
-from trainers.data import make_dataset, naming_bad_shards, synthetic_dataset
+from trainers.data import SameCopyCheck, make_dataset, naming_bad_shards, synthetic_dataset
 from trainers.errors import TrainError, how_it_ended
 from trainers.health import check_loss
 from trainers.hvd import inside_horovod_job, train_horovod
@@ -28,7 +28,7 @@ from trainers.models import compiled_model, table_shapes
 from trainers.optim import optimizer_for, precision_policy
 from trainers.options import RunOptions, TrainOptions, host_list
 from trainers.progress import Reporter
-from trainers.ps import LocalPSCluster, TFConfig, make_strategy, serve_task, tf_config
+from trainers.ps import LocalPSCluster, PSCluster, TFConfig, make_strategy, serve_task, tf_config
 from trainers.validation import Validator, validator_for
 from trainers.warm_start import apply_warm_start
 
@@ -67,7 +67,7 @@ def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
     if cluster is not None:
         c = cluster.cluster
         say(f"train: PS cluster from TF_CONFIG: chief {c.chief}, {len(c.workers)} workers, {len(c.ps)} PS")
-        return _fit(cfg, artifact, opts, total, make_strategy(c, table_shapes(cfg, artifact)), say)
+        return _fit(cfg, artifact, opts, total, make_strategy(c, table_shapes(cfg, artifact)), say, cluster=c)
     with LocalPSCluster(run.ps_workers, run.ps_servers, run.ps_task_threads, say=say) as local:
         try:
             return _fit(cfg, artifact, opts, total,
@@ -161,8 +161,12 @@ def _scalar(v) -> float:
 
 
 def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int,
-         strategy: tf.distribute.Strategy, say: Callable[[str], None]) -> TrainState:
+         strategy: tf.distribute.Strategy, say: Callable[[str], None], cluster: Optional[PSCluster] = None
+         ) -> TrainState:
+    """model.fit under `strategy`; `cluster`: a PS cluster of other hosts, whose workers check that they
+    read the chief's copy of the data (they read it at the chief's paths)."""
     ps = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+    same_copy = SameCopyCheck(opts.data_dir) if cluster is not None and not opts.synthetic_input else None
     model_dir = ModelDir(opts.model_dir)
     validator = None if opts.synthetic_input else validator_for(cfg, artifact, opts.data_dir, model_dir, say)
     with precision_policy(opts.run.precision):
@@ -192,6 +196,8 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
         def dataset_fn(input_context=None):
             if opts.synthetic_input:
                 return synthetic_dataset(cfg, sizes, cfg.train.batch_size, seed)
+            if same_copy is not None:  # run by each worker as it makes its dataset, on its own host's files
+                same_copy.in_graph()
             return make_dataset(cfg, opts.data_dir, "train", cfg.train.batch_size, training=True,
                                 input_context=input_context, seed=seed)
 
@@ -202,12 +208,17 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
                                    validator=validator)
         tensorboard = tf.keras.callbacks.TensorBoard(model_dir.logs_dir, update_freq="epoch", write_graph=False,
                                                      profile_batch=0)
-        # Epochs of `every` steps (a checkpoint at each end), then one short epoch for the rest.
-        model.fit(data, steps_per_epoch=every, epochs=remaining // every, verbose=0,
-                  callbacks=[checkpoints, tensorboard])
-        if remaining % every and not (validator is not None and validator.stopped):
-            model.fit(data, steps_per_epoch=remaining % every, epochs=1, verbose=0,
+        try:  # epochs of `every` steps (a checkpoint at each end), then one short epoch for the rest
+            model.fit(data, steps_per_epoch=every, epochs=remaining // every, verbose=0,
                       callbacks=[checkpoints, tensorboard])
+            if remaining % every and not (validator is not None and validator.stopped):
+                model.fit(data, steps_per_epoch=remaining % every, epochs=1, verbose=0,
+                          callbacks=[checkpoints, tensorboard])
+        except Exception as e:
+            other_copy = same_copy.error(e, cluster.workers) if same_copy is not None else None
+            if other_copy is None:
+                raise
+            raise other_copy from None
         reporter.close()
         done = int(model.optimizer.iterations.numpy())
         if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(f"-{done}"):
