@@ -22,7 +22,7 @@ from features.config import Config, SparseFeature, dump_config, parse_config
 from features import fsio
 from features.errors import RecpipeError
 
-__all__ = ["RAW_KINDS", "TransformArtifact", "ArtifactError", "FORMAT_VERSION"]
+__all__ = ["RAW_KINDS", "TransformArtifact", "ArtifactError", "FORMAT_VERSION", "summary_differences"]
 
 FORMAT_VERSION = 1
 # How a raw log column is represented; the serving signature and the Beam reader both key on it.
@@ -82,13 +82,14 @@ class TransformArtifact:
                            f"{_stats_text(b)} in {theirs}")
         return out[:limit] + ([f"and {len(out) - limit} more"] if len(out) > limit else [])
 
-    def mapping_fingerprint(self) -> str:
-        """sha256 of what mapping_differences compares (every vocabulary's values by ID, every dense
-        statistic but the row count): equal for copies of one artifact, whatever their counts or paths."""
-        body = {"vocabularies": self.vocabularies,
-                "dense": {name: {k: v for k, v in stats.items() if k != "count"}
-                          for name, stats in self.dense_stats.items()}}
-        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    def mapping_summary(self) -> dict[str, Any]:
+        """What mapping_differences compares, small enough to send between processes: a sha256 of every
+        vocabulary's values by ID, and every dense feature's statistics but its row count. Two
+        summaries are compared with `summary_differences`, which allows the statistics the same float
+        tolerance as mapping_differences (a hash of them would not)."""
+        vocabularies = hashlib.sha256(json.dumps(self.vocabularies, sort_keys=True).encode()).hexdigest()
+        return {"vocabularies": vocabularies,
+                "dense": {name: _without_count(stats) for name, stats in self.dense_stats.items()}}
 
     # ------------------------------------------------------------ files
     def write(self, directory: str) -> None:
@@ -167,6 +168,22 @@ def _vocabulary_difference(name: str, a: list[Optional[str]], b: list[Optional[s
             f"(IDs {common:,} and up): from a later run that extended it (--previous-transform)?")
 
 
+def summary_differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Where two TransformArtifact.mapping_summary()s differ: "the vocabularies" (some ID stands for
+    another value), and each dense feature whose statistics differ beyond float noise."""
+    out = [] if a["vocabularies"] == b["vocabularies"] else ["the vocabularies"]
+    for name in sorted(set(a["dense"]) | set(b["dense"])):
+        x, y = a["dense"].get(name, {}), b["dense"].get(name, {})
+        if not _same_stats(x, y):
+            out.append(f"the statistics of dense feature {name!r} ({_stats_text(x)} against {_stats_text(y)})")
+    return out
+
+
+def _without_count(stats: dict[str, Any]) -> dict[str, Any]:
+    """A dense feature's statistics that its transform uses: all but the row count."""
+    return {k: v for k, v in stats.items() if k != "count"}
+
+
 _STAT_TOLERANCE = 1e-9  # relative: two runs of the job on the same rows may sum them in another order
 
 
@@ -178,14 +195,13 @@ def _same_stats(a: dict[str, Any], b: dict[str, Any]) -> bool:
         if isinstance(x, (int, float)) and isinstance(y, (int, float)):
             return math.isclose(x, y, rel_tol=_STAT_TOLERANCE, abs_tol=1e-12)
         return x == y
-    keys = (set(a) | set(b)) - {"count"}
-    return all(close(a.get(k), b.get(k)) for k in keys)
+    a, b = _without_count(a), _without_count(b)
+    return all(close(a.get(k), b.get(k)) for k in set(a) | set(b))
 
 
 def _stats_text(stats: dict[str, Any]) -> str:
     parts = []
-    for key in sorted(set(stats) - {"count"}):
-        value = stats[key]
+    for key, value in sorted(_without_count(stats).items()):
         if isinstance(value, (list, tuple)):
             shown = ", ".join(f"{v:.6g}" for v in value[:6]) + (", ..." if len(value) > 6 else "")
             parts.append(f"{key} [{shown}]")

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 import tensorflow as tf
 
-from features.artifact import TransformArtifact
+from features.artifact import TransformArtifact, summary_differences
 from features.canonical import (LABEL_KEY, SchemaError, canonicalize, check_schema, dense_prenorm, numeric,
                                 times, validate_batch)
 from features.config import parse_config
@@ -264,6 +264,11 @@ def test_mapping_differences_are_ids_and_normalisations_not_counts():
         "dense feature 'b' is normalised with boundaries [1.5, 5] in A's transform and boundaries [1.5, 6] in B's"]
     assert len(a.mapping_differences(dataclasses.replace(freed, dense_stats=shifted.dense_stats), "A", "B",
                                      limit=1)) == 2  # the first, and "and 1 more"
+    # what Horovod's ranks send each other instead of whole vocabularies: the same verdicts
+    assert summary_differences(a.mapping_summary(), same.mapping_summary()) == []
+    assert summary_differences(a.mapping_summary(), freed.mapping_summary()) == ["the vocabularies"]
+    assert summary_differences(a.mapping_summary(), shifted.mapping_summary()) == [
+        "the statistics of dense feature 'b' (boundaries [1.5, 5] against boundaries [1.5, 6])"]
 
 
 @pytest.mark.parametrize("free_slots", [False, True])

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from features.artifact import TransformArtifact
+from features.artifact import TransformArtifact, summary_differences
 from features.config import Config, config_to_dict
 from features.preprocessed import PreprocessedData
 from trainers.advisor import allreduces_table
@@ -310,18 +310,23 @@ def _leaf_differences(a, b, path: str = "") -> list[str]:
 
 
 def _check_ranks_train_one_model(ranks: list[dict]) -> None:
-    """Every rank (its host, --data, transform fingerprint, config and run) must train one model: a host holding
+    """Every rank (its host, --data, transform summary, config and run) must train one model: a host holding
     another copy of the data (a stale one at the same path, another day's) numbers the values otherwise, and
     the averaged gradients would train each row on values that differ by rank; another --config (a learning
     rate, a layer) or --steps would make the ranks step apart or wait on each other, without a word."""
     first = ranks[0]
     where = lambda r, x: f"rank {r} (host {x['host']}, {x['data']})"  # noqa: E731
-    other = [(r, x) for r, x in enumerate(ranks) if x["transform"] != first["transform"]]
+
+    def differences(x: dict) -> list[str]:  # "transform": a mapping_summary, or "synthetic input"
+        a, b = first["transform"], x["transform"]
+        if isinstance(a, dict) and isinstance(b, dict):
+            return summary_differences(a, b)
+        return [] if a == b else ["the input (synthetic on one of them)"]
+    other = [(r, x, d) for r, x in enumerate(ranks) if (d := differences(x))]
     if other:
-        named = "; ".join(f"{where(r, x)}: {x['transform'][:12]}" for r, x in other[:4])
-        raise TrainError(f"the ranks read data of different preprocess runs: {named} against {where(0, first)}: "
-                         f"{first['transform'][:12]}, fingerprints of their vocabularies and dense statistics; an ID "
-                         f"would stand for other values on different ranks. Give every host a whole copy of one "
+        named = "; ".join(f"{where(r, x)}: {', '.join(d)} differ" for r, x, d in other[:4])
+        raise TrainError(f"the ranks read data of different preprocess runs: {named}, against {where(0, first)}; an "
+                         f"ID would stand for other values on different ranks. Give every host a whole copy of one "
                          f"run's output")
     for r, x in enumerate(ranks):
         keys = _leaf_differences(first["config"], x["config"]) + [k for k in ("steps", "precision")
@@ -346,7 +351,7 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
         _check_ranks_train_one_model(hvd.allgather_object({
             "host": os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),  # the host list's name for it
             "data": opts.data_dir, "config": config_to_dict(cfg), "steps": total, "precision": opts.run.precision,
-            "transform": "synthetic input" if opts.synthetic_input else artifact.mapping_fingerprint()}))
+            "transform": "synthetic input" if opts.synthetic_input else artifact.mapping_summary()}))
 
     def rank0_says_stop(flag: bool) -> bool:  # every rank must leave the loop at the same step
         return bool(hvd.broadcast(tf.constant(int(flag)), root_rank=0, name="early_stop").numpy())
