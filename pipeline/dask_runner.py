@@ -25,12 +25,20 @@ so it could go upstream:
    input gets the one value fetched for the first. Held until the job ended, a result lost with a killed
    worker was recomputed while the job went on, re-running a sink's pre-finalize after its finalize had
    moved the shards: the shards were deleted and the finalize, retried, failed on the missing files.
+8. Every worker runs the client's code, checked before the job starts: Beam pickles a DoFn of an
+   importable module by reference, so a worker runs its own install's copy. One with another version
+   of the job's packages (`SAME_SOURCE`, compared by the bytes of their .py files) or of the libraries
+   the transform computes with (`SAME_VERSIONS`) gave rows other IDs than the rest, without a word.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
 import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
 
 import apache_beam as beam
 import dask.bag as db
@@ -48,7 +56,60 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils import counters
 from apache_beam.utils.windowed_value import WindowedValue
 
-__all__ = ["DaskRunner"]
+from features.errors import RecpipeError
+
+__all__ = ["DaskRunner", "DaskWorkersError", "code_identity"]
+
+SAME_SOURCE = ("features", "pipeline")  # the packages the job's DoFns and its one transform come from
+SAME_VERSIONS = ("apache-beam", "pyarrow", "numpy", "pyfarmhash", "tensorflow", "cloudpickle")
+
+
+class DaskWorkersError(RecpipeError, RuntimeError):
+    pass
+
+
+def code_identity() -> dict[str, str]:
+    """What a process runs the job with: a sha256 of each SAME_SOURCE package's .py files (paths
+    relative to it, and bytes), and the installed version of each SAME_VERSIONS distribution."""
+    out = {}
+    for package in SAME_SOURCE:
+        spec = importlib.util.find_spec(package)
+        root = list(spec.submodule_search_locations or [])[0] if spec is not None else None
+        if root is None:
+            out[package] = "not installed"
+            continue
+        digest = hashlib.sha256()
+        for folder, _, files in sorted(os.walk(root)):
+            for name in sorted(f for f in files if f.endswith(".py")):
+                path = os.path.join(folder, name)
+                digest.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as fh:
+                    digest.update(fh.read() + b"\0")
+        out[package] = digest.hexdigest()[:16]
+    for dist in SAME_VERSIONS:
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def check_workers_run_our_code(client) -> None:
+    """A DaskWorkersError naming every worker whose code_identity() is not this process's (fix 8)."""
+    ours = code_identity()
+    bad = []
+    for address, theirs in sorted(client.run(code_identity, on_error="return").items()):
+        if isinstance(theirs, BaseException):  # e.g. a recpipe too old to have code_identity
+            bad.append(f"{address} cannot run the check ({type(theirs).__name__}: {theirs})")
+            continue
+        differ = [f"{k} {theirs.get(k, 'unknown')} (here {v})" for k, v in ours.items() if theirs.get(k) != v]
+        if differ:
+            bad.append(f"{address} runs {', '.join(differ)}")
+    if bad:
+        raise DaskWorkersError(f"Dask workers with other code than this client: {'; '.join(bad)}. A worker runs "
+                               f"its own install's copy of the job's code (Beam pickles it by reference), so it "
+                               f"would turn rows into other IDs; install the same recpipe (and libraries) on every "
+                               f"worker and restart it")
 
 _METRICS = "__bundle_metrics__"  # the tag of a bundle's MetricUpdates inside its output partition
 
@@ -240,6 +301,11 @@ class DaskRunner(stock.DaskRunner):
         dask_options = options.view_as(stock.DaskOptions).get_all_options(drop_default=True, current_only=True)
         bag_kwargs = stock.DaskOptions._extract_bag_kwargs(dask_options)
         client = ddist.Client(**dask_options)
+        try:
+            check_workers_run_our_code(client)
+        except BaseException:
+            client.close()
+            raise
         pipeline.replace_all(stock.dask_overrides())
         readers = _Readers()
         pipeline.visit(readers)

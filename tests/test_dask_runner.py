@@ -358,3 +358,42 @@ def _config(tmp_path) -> str:
     path = tmp_path / "small.yaml"
     path.write_text(yaml.safe_dump(small_config_dict()))
     return str(path)
+
+
+def test_a_worker_with_other_code_is_named_before_the_job_starts(dask_cluster, tmp_path, log_with_bad_rows):
+    """Fix 8. Beam pickles the job's DoFns by reference, so each worker runs its own install's copy: a worker
+    with another version of recpipe's `features` (here hashing IDs otherwise) turned its rows into other IDs
+    than the rest, and the job published them without a word. A third worker joins with that copy first on
+    its path; the job stops before it starts, naming it."""
+    import shutil
+
+    import distributed
+
+    import features
+    from pipeline.dask_runner import DaskWorkersError
+    other = tmp_path / "other_install"
+    shutil.copytree(Path(features.__file__).parent, other / "features", ignore=shutil.ignore_patterns("__pycache__"))
+    hashing = other / "features" / "hashing.py"
+    hashing.write_text(hashing.read_text().replace("(fingerprints % np.uint64(buckets))",
+                                                   "((fingerprints >> np.uint64(1)) % np.uint64(buckets))"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(other), TESTS, os.environ.get("PYTHONPATH", "")]))
+    worker = subprocess.Popen([str(Path(sys.executable).parent / "dask"), "worker", dask_cluster, "--name", "other",
+                               "--nworkers", "1", "--nthreads", "1", "--no-dashboard"], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with distributed.Client(dask_cluster) as client:
+            client.wait_for_workers(3, timeout=120)
+            address = next(a for a, w in client.scheduler_info(n_workers=-1)["workers"].items()
+                           if w["name"] == "other")
+        out = tmp_path / "pre"
+        with pytest.raises(DaskWorkersError) as e:
+            run_preprocess(parse_config(small_config_dict()), log_with_bad_rows, str(out),
+                           ["--runner", "dask", "--dask-address", dask_cluster], say=lambda _: None)
+        text = str(e.value)
+        assert text.startswith(f"Dask workers with other code than this client: {address} runs features "), text
+        named = text.split(". A worker runs")[0]
+        assert "; " not in named and ", " not in named and "install the same recpipe" in text, text  # only it
+        assert not (out / "transform").exists()
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
