@@ -35,10 +35,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import hashlib
-import importlib.metadata
-import importlib.util
-import os
 
 import apache_beam as beam
 import dask.bag as db
@@ -56,9 +52,10 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils import counters
 from apache_beam.utils.windowed_value import WindowedValue
 
+from features.code_identity import code_identity, identity_differences
 from features.errors import RecpipeError
 
-__all__ = ["DaskRunner", "DaskWorkersError", "code_identity"]
+__all__ = ["DaskRunner", "DaskWorkersError"]
 
 SAME_SOURCE = ("features", "pipeline")  # the packages the job's DoFns and its one transform come from
 SAME_VERSIONS = ("apache-beam", "pyarrow", "numpy", "pyfarmhash", "tensorflow", "cloudpickle")
@@ -68,41 +65,16 @@ class DaskWorkersError(RecpipeError, RuntimeError):
     pass
 
 
-def code_identity() -> dict[str, str]:
-    """What a process runs the job with: a sha256 of each SAME_SOURCE package's .py files (paths
-    relative to it, and bytes), and the installed version of each SAME_VERSIONS distribution."""
-    out = {}
-    for package in SAME_SOURCE:
-        spec = importlib.util.find_spec(package)
-        root = list(spec.submodule_search_locations or [])[0] if spec is not None else None
-        if root is None:
-            out[package] = "not installed"
-            continue
-        digest = hashlib.sha256()
-        for folder, _, files in sorted(os.walk(root)):
-            for name in sorted(f for f in files if f.endswith(".py")):
-                path = os.path.join(folder, name)
-                digest.update(os.path.relpath(path, root).encode() + b"\0")
-                with open(path, "rb") as fh:
-                    digest.update(fh.read() + b"\0")
-        out[package] = digest.hexdigest()[:16]
-    for dist in SAME_VERSIONS:
-        try:
-            out[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
-
-
 def check_workers_run_our_code(client) -> None:
     """A DaskWorkersError naming every worker whose code_identity() is not this process's (fix 8)."""
-    ours = code_identity()
+    identity = functools.partial(code_identity, SAME_SOURCE, SAME_VERSIONS)
+    ours = identity()
     bad = []
-    for address, theirs in sorted(client.run(code_identity, on_error="return").items()):
+    for address, theirs in sorted(client.run(identity, on_error="return").items()):
         if isinstance(theirs, BaseException):  # e.g. a recpipe too old to have code_identity
             bad.append(f"{address} cannot run the check ({type(theirs).__name__}: {theirs})")
             continue
-        differ = [f"{k} {theirs.get(k, 'unknown')} (here {v})" for k, v in ours.items() if theirs.get(k) != v]
+        differ = identity_differences(ours, theirs)
         if differ:
             bad.append(f"{address} runs {', '.join(differ)}")
     if bad:

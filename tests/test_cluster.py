@@ -162,13 +162,16 @@ def test_horovod_across_hosts_without_ssh(tmp_path, preprocessed, small_cfg_path
     assert evaluate(model_dir, data)["auc"] > 0.6  # 0.64 measured: 150 steps of 3 x 128 rows
 
 
-def _two_hosts(args: list[list[str]], timeout: int = 600, **env) -> tuple[list[int], list[str]]:
-    """`recpipe train --strategy horovod` on 2 virtual hosts, each with its own arguments; (exit codes, outputs)."""
+def _two_hosts(args: list[list[str]], timeout: int = 600, host_env: tuple[dict, dict] = ({}, {}),
+               **env) -> tuple[list[int], list[str]]:
+    """`recpipe train --strategy horovod` on 2 virtual hosts, each with its own arguments (and `host_env`), from
+    outside the source tree (`python -m` puts the working folder first on the path); (exit codes, outputs)."""
     with VirtualHosts(2) as hosts:
         host_list = ",".join(hosts.address(i) for i in range(2))
         procs = [hosts.popen(i, [sys.executable, "-m", "recpipe.cli", "train", "--strategy", "horovod", "--hosts",
-                                 host_list, "--host-index", str(i), "--threads", "1", *a], env=dict(os.environ, **env),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i, a in enumerate(args)]
+                                 host_list, "--host-index", str(i), "--threads", "1", *a],
+                             env=dict(os.environ, **env, **host_env[i]), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, cwd="/") for i, a in enumerate(args)]
         try:
             outs = [p.communicate(timeout=timeout)[0] for p in procs]
         finally:
@@ -182,9 +185,10 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
     """Hosts with their own disks and model dirs: a host whose copy of the data is another run's (a stale copy
     at the same path, another day's) numbered the values otherwise, and the averaged gradients trained each
     row on other values by rank, without a word; a host given another --config stepped with its own learning
-    rate; a resume hung, since only rank 0's model dir holds checkpoints, so the other ranks started over and
-    looped more steps than rank 0; and a host whose command failed before starting its ranks left the
-    others to die by SIGABRT after Gloo's 300 s, naming nothing."""
+    rate, and one with another install of recpipe with its own code; a resume hung, since only rank 0's model
+    dir holds checkpoints, so the other ranks started over and looped more steps than rank 0; and a host whose
+    command failed before starting its ranks left the others to die by SIGABRT after Gloo's 300 s, naming
+    nothing."""
     import yaml
     data = preprocessed[0]
     stale = tmp_path / "stale"
@@ -203,6 +207,17 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
         assert (f"the ranks read data of different preprocess runs: rank 1 (host 10.78.0.2, {stale}): the "
                 f"vocabularies differ, against rank 0 (host 10.78.0.1, {data}); " in out and "a whole copy" in out), \
             out[-3000:]
+
+    import trainers  # host 1's install: another version of trainers/ (its optimizer's epsilon), first on its path
+    install = tmp_path / "install"
+    shutil.copytree(Path(trainers.__file__).parent, install / "trainers", ignore=shutil.ignore_patterns("__pycache__"))
+    optim = install / "trainers" / "optim.py"
+    optim.write_text(optim.read_text() + "\nADAGRAD_EPSILON = 1e-6  # another version\n")
+    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("e", i)] for i in range(2)],
+                             host_env=({}, {"PYTHONPATH": os.pathsep.join([str(install), os.environ.get("PYTHONPATH",
+                                                                                                          "")])}))
+    assert codes == [1, 1] and all(f"rank 1 (host 10.78.0.2, {data}) runs other code than rank 0 (host 10.78.0.1, "
+                                   f"{data}): trainers " in out and " (rank 0: " in out for out in outs), outs
 
     other = yaml.safe_load(Path(small_cfg_path).read_text())
     other["train"]["learning_rate"] *= 2

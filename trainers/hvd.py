@@ -32,6 +32,7 @@ from typing import Callable, Optional
 import tensorflow as tf
 
 from features.artifact import TransformArtifact, summary_differences
+from features.code_identity import code_identity, identity_differences
 from features.config import Config, config_to_dict
 from features.preprocessed import PreprocessedData
 from trainers.advisor import allreduces_table
@@ -310,12 +311,19 @@ def _leaf_differences(a, b, path: str = "") -> list[str]:
 
 
 def _check_ranks_train_one_model(ranks: list[dict]) -> None:
-    """Every rank (its host, --data, transform summary, config and run) must train one model: a host holding
+    """Every rank (its host, code, --data, transform summary, config and run) must train one model: a host holding
     another copy of the data (a stale one at the same path, another day's) numbers the values otherwise, and
     the averaged gradients would train each row on values that differ by rank; another --config (a learning
-    rate, a layer) or --steps would make the ranks step apart or wait on each other, without a word."""
+    rate, a layer) or --steps would make the ranks step apart or wait on each other, without a word; and a host
+    with another install (our packages, TensorFlow, Horovod) builds and steps the model with its own code."""
     first = ranks[0]
     where = lambda r, x: f"rank {r} (host {x['host']}, {x['data']})"  # noqa: E731
+    for r, x in enumerate(ranks):
+        code = identity_differences(first["code"], x["code"], "rank 0: ")
+        if code:
+            raise TrainError(f"{where(r, x)} runs other code than {where(0, first)}: {', '.join(code)}; each rank "
+                             f"builds and steps the model with its own host's install, so install the same recpipe "
+                             f"(and libraries) on every host")
 
     def differences(x: dict) -> list[str]:  # "transform": a mapping_summary, or "synthetic input"
         a, b = first["transform"], x["transform"]
@@ -351,7 +359,8 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
         _check_ranks_train_one_model(hvd.allgather_object({
             "host": os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),  # the host list's name for it
             "data": opts.data_dir, "config": config_to_dict(cfg), "steps": total, "precision": opts.run.precision,
-            "transform": "synthetic input" if opts.synthetic_input else artifact.mapping_summary()}))
+            "transform": "synthetic input" if opts.synthetic_input else artifact.mapping_summary(),
+            "code": code_identity(SAME_SOURCE, SAME_VERSIONS)}))
 
     def rank0_says_stop(flag: bool) -> bool:  # every rank must leave the loop at the same step
         return bool(hvd.broadcast(tf.constant(int(flag)), root_rank=0, name="early_stop").numpy())
@@ -435,6 +444,8 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
         return state
 
 
+SAME_SOURCE = ("features", "trainers")  # what a rank builds, reads and steps the model with: the same on every host
+SAME_VERSIONS = ("tensorflow", "tf-keras", "tensorflow-recommenders", "horovod", "numpy")
 CYCLE_TIME_ENV = "HOROVOD_CYCLE_TIME"
 
 
