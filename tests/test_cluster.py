@@ -234,6 +234,11 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
         assert codes == [0, 0], outs
     assert f"resuming from {tmp_path / 'c_0' / 'checkpoints'}/ckpt-20 at step 20" in outs[0]
     assert ModelDir(str(tmp_path / "c_0")).latest_step() == 40 and not ModelDir(str(tmp_path / "c_1")).latest_step()
+    with pytest.raises(TrainError) as kept:  # rank 1's own model dir says where the checkpoints are
+        evaluate(str(tmp_path / "c_1"), data)
+    assert (f"c_1: no checkpoint here: this host's Horovod ranks trained with rank 0 on 10.78.0.1, which kept the "
+            f"run's checkpoints (step 40) in its own --model-dir {tmp_path / 'c_0'}; evaluate and export there"
+            in str(kept.value)), kept.value
 
     codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("d", 0)],
                               ["--data", str(tmp_path / "missing"), "--config", small_cfg_path, *own("d", 1)]],

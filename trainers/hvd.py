@@ -355,12 +355,15 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
         hvd.init()
     rank, size = hvd.rank(), hvd.size()
     model_dir = ModelDir(opts.model_dir)
+    peers = [{"host": "", "model_dir": opts.model_dir}]
     if size > 1:
-        _check_ranks_train_one_model(hvd.allgather_object({
+        peers = hvd.allgather_object({
             "host": os.environ.get("HOROVOD_HOSTNAME") or socket.gethostname(),  # the host list's name for it
-            "data": opts.data_dir, "config": config_to_dict(cfg), "steps": total, "precision": opts.run.precision,
+            "model_dir": os.path.abspath(opts.model_dir), "data": opts.data_dir, "config": config_to_dict(cfg),
+            "steps": total, "precision": opts.run.precision,
             "transform": "synthetic input" if opts.synthetic_input else artifact.mapping_summary(),
-            "code": code_identity(SAME_SOURCE, SAME_VERSIONS)}))
+            "code": code_identity(SAME_SOURCE, SAME_VERSIONS)})
+        _check_ranks_train_one_model(peers)
 
     def rank0_says_stop(flag: bool) -> bool:  # every rank must leave the loop at the same step
         return bool(hvd.broadcast(tf.constant(int(flag)), root_rank=0, name="early_stop").numpy())
@@ -431,7 +434,9 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
                     total = done
                     break
         reporter.close()
-        _check_ranks_agree(model, hvd)
+        _check_ranks_agree(model, hvd)  # after rank 0's last save
+        if rank != 0 and hvd.local_rank() == 0 and model_dir.latest_step() < total:  # a model dir of this host's own
+            model_dir.note_kept_elsewhere(peers[0]["host"], peers[0]["model_dir"], total)
         overall, steady = reporter.rates(total)
         state = TrainState(total, total - start, start, overall, steady, loss, "horovod", opts.run.precision,
                            cfg.train.batch_size, ranks=size, sparse_gradients=cfg.train.sparse_gradients,

@@ -104,6 +104,7 @@ class ModelDir:
     best_prefix = fsio.SubPath("best", "weights")
     reliability_png = fsio.SubPath("reliability.png")  # written by `recpipe evaluate` (ranking)
     slices_png = fsio.SubPath("slices.png")  # written by `recpipe evaluate` (config evaluate.slices)
+    kept_elsewhere_path = fsio.SubPath("checkpoints_kept_elsewhere.json")  # a Horovod host's own dir: see below
 
     # ------------------------------------------------------------ contents
     def has_config(self) -> bool:
@@ -129,6 +130,20 @@ class ModelDir:
         step = self.latest_step()
         return (f"the last checkpoint is step {step} in {self.checkpoints_dir}; rerun the same command to resume "
                 f"from it" if step else "no checkpoint was written yet; a rerun starts over")
+
+    def note_kept_elsewhere(self, host: str, model_dir: str, step: int) -> None:
+        """Written by a Horovod host whose own --model-dir holds no checkpoint of the run it took part in:
+        rank 0, on `host`, kept them in its `model_dir`. Read only where no checkpoint is found."""
+        fsio.write_json(self.kept_elsewhere_path, {"host": host, "model_dir": model_dir, "step": step})
+
+    def no_checkpoint_error(self) -> TrainError:
+        if not os.path.exists(self.kept_elsewhere_path):
+            return TrainError(f"{self.root}: no checkpoint found (run `recpipe train`)")
+        kept = fsio.read_json(self.kept_elsewhere_path)
+        return TrainError(f"{self.root}: no checkpoint here: this host's Horovod ranks trained with rank 0 on "
+                          f"{kept['host']}, which kept the run's checkpoints (step {kept['step']}) in its own "
+                          f"--model-dir {kept['model_dir']}; evaluate and export there, or give every host one shared "
+                          f"--model-dir")
 
     def latest_step(self) -> int:
         latest = self.latest_checkpoint()
@@ -213,14 +228,14 @@ class ModelDir:
         scores are the same either way)."""
         cfg = self.config()
         artifact = self.transform()
+        latest = self.latest_checkpoint()
+        if latest is None:
+            raise self.no_checkpoint_error()
         built = cfg
         if serving:
             built = dataclasses.replace(cfg, train=dataclasses.replace(
                 cfg.train, tuning=dataclasses.replace(cfg.train.tuning, dedup_ids=False)))
         model = build_model(built, artifact)
-        latest = self.latest_checkpoint()
-        if latest is None:
-            raise TrainError(f"{self.root}: no checkpoint found (run `recpipe train`)")
         model(dummy_batch(cfg))
         chosen = self.best_weights() or latest
         tf.train.Checkpoint(model=model).restore(chosen).expect_partial().assert_existing_objects_matched()
