@@ -1,7 +1,7 @@
 """The cluster paths over a real network stack: several hosts are network namespaces on a bridge
 (recpipe.netns), each task in its own. PS training from TF_CONFIG across 5 hosts survives a killed
-worker and a killed coordinator, and a worker whose host holds another copy of the data is named;
-Horovod runs one process per host from a host list, no ssh."""
+worker and a killed coordinator; a killed PS task, and a worker whose host holds another copy of the data,
+are named. Horovod runs one process per host from a host list, no ssh."""
 from __future__ import annotations
 
 import json
@@ -100,6 +100,47 @@ def test_ps_training_across_hosts_survives_worker_and_coordinator_kills(tmp_path
         shards = [f for f in os.listdir(md.checkpoints_dir) if ".data-" in f]
         assert len(shards) >= 2  # the variables lived on both PS hosts
     assert evaluate(model_dir, data)["auc"] > 0.6
+
+
+@needs_netns
+def test_a_ps_task_that_dies_is_named_and_the_job_resumes_once_it_serves_again(tmp_path, preprocessed,
+                                                                              small_cfg_path):
+    """A PS task of a TF_CONFIG cluster killed mid-run: the coordinator's error was "UnavailableError: 0 derived
+    errors ignored. [Op:Identity] name:", naming nothing. Now the task that does not answer is named, with the
+    way back (a PS task cannot rejoin: its variables were in its memory), which the test then takes."""
+    data, model_dir = preprocessed[0], str(tmp_path / "model")
+    md = ModelDir(model_dir)
+    with VirtualHosts(4) as hosts:
+        cluster = {"chief": [f"{hosts.address(0)}:{PORT}"],
+                   "ps": [f"{hosts.address(1)}:{PORT}", f"{hosts.address(2)}:{PORT}"],
+                   "worker": [f"{hosts.address(3)}:{PORT}"]}
+        host_of = {("ps", 0): 1, ("ps", 1): 2, ("worker", 0): 3}
+
+        def start(task):
+            proc = hosts.popen(host_of[task], _train(data, model_dir, "--strategy", "ps"), env=_env(cluster, *task),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            hosts.wait_listening(host_of[task], PORT, proc=proc)
+            return proc
+
+        tasks = {task: start(task) for task in host_of}
+        chief_cmd = _train(data, model_dir, "--strategy", "ps", "--config", small_cfg_path, "--steps", "5000")
+        chief = hosts.popen(0, chief_cmd, env=_env(cluster, "chief", 0), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+        first = _wait_for_step(md, 0, chief)
+        tasks[("ps", 1)].kill()
+        out = chief.communicate(timeout=300)[0]
+        assert chief.returncode == 1, out[-2000:]
+        assert (f"recpipe train: error: PS task 1 ({hosts.address(2)}:{PORT}) does not answer (Connection refused), "
+                f"so the job stopped: a PS task holds its share of the variables in memory and cannot rejoin; once it "
+                f"serves again (its cluster manager restarts it), the last checkpoint is step ") in out, out[-2000:]
+        resumed_at = md.latest_step()
+        assert resumed_at >= first
+        tasks[("ps", 1)] = start(("ps", 1))
+        chief_cmd[chief_cmd.index("--steps") + 1] = str(resumed_at + 20)
+        rerun = hosts.run(0, chief_cmd, env=_env(cluster, "chief", 0), capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+    assert f"resuming from {md.checkpoints_dir}/ckpt-{resumed_at} at step {resumed_at}" in rerun.stdout
+    assert md.latest_step() == resumed_at + 20
 
 
 @needs_netns

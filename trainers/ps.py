@@ -33,7 +33,7 @@ import tensorflow as tf
 from trainers.errors import TrainError
 
 __all__ = ["PSCluster", "TFConfig", "LocalPSCluster", "TablePartitioner", "make_strategy", "serve_task",
-           "tf_config"]
+           "silent_ps", "tf_config"]
 
 MIN_SHARD_BYTES = 256 << 10
 
@@ -141,6 +141,19 @@ def serve_task(cluster: dict[str, list[str]], job: str, index: int, threads: int
     server = tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name=job, task_index=index,
                                   protocol="grpc", config=config, start=True)
     server.join()
+
+
+def silent_ps(cluster: PSCluster, timeout: float = 2.0) -> list[tuple[int, str, str]]:
+    """(index, address, why) of every PS task of `cluster` that does not accept a TCP connection now: after
+    the coordinator's UnavailableError, which names no task, the one that died or whose host went away."""
+    out = []
+    for i, address in enumerate(cluster.ps):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+        except OSError as e:
+            out.append((i, address, "timed out" if isinstance(e, socket.timeout) else e.strerror or str(e)))
+    return out
 
 
 def _free_ports(n: int) -> list[int]:
