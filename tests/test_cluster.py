@@ -105,9 +105,11 @@ def test_ps_training_across_hosts_survives_worker_and_coordinator_kills(tmp_path
 @needs_netns
 def test_a_ps_task_that_dies_is_named_and_the_job_resumes_once_it_serves_again(tmp_path, preprocessed,
                                                                               small_cfg_path):
-    """A PS task of a TF_CONFIG cluster killed mid-run: the coordinator's error was "UnavailableError: 0 derived
-    errors ignored. [Op:Identity] name:", naming nothing. Now the task that does not answer is named, with the
-    way back (a PS task cannot rejoin: its variables were in its memory), which the test then takes."""
+    """The coordinator started before a PS task waited for it without a word (for ever, had it not come), and
+    a PS task killed mid-run stopped it with "UnavailableError: 0 derived errors ignored. [Op:Identity] name:",
+    naming nothing. Now it says which tasks it waits for, and stops naming them after --cluster-wait-seconds;
+    and the task that died is named, with the way back (a PS task cannot rejoin: its variables were in its
+    memory), which the test then takes."""
     data, model_dir = preprocessed[0], str(tmp_path / "model")
     md = ModelDir(model_dir)
     with VirtualHosts(4) as hosts:
@@ -122,17 +124,25 @@ def test_a_ps_task_that_dies_is_named_and_the_job_resumes_once_it_serves_again(t
             hosts.wait_listening(host_of[task], PORT, proc=proc)
             return proc
 
-        tasks = {task: start(task) for task in host_of}
+        tasks = {task: start(task) for task in host_of if task != ("ps", 1)}
         chief_cmd = _train(data, model_dir, "--strategy", "ps", "--config", small_cfg_path, "--steps", "5000")
         chief = hosts.popen(0, chief_cmd, env=_env(cluster, "chief", 0), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
+        time.sleep(3)
+        tasks[("ps", 1)] = start(("ps", 1))  # as a pod scheduled after the chief's
         first = _wait_for_step(md, 0, chief)
         tasks[("ps", 1)].kill()
         out = chief.communicate(timeout=300)[0]
         assert chief.returncode == 1, out[-2000:]
-        assert (f"recpipe train: error: PS task 1 ({hosts.address(2)}:{PORT}) does not answer (Connection refused), "
-                f"so the job stopped: a PS task holds its share of the variables in memory and cannot rejoin; once it "
-                f"serves again (its cluster manager restarts it), the last checkpoint is step ") in out, out[-2000:]
+        ps1 = f"PS task 1 ({hosts.address(2)}:{PORT}: Connection refused)"
+        assert f"train: waiting for {ps1} to serve (" in out and "train: every PS and worker task serves" in out, out
+        assert (f"recpipe train: error: {ps1} does not answer, so the job stopped: a PS task holds its share of the "
+                f"variables in memory and cannot rejoin; once it serves again (its cluster manager restarts it), the "
+                f"last checkpoint is step ") in out, out[-2000:]
+        gone = hosts.run(0, [*chief_cmd, "--cluster-wait-seconds", "4"], env=_env(cluster, "chief", 0),
+                         capture_output=True, text=True, timeout=300)
+        assert gone.returncode == 1 and (f"recpipe train: error: {ps1}: not serving after 4 s (--cluster-wait-seconds)"
+                                         in gone.stderr), gone.stdout[-1000:] + gone.stderr[-2000:]
         resumed_at = md.latest_step()
         assert resumed_at >= first
         tasks[("ps", 1)] = start(("ps", 1))

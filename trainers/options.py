@@ -55,6 +55,9 @@ class RunOptions:
     ps_workers: int = _opt(2, "--strategy ps without TF_CONFIG: worker processes")
     ps_servers: int = _opt(2, "--strategy ps without TF_CONFIG: PS processes")
     ps_task_threads: int = _opt(0, "--strategy ps: intra/inter-op threads per task (0: TF default)")
+    cluster_wait_seconds: int = _opt(600, "--strategy ps from TF_CONFIG: how long the coordinator waits for every "
+                                          "PS and worker task to serve (tasks may start minutes apart) before it "
+                                          "stops, naming the ones that do not")
 
     def __post_init__(self):
         try:
@@ -62,7 +65,8 @@ class RunOptions:
         except ConfigError as e:
             raise TrainError(str(e)) from None
         for key, low in (("steps", 1), ("np", 1), ("threads", 0), ("ps_workers", 1), ("ps_servers", 1),
-                         ("ps_task_threads", 0), ("host_index", 0), ("rendezvous_port", 1)):
+                         ("ps_task_threads", 0), ("host_index", 0), ("rendezvous_port", 1),
+                         ("cluster_wait_seconds", 1)):
             value = getattr(self, key)
             if value is not None and value < low:
                 raise TrainError(f"{key}: must be >= {low}, got {value}")

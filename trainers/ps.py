@@ -17,9 +17,9 @@ coordinator and rejoins when restarted (the local launcher restarts it; on a clu
 """
 from __future__ import annotations
 
-import os
-
+import concurrent.futures
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -33,7 +33,7 @@ import tensorflow as tf
 from trainers.errors import TrainError
 
 __all__ = ["PSCluster", "TFConfig", "LocalPSCluster", "TablePartitioner", "make_strategy", "serve_task",
-           "silent_ps", "tf_config"]
+           "silent_tasks", "task_names", "wait_for_tasks", "tf_config"]
 
 MIN_SHARD_BYTES = 256 << 10
 
@@ -143,17 +143,49 @@ def serve_task(cluster: dict[str, list[str]], job: str, index: int, threads: int
     server.join()
 
 
-def silent_ps(cluster: PSCluster, timeout: float = 2.0) -> list[tuple[int, str, str]]:
-    """(index, address, why) of every PS task of `cluster` that does not accept a TCP connection now: after
-    the coordinator's UnavailableError, which names no task, the one that died or whose host went away."""
-    out = []
-    for i, address in enumerate(cluster.ps):
+def silent_tasks(cluster: PSCluster, jobs: tuple[str, ...] = ("ps",), timeout: float = 2.0
+                 ) -> list[tuple[str, int, str, str]]:
+    """(job, index, address, why) of every task of `jobs` in `cluster` that does not accept a TCP connection
+    now, probed at once: a task not started yet, one that died, or one whose host went away."""
+    tasks = [(job, i, address) for job in jobs for i, address in enumerate(cluster.spec()[job])]
+
+    def probe(address: str) -> Optional[str]:
         host, _, port = address.rpartition(":")
         try:
             socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+            return None
         except OSError as e:
-            out.append((i, address, "timed out" if isinstance(e, socket.timeout) else e.strerror or str(e)))
-    return out
+            return "timed out" if isinstance(e, socket.timeout) else e.strerror or str(e)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(tasks) or 1)) as pool:
+        whys = list(pool.map(probe, [address for _, _, address in tasks]))
+    return [(job, i, address, why) for (job, i, address), why in zip(tasks, whys) if why is not None]
+
+
+def task_names(silent: list[tuple[str, int, str, str]]) -> str:
+    name = {"ps": "PS task", "worker": "worker"}
+    return "; ".join(f"{name.get(job, job)} {i} ({address}: {why})" for job, i, address, why in silent)
+
+
+def wait_for_tasks(cluster: PSCluster, timeout: float, say: Callable[[str], None], every: float = 30.0) -> None:
+    """Until every PS and worker task of `cluster` accepts connections. TensorFlow's coordinator waits on a
+    missing task without a word, for ever; this says which tasks it waits for (at once, then every `every`
+    seconds) and raises a TrainError naming them after `timeout` seconds."""
+    start = time.monotonic()
+    said = None
+    while True:
+        silent = silent_tasks(cluster, ("ps", "worker"))
+        waited = time.monotonic() - start
+        if not silent:
+            if said is not None:
+                say(f"train: every PS and worker task serves (after {waited:.0f} s)")
+            return
+        if waited >= timeout:
+            raise TrainError(f"{task_names(silent)}: not serving after {timeout:g} s (--cluster-wait-seconds); is "
+                             f"`recpipe train` running there with that TF_CONFIG task, and can this host reach it?")
+        if said is None or time.monotonic() - said >= every:
+            say(f"train: waiting for {task_names(silent)} to serve ({waited:.0f} s of {timeout:g})")
+            said = time.monotonic()
+        time.sleep(0.5)
 
 
 def _free_ports(n: int) -> list[int]:

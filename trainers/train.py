@@ -28,7 +28,8 @@ from trainers.models import compiled_model, table_shapes
 from trainers.optim import optimizer_for, precision_policy
 from trainers.options import RunOptions, TrainOptions, host_list
 from trainers.progress import Reporter
-from trainers.ps import LocalPSCluster, PSCluster, TFConfig, make_strategy, serve_task, silent_ps, tf_config
+from trainers.ps import (LocalPSCluster, PSCluster, TFConfig, make_strategy, serve_task, silent_tasks, task_names,
+                         tf_config, wait_for_tasks)
 from trainers.validation import Validator, validator_for
 from trainers.warm_start import apply_warm_start
 
@@ -67,16 +68,16 @@ def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
     if cluster is not None:
         c = cluster.cluster
         say(f"train: PS cluster from TF_CONFIG: chief {c.chief}, {len(c.workers)} workers, {len(c.ps)} PS")
+        wait_for_tasks(c, run.cluster_wait_seconds, say)
         try:
             return _fit(cfg, artifact, opts, total, make_strategy(c, table_shapes(cfg, artifact)), say, cluster=c)
         except tf.errors.OpError as e:  # e.g. "UnavailableError: 0 derived errors ignored", naming no task
-            silent = silent_ps(c)
+            silent = silent_tasks(c)
             if not silent:
                 raise
-            named = "; ".join(f"PS task {i} ({addr}) does not answer ({why})" for i, addr, why in silent)
-            raise TrainError(f"{named}, so the job stopped: a PS task holds its share of the variables in memory "
-                             f"and cannot rejoin; once it serves again (its cluster manager restarts it), "
-                             f"{ModelDir(opts.model_dir).resume_hint()}") from e
+            raise TrainError(f"{task_names(silent)} does not answer, so the job stopped: a PS task holds its share "
+                             f"of the variables in memory and cannot rejoin; once it serves again (its cluster "
+                             f"manager restarts it), {ModelDir(opts.model_dir).resume_hint()}") from e
     with LocalPSCluster(run.ps_workers, run.ps_servers, run.ps_task_threads, say=say) as local:
         try:
             return _fit(cfg, artifact, opts, total,
