@@ -295,6 +295,8 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
                               ["--data", str(tmp_path / "missing"), "--config", small_cfg_path, *own("d", 1)]],
                              HOROVOD_GLOO_TIMEOUT_SECONDS="10")
     assert codes == [1, 1] and "not a `recpipe preprocess` output" in outs[1], outs
+    assert ("train: waiting for rank 1 (host 1, 10.78.0.2) to join Gloo's rendezvous (" in outs[0]
+            and " s since rank 0 joined): is `recpipe train ... --host-index N` running there?" in outs[0]), outs[0]
     assert ("horovod rank 0 on 10.78.0.1 died (killed by SIGABRT: Gloo's rendezvous waited 10 s for rank(s) 1, which "
             "never joined (HOROVOD_GLOO_TIMEOUT_SECONDS); is `recpipe train ... --host-index 1` running on 10.78.0.2, "
             "or did it stop before starting its ranks (its own output says why)?)") in outs[0], outs[0][-2000:]

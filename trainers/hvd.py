@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -235,16 +236,20 @@ def launch_on_host(opts: TrainOptions, total: int, say: Callable[[str], None]) -
                                  env=dict(os.environ, **env, **slot_env(slot, first, run.rendezvous_port, iface)))
                 for slot in mine]
 
+    index = {h.hostname: i for i, h in enumerate(hosts)}
+    done = threading.Event()
+    if server is not None:
+        threading.Thread(target=_watch_rendezvous, args=(server, plan, index, say, done), daemon=True).start()
     try:
         results = _supervise(start, say)
     finally:
+        done.set()
         if server is not None:
             server.shutdown()
     failed = sorted((order, slot.rank, rc, tail) for slot, (rc, tail, order) in zip(mine, results)
                     if order is not None)
     if failed:
         _, rank, rc, tail = failed[0]
-        index = {h.hostname: i for i, h in enumerate(hosts)}
         host_of = {slot.rank: (index[slot.hostname], slot.hostname) for slot in plan}
         raise rank_died(opts, rank, rc, f" on {me}", tail, host_of)
     if any(slot.rank == 0 for slot in mine):
@@ -280,6 +285,30 @@ def interface_of(address: str) -> str:
         if address in addrs:
             return name
     raise TrainError(f"--hosts: {address} is not an address of this machine ({found}); check --host-index")
+
+
+def _watch_rendezvous(server, plan: list, index: dict[str, int], say: Callable[[str], None], done: threading.Event,
+                      after: float = 5.0, every: float = 30.0) -> None:
+    """On the first host: once a rank has joined Gloo's rendezvous (its keys in `server`'s store), say which
+    ranks have not, `after` seconds on and then every `every` seconds, until all have or `done` is set. Gloo
+    itself waits (HOROVOD_GLOO_TIMEOUT_SECONDS) without a word, then aborts every rank that joined."""
+    first_join = said = None
+    while not done.wait(1.0):
+        with server.cache_lock:
+            keys = list(server.cache.get("global", {}))
+        joined = {int(m[1]) for m in map(re.compile(r"(?:rank_)?(\d+)").fullmatch, keys) if m}
+        missing = [slot for slot in plan if slot.rank not in joined]
+        if not missing:
+            return
+        now = time.monotonic()
+        first_join = first_join if first_join is not None or not joined else now
+        if first_join is None or now - first_join < after or (said is not None and now - said < every):
+            continue
+        named = ", ".join(f"rank {slot.rank} (host {index[slot.hostname]}, {slot.hostname})" for slot in missing[:6])
+        say(f"train: waiting for {named}{' and more' if len(missing) > 6 else ''} to join Gloo's rendezvous "
+            f"({now - first_join:.0f} s since rank {min(joined)} joined): is `recpipe train ... --host-index N` "
+            f"running there?")
+        said = now
 
 
 def _start_rendezvous(port: int, plan: list):
