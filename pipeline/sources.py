@@ -14,6 +14,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
+import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -145,6 +146,15 @@ def open_parquet(path: str) -> pq.ParquetFile:
             from None
 
 
+def _kind_text(kind: str, schema, col: str) -> str:
+    """A column's kind, with the file's own type where a user would not guess it: timestamps and dates
+    are read as float seconds since the epoch (UTC), decimals as float."""
+    tp = schema.field(col).type
+    if pa.types.is_timestamp(tp) or pa.types.is_date(tp):
+        return f"{kind} ({tp}, read as seconds since the epoch)"
+    return f"{kind} ({tp})" if pa.types.is_decimal(tp) else kind
+
+
 def inspect_inputs(files: list[str], cfg: Config) -> tuple[dict[str, str], list[InputFile]]:
     """Check every file's footer against the config; return (raw schema, files with row offsets). A
     column of Arrow type null (all values missing) takes the kind of the files that type it; it stays
@@ -166,7 +176,9 @@ def inspect_inputs(files: list[str], cfg: Config) -> tuple[dict[str, str], list[
                 continue
             merged = merged_kind(raw_schema[col], kind)
             if merged is None:
-                raise SchemaError(f"{path}: column {col!r} is {kind} but {raw_schema[col]} in {source[col]}")
+                raise SchemaError(f"{path}: column {col!r} is {_kind_text(kind, pf.schema_arrow, col)} but "
+                                  f"{_kind_text(raw_schema[col], open_parquet(source[col]).schema_arrow, col)} in "
+                                  f"{source[col]}")
             raw_schema[col] = merged
         meta = pf.metadata
         n = meta.num_rows

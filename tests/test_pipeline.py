@@ -255,6 +255,7 @@ def test_bad_rows_are_dead_lettered_exactly(tmp_path, small_log, small_cfg):
     ("zero_rows", "input has no rows"),
     ("no_such_path", "no such file or directory"),
     ("type_drift", "column 'I1' is float but int"),
+    ("timestamp_drift", "column 'ts' is float (timestamp[ms, tz=UTC], read as seconds since the epoch) but int in"),
     ("wrong_type", "cannot feed sparse feature 'user_id'"),
     ("duplicate_column", "column 'I1' required by the config appears 2 times"),
 ])
@@ -282,11 +283,15 @@ def test_bad_inputs_fail_naming_the_file(tmp_path, small_log, small_cfg, case, m
     elif case == "type_drift":
         _write(str(d / "a.parquet"), t)
         _write(bad_file, t.set_column(t.schema.get_field_index("I1"), "I1", pa.array(t.column("I1").to_pylist(), pa.float64())))
+    elif case == "timestamp_drift":  # was "is float but int": a timestamp column is no float to its writer
+        _write(str(d / "a.parquet"), t)
+        ms = pa.array([v * 1000 for v in t.column("ts").to_pylist()], pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+        _write(bad_file, t.set_column(t.schema.get_field_index("ts"), "ts", ms))
     elif case == "duplicate_column":
         _write(bad_file, pa.Table.from_arrays([*t.columns, t.column("I1")], names=[*t.column_names, "I1"]))
     elif case == "wrong_type":
         _write(bad_file, t.set_column(t.schema.get_field_index("user_id"), "user_id", pa.array([1.5] * 50)))
-    spec = str(d) if case in ("type_drift",) else bad_file
+    spec = str(d) if case in ("type_drift", "timestamp_drift") else bad_file
     with pytest.raises((InputError, SchemaError)) as e:
         run_preprocess(small_cfg, spec, str(tmp_path / "out"), IN_MEMORY, say=lambda _: None)
     assert message in str(e.value)
