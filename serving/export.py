@@ -189,7 +189,7 @@ def _eval_sample(model_dir: ModelDir, data_dir: Optional[str], artifact: Transfo
     data = PreprocessedData(data_dir)
     check_same_transform(artifact, data.transform(), model_dir.root, data.root,
                          "Export with the data it was trained on"
-                         + (f" (leave --data out: {trained_on})" if trained_on and trained_on != data.root else ""))
+                         + model_dir.trained_on_hint(data.root, " (leave --data out: {})"))
     for p in (data.eval_sample_parquet, data.eval_sample_records):
         if not os.path.exists(p):
             raise FileNotFoundError(f"{p}: no eval sample for the skew check (re-run `recpipe preprocess`)")

@@ -29,10 +29,9 @@ def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_s
     cfg, trained_with, model = load_trained(model_dir)
     data = PreprocessedData(data_dir)
     artifact = check_data_matches(cfg, data, f"the model in {model_dir}")
-    trained_on = ModelDir(model_dir).data_dir()
     check_same_transform(trained_with, artifact, model_dir, data.root,
                          "Evaluate it on data of the run it was trained on"
-                         + (f" ({trained_on})" if trained_on and trained_on != data.root else "")
+                         + ModelDir(model_dir).trained_on_hint(data.root, " ({})")
                          + "; to compare models on new logs, score their raw rows through the exported "
                            "SavedModels, as the daily bless does")
     if artifact.row_counts.get("eval") == 0:

@@ -165,6 +165,11 @@ class ModelDir:
         state = self.state()
         return state.data_dir if state and state.data_dir else None
 
+    def trained_on_hint(self, data_root: str, text: str) -> str:
+        """`text` with {} as the data the last run trained on, when that is known and not `data_root`; else ""."""
+        trained_on = self.data_dir()
+        return text.format(trained_on) if trained_on and trained_on != data_root else ""
+
     # ------------------------------------------------------------ training side
     def resolve_config(self, data: PreprocessedData, config_path: Optional[str]) -> tuple[Config, TransformArtifact]:
         """--config, else this dir's own config (a rerun resumes), else the preprocessing config;
@@ -199,12 +204,10 @@ class ModelDir:
             except OSError:  # another process published it first (checked below like a rerun's)
                 shutil.rmtree(tmp, ignore_errors=True)
         trained_with = self.transform()  # a rerun resumes, so on the same IDs
-        trained_on = self.data_dir()
         check_same_transform(trained_with, data_artifact, self.root, data.root,
                              f"Train on it in a new --model-dir (--warm-start {self.root} carries the rows of the "
                              f"values both know over, by value)"
-                             + (f", or resume on the data this one was trained on ({trained_on})"
-                                if trained_on and trained_on != data.root else ""))
+                             + self.trained_on_hint(data.root, ", or resume on the data this one was trained on ({})"))
         text = dump_config(cfg)
         if not self.has_config() or Path(self.config_path).read_text() != text:  # a rerun leaves the file untouched
             tmp = f"{self.config_path}.tmp-{os.getpid()}"
