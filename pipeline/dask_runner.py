@@ -25,10 +25,11 @@ so it could go upstream:
    input gets the one value fetched for the first. Held until the job ended, a result lost with a killed
    worker was recomputed while the job went on, re-running a sink's pre-finalize after its finalize had
    moved the shards: the shards were deleted and the finalize, retried, failed on the missing files.
-8. Every worker runs the client's code, checked before the job starts: Beam pickles a DoFn of an
-   importable module by reference, so a worker runs its own install's copy. One with another version
-   of the job's packages (`SAME_SOURCE`, compared by the bytes of their .py files) or of the libraries
-   the transform computes with (`SAME_VERSIONS`) gave rows other IDs than the rest, without a word.
+8. Every worker runs the client's code, checked before the job starts, and by a worker that joins
+   later at its first bundle: Beam pickles a DoFn of an importable module by reference, so a worker
+   runs its own install's copy. One with another version of the job's packages (`SAME_SOURCE`,
+   compared by the bytes of their .py files) or of the libraries the transform computes with
+   (`SAME_VERSIONS`) gave rows other IDs than the rest, without a word.
 """
 from __future__ import annotations
 
@@ -65,8 +66,9 @@ class DaskWorkersError(RecpipeError, RuntimeError):
     pass
 
 
-def check_workers_run_our_code(client) -> None:
-    """A DaskWorkersError naming every worker whose code_identity() is not this process's (fix 8)."""
+def check_workers_run_our_code(client) -> dict[str, str]:
+    """A DaskWorkersError naming every worker whose code_identity() is not this process's (fix 8); else
+    this process's."""
     identity = functools.partial(code_identity, SAME_SOURCE, SAME_VERSIONS)
     ours = identity()
     bad = []
@@ -82,13 +84,37 @@ def check_workers_run_our_code(client) -> None:
                                f"its own install's copy of the job's code (Beam pickles it by reference), so it "
                                f"would turn rows into other IDs; install the same recpipe (and libraries) on every "
                                f"worker and restart it")
+    return ours
+
 
 _METRICS = "__bundle_metrics__"  # the tag of a bundle's MetricUpdates inside its output partition
 
 
-def _run_bundle(items, fn, window_fn, step: str, side_inputs, args, kwargs) -> list:
+_THIS_PROCESS: dict = {}  # the worker's code_identity, computed at its first bundle
+
+
+def _check_this_worker(client_identity: dict[str, str]) -> None:
+    """Fix 8 for a worker that joined after the job started: its first bundle compares its code with
+    the client's (once per process), and every bundle it runs fails with a DaskWorkersError if they differ."""
+    if "identity" not in _THIS_PROCESS:
+        _THIS_PROCESS["identity"] = code_identity(SAME_SOURCE, SAME_VERSIONS)
+    differ = identity_differences(client_identity, _THIS_PROCESS["identity"], "the client's: ")
+    if differ:
+        import dask.distributed as ddist
+        try:
+            where = ddist.get_worker().address
+        except ValueError:
+            where = "a process that is no Dask worker"
+        raise DaskWorkersError(f"Dask worker {where} runs other code than the client: {', '.join(differ)}; it "
+                               f"joined after the job's check, and would turn rows into other IDs; install the "
+                               f"same recpipe (and libraries) on every worker and restart it")
+
+
+def _run_bundle(items, fn, window_fn, step: str, side_inputs, args, kwargs, client_identity: dict) -> list:
     """One Dask partition = one Beam bundle: (tag, element) pairs of every output (tag None: main),
-    finish_bundle's included (fix 3), and (_METRICS, the bundle's MetricUpdates) last (fix 4)."""
+    finish_bundle's included (fix 3), and (_METRICS, the bundle's MetricUpdates) last (fix 4), run
+    only where the code is the client's (fix 8)."""
+    _check_this_worker(client_identity)
     receivers = ops.OneReceiver()
     handler = _OutputHandler(window_fn=window_fn, main_receivers=receivers[None], tagged_receivers=receivers,
                              per_element_output_counter=None, output_batch_converter=None,
@@ -118,6 +144,7 @@ def _run_bundle(items, fn, window_fn, step: str, side_inputs, args, kwargs) -> l
 
 class _ParDo(ops.DaskBagOp):
     """A ParDo whose bag holds (tag, element) pairs; the visitor splits it per output."""
+    client_identity: dict = {}  # set by the visitor: the client's code_identity (fix 8)
 
     def apply(self, input_bag: db.Bag, side_inputs=None) -> db.Bag:
         transform = self.transform
@@ -125,7 +152,8 @@ class _ParDo(ops.DaskBagOp):
         main_input = next(iter(self.applied.main_inputs.values()))
         window_fn = main_input.windowing.windowfn if hasattr(main_input, "windowing") else None
         return input_bag.map(ops.get_windowed_value, window_fn).map_partitions(
-            _run_bundle, transform.fn, window_fn, self.applied.full_label, side_inputs, list(args), kwargs)
+            _run_bundle, transform.fn, window_fn, self.applied.full_label, side_inputs, list(args), kwargs,
+            self.client_identity)
 
 
 def _tagged(pair, tag) -> bool:
@@ -158,6 +186,7 @@ class _Visitor(PipelineVisitor):
     client: object
     bag_kwargs: dict
     unbuilt_readers: collections.Counter                       # PCollection -> readers not built yet (fix 7)
+    client_identity: dict                                      # the client's code_identity (fix 8)
     pcolls: dict = dataclasses.field(default_factory=dict)     # PCollection -> bag
     bags: dict = dataclasses.field(default_factory=dict)       # transform node -> its bag (ParDo: tagged pairs)
     persisted: set = dataclasses.field(default_factory=set)    # nodes whose bag is computed on the cluster
@@ -169,6 +198,8 @@ class _Visitor(PipelineVisitor):
         transform_cls = type(node.transform)
         op_class = _ParDo if transform_cls is beam.ParDo else ops.TRANSLATIONS.get(transform_cls, ops.NoOp)
         op = op_class(node, bag_kwargs=self.bag_kwargs)
+        if isinstance(op, _ParDo):
+            op.client_identity = self.client_identity
         kwargs: dict = {"input_bag": None, "side_inputs": None}
         inputs = [pc for pc in node.inputs if not isinstance(pc, pvalue.PBegin)]
         self.consumed.update(inputs)
@@ -273,16 +304,16 @@ class DaskRunner(stock.DaskRunner):
         dask_options = options.view_as(stock.DaskOptions).get_all_options(drop_default=True, current_only=True)
         bag_kwargs = stock.DaskOptions._extract_bag_kwargs(dask_options)
         client = ddist.Client(**dask_options)
-        try:
-            check_workers_run_our_code(client)
+        try:  # side inputs are computed while the graph is built (fix 5), so a bundle may fail here
+            identity = check_workers_run_our_code(client)
+            pipeline.replace_all(stock.dask_overrides())
+            readers = _Readers()
+            pipeline.visit(readers)
+            visitor = _Visitor(client, bag_kwargs, readers.count, identity)
+            pipeline.visit(visitor)
+            metrics = visitor.metrics()
+            futures = client.compute([*visitor.leaves(), *metrics])  # one graph: shared tasks run once
         except BaseException:
-            client.close()
+            client.close()  # else it reconnects for ever to a scheduler that may be gone
             raise
-        pipeline.replace_all(stock.dask_overrides())
-        readers = _Readers()
-        pipeline.visit(readers)
-        visitor = _Visitor(client, bag_kwargs, readers.count)
-        pipeline.visit(visitor)
-        metrics = visitor.metrics()
-        futures = client.compute([*visitor.leaves(), *metrics])  # one graph: shared tasks run once
         return DaskRunnerResult(client, list(futures), len(metrics), list(visitor.metric_values.values()))

@@ -360,11 +360,12 @@ def _config(tmp_path) -> str:
     return str(path)
 
 
-def test_a_worker_with_other_code_is_named_before_the_job_starts(dask_cluster, tmp_path, log_with_bad_rows):
+def test_a_worker_with_other_code_is_named_before_the_job_starts(dask_cluster, tmp_path, log_with_bad_rows,
+                                                                 monkeypatch):
     """Fix 8. Beam pickles the job's DoFns by reference, so each worker runs its own install's copy: a worker
     with another version of recpipe's `features` (here hashing IDs otherwise) turned its rows into other IDs
     than the rest, and the job published them without a word. A third worker joins with that copy first on
-    its path; the job stops before it starts, naming it."""
+    its path; the job stops before it starts, naming it. A worker joining later is named by its first bundle."""
     import shutil
 
     import distributed
@@ -397,3 +398,35 @@ def test_a_worker_with_other_code_is_named_before_the_job_starts(dask_cluster, t
     finally:
         worker.terminate()
         worker.wait(timeout=30)
+
+    # A worker that joins after that check: here the job's check is skipped, on a cluster of that worker
+    # alone; its first bundle compares its code with the client's, and the job stops naming it.
+    from pipeline import dask_runner
+    monkeypatch.setattr(dask_runner, "check_workers_run_our_code",
+                        lambda client: dask_runner.code_identity(dask_runner.SAME_SOURCE, dask_runner.SAME_VERSIONS))
+    sched_file = str(tmp_path / "late.json")
+    dask_cli = str(Path(sys.executable).parent / "dask")
+    procs = [subprocess.Popen([dask_cli, "scheduler", "--port", "0", "--scheduler-file", sched_file,
+                               "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(sched_file):
+            assert time.monotonic() < deadline, "dask scheduler did not start"
+            time.sleep(0.2)
+        procs.append(subprocess.Popen([dask_cli, "worker", "--scheduler-file", sched_file, "--nthreads", "1",
+                                       "--no-dashboard"], env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL))
+        late = json.loads(Path(sched_file).read_text())["address"]
+        with distributed.Client(late) as client:
+            client.wait_for_workers(1, timeout=120)
+        with pytest.raises(DaskWorkersError, match=r"^Dask worker tcp://\S+ runs other code than the client: "
+                                                   r"features \w+ \(the client's: \w+\); it joined after the job's "
+                                                   r"check"):
+            run_preprocess(parse_config(small_config_dict()), log_with_bad_rows, str(tmp_path / "late"),
+                           ["--runner", "dask", "--dask-address", late], say=lambda _: None)
+        assert not (tmp_path / "late" / "transform").exists()
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
