@@ -34,6 +34,19 @@ OURS = "pipeline.dask_runner.DaskRunner"
 TESTS = str(Path(__file__).resolve().parent)
 
 
+def _scheduler(dask_cli: str, sched_file: str, env: dict) -> subprocess.Popen:
+    """`dask scheduler` on a free port, once it has written `sched_file` (its address)."""
+    proc = subprocess.Popen([dask_cli, "scheduler", "--port", "0", "--scheduler-file", sched_file, "--no-dashboard"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sched_file):
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("dask scheduler did not start")
+        time.sleep(0.2)
+    return proc
+
+
 @pytest.fixture(scope="module")
 def dask_cluster(tmp_path_factory):
     """`dask scheduler` + 2 `dask worker` processes (nanny-supervised, one thread each)."""
@@ -42,13 +55,8 @@ def dask_cluster(tmp_path_factory):
     dask_cli = str(Path(sys.executable).parent / "dask")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     sched_file = str(work / "scheduler.json")
-    procs = [subprocess.Popen([dask_cli, "scheduler", "--port", "0", "--scheduler-file", sched_file,
-                               "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    procs = [_scheduler(dask_cli, sched_file, env)]
     try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(sched_file):
-            assert time.monotonic() < deadline, "dask scheduler did not start"
-            time.sleep(0.2)
         for _ in range(2):
             procs.append(subprocess.Popen([dask_cli, "worker", "--scheduler-file", sched_file, "--nworkers", "1",
                                            "--nthreads", "1", "--no-dashboard"], env=env,
@@ -406,13 +414,8 @@ def test_a_worker_with_other_code_is_named_before_the_job_starts(dask_cluster, t
                         lambda client: dask_runner.code_identity(dask_runner.SAME_SOURCE, dask_runner.SAME_VERSIONS))
     sched_file = str(tmp_path / "late.json")
     dask_cli = str(Path(sys.executable).parent / "dask")
-    procs = [subprocess.Popen([dask_cli, "scheduler", "--port", "0", "--scheduler-file", sched_file,
-                               "--no-dashboard"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    procs = [_scheduler(dask_cli, sched_file, env)]
     try:
-        deadline = time.monotonic() + 60
-        while not os.path.exists(sched_file):
-            assert time.monotonic() < deadline, "dask scheduler did not start"
-            time.sleep(0.2)
         procs.append(subprocess.Popen([dask_cli, "worker", "--scheduler-file", sched_file, "--nthreads", "1",
                                        "--no-dashboard"], env=env, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL))

@@ -287,6 +287,9 @@ def interface_of(address: str) -> str:
     raise TrainError(f"--hosts: {address} is not an address of this machine ({found}); check --host-index")
 
 
+_RANK_KEY = re.compile(r"(?:rank_)?(\d+)")  # a rank's keys in the rendezvous store's "global" scope
+
+
 def _watch_rendezvous(server, plan: list, index: dict[str, int], say: Callable[[str], None], done: threading.Event,
                       after: float = 5.0, every: float = 30.0) -> None:
     """On the first host: once a rank has joined Gloo's rendezvous (its keys in `server`'s store), say which
@@ -296,7 +299,7 @@ def _watch_rendezvous(server, plan: list, index: dict[str, int], say: Callable[[
     while not done.wait(1.0):
         with server.cache_lock:
             keys = list(server.cache.get("global", {}))
-        joined = {int(m[1]) for m in map(re.compile(r"(?:rank_)?(\d+)").fullmatch, keys) if m}
+        joined = {int(m[1]) for m in map(_RANK_KEY.fullmatch, keys) if m}
         missing = [slot for slot in plan if slot.rank not in joined]
         if not missing:
             return

@@ -28,8 +28,8 @@ from trainers.models import compiled_model, table_shapes
 from trainers.optim import optimizer_for, precision_policy
 from trainers.options import RunOptions, TrainOptions, host_list
 from trainers.progress import Reporter
-from trainers.ps import (LocalPSCluster, PSCluster, TFConfig, make_strategy, serve_task, silent_tasks, task_names,
-                         tf_config, wait_for_tasks)
+from trainers.ps import (LocalPSCluster, TFConfig, make_strategy, serve_task, silent_tasks, task_names, tf_config,
+                         wait_for_tasks)
 from trainers.validation import Validator, validator_for
 from trainers.warm_start import apply_warm_start
 
@@ -69,12 +69,17 @@ def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
         c = cluster.cluster
         say(f"train: PS cluster from TF_CONFIG: chief {c.chief}, {len(c.workers)} workers, {len(c.ps)} PS")
         wait_for_tasks(c, run.cluster_wait_seconds, say)
+        same_copy = None if opts.synthetic_input else SameCopyCheck(opts.data_dir)
         try:
-            return _fit(cfg, artifact, opts, total, make_strategy(c, table_shapes(cfg, artifact)), say, cluster=c)
-        except tf.errors.OpError as e:  # e.g. "UnavailableError: 0 derived errors ignored", naming no task
-            silent = silent_tasks(c)
+            return _fit(cfg, artifact, opts, total, make_strategy(c, table_shapes(cfg, artifact)), say, same_copy)
+        except Exception as e:  # TensorFlow's errors name a worker's check or a dead PS task badly, or not at all
+            other_copy = same_copy.error(e, c.workers) if same_copy is not None else None
+            if other_copy is not None:
+                raise other_copy from None
+            silent = silent_tasks(c) if isinstance(e, tf.errors.OpError) else []
             if not silent:
                 raise
+            # e.g. "UnavailableError: 0 derived errors ignored. [Op:Identity] name:", naming no task
             raise TrainError(f"{task_names(silent)} does not answer, so the job stopped: a PS task holds its share "
                              f"of the variables in memory and cannot rejoin; once it serves again (its cluster "
                              f"manager restarts it), {ModelDir(opts.model_dir).resume_hint()}") from e
@@ -171,12 +176,11 @@ def _scalar(v) -> float:
 
 
 def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int,
-         strategy: tf.distribute.Strategy, say: Callable[[str], None], cluster: Optional[PSCluster] = None
+         strategy: tf.distribute.Strategy, say: Callable[[str], None], same_copy: Optional[SameCopyCheck] = None
          ) -> TrainState:
-    """model.fit under `strategy`; `cluster`: a PS cluster of other hosts, whose workers check that they
-    read the chief's copy of the data (they read it at the chief's paths)."""
+    """model.fit under `strategy`; `same_copy`: for a PS cluster of other hosts, whose workers read the
+    data at the chief's paths, each worker's dataset first checks it reads the chief's copy."""
     ps = isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
-    same_copy = SameCopyCheck(opts.data_dir) if cluster is not None and not opts.synthetic_input else None
     model_dir = ModelDir(opts.model_dir)
     validator = None if opts.synthetic_input else validator_for(cfg, artifact, opts.data_dir, model_dir, say)
     with precision_policy(opts.run.precision):
@@ -218,17 +222,12 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
                                    validator=validator)
         tensorboard = tf.keras.callbacks.TensorBoard(model_dir.logs_dir, update_freq="epoch", write_graph=False,
                                                      profile_batch=0)
-        try:  # epochs of `every` steps (a checkpoint at each end), then one short epoch for the rest
-            model.fit(data, steps_per_epoch=every, epochs=remaining // every, verbose=0,
+        # Epochs of `every` steps (a checkpoint at each end), then one short epoch for the rest.
+        model.fit(data, steps_per_epoch=every, epochs=remaining // every, verbose=0,
+                  callbacks=[checkpoints, tensorboard])
+        if remaining % every and not (validator is not None and validator.stopped):
+            model.fit(data, steps_per_epoch=remaining % every, epochs=1, verbose=0,
                       callbacks=[checkpoints, tensorboard])
-            if remaining % every and not (validator is not None and validator.stopped):
-                model.fit(data, steps_per_epoch=remaining % every, epochs=1, verbose=0,
-                          callbacks=[checkpoints, tensorboard])
-        except Exception as e:
-            other_copy = same_copy.error(e, cluster.workers) if same_copy is not None else None
-            if other_copy is None:
-                raise
-            raise other_copy from None
         reporter.close()
         done = int(model.optimizer.iterations.numpy())
         if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(f"-{done}"):
