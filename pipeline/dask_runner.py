@@ -76,15 +76,22 @@ def check_workers_run_our_code(client) -> dict[str, str]:
         if isinstance(theirs, BaseException):  # e.g. a recpipe too old to have code_identity
             bad.append(f"{address} cannot run the check ({type(theirs).__name__}: {theirs})")
             continue
-        differ = identity_differences(ours, theirs)
+        differ = identity_differences(ours, theirs, "the client's: ")
         if differ:
             bad.append(f"{address} runs {', '.join(differ)}")
     if bad:
-        raise DaskWorkersError(f"Dask workers with other code than this client: {'; '.join(bad)}. A worker runs "
-                               f"its own install's copy of the job's code (Beam pickles it by reference), so it "
-                               f"would turn rows into other IDs; install the same recpipe (and libraries) on every "
-                               f"worker and restart it")
+        raise _other_code(bad)
     return ours
+
+
+def _other_code(workers: list[str], late: bool = False) -> DaskWorkersError:
+    """The error naming `workers` ('ADDRESS runs KEY THEIRS (the client's: OURS)'), found by the job's check
+    or, `late`, by the first bundle of a worker that joined after it."""
+    return DaskWorkersError(f"Dask workers with other code than this client: {'; '.join(workers)}"
+                            f"{' (it joined after the job started)' if late else ''}. A worker runs its own "
+                            f"install's copy of the job's code (Beam pickles it by reference), so it would turn "
+                            f"rows into other IDs; install the same recpipe (and libraries) on every worker and "
+                            f"restart it")
 
 
 _METRICS = "__bundle_metrics__"  # the tag of a bundle's MetricUpdates inside its output partition
@@ -105,9 +112,7 @@ def _check_this_worker(client_identity: dict[str, str]) -> None:
             where = ddist.get_worker().address
         except ValueError:
             where = "a process that is no Dask worker"
-        raise DaskWorkersError(f"Dask worker {where} runs other code than the client: {', '.join(differ)}; it "
-                               f"joined after the job's check, and would turn rows into other IDs; install the "
-                               f"same recpipe (and libraries) on every worker and restart it")
+        raise _other_code([f"{where} runs {', '.join(differ)}"], late=True)
 
 
 def _run_bundle(items, fn, window_fn, step: str, side_inputs, args, kwargs, client_identity: dict) -> list:

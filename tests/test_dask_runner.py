@@ -422,9 +422,9 @@ def test_a_worker_with_other_code_is_named_before_the_job_starts(dask_cluster, t
         late = json.loads(Path(sched_file).read_text())["address"]
         with distributed.Client(late) as client:
             client.wait_for_workers(1, timeout=120)
-        with pytest.raises(DaskWorkersError, match=r"^Dask worker tcp://\S+ runs other code than the client: "
-                                                   r"features \w+ \(the client's: \w+\); it joined after the job's "
-                                                   r"check"):
+        with pytest.raises(DaskWorkersError, match=r"^Dask workers with other code than this client: tcp://\S+ "
+                                                   r"runs features \w+ \(the client's: \w+\) \(it joined after the "
+                                                   r"job started\)\. A worker runs"):
             run_preprocess(parse_config(small_config_dict()), log_with_bad_rows, str(tmp_path / "late"),
                            ["--runner", "dask", "--dask-address", late], say=lambda _: None)
         assert not (tmp_path / "late" / "transform").exists()

@@ -603,7 +603,8 @@ def test_11_a_dead_ps_task_is_named_with_its_signal_and_the_checkpoint(tmp_path,
         str(tmp_path / "ps"), ["--data", preprocessed[0], "--config", small_cfg_path, "--strategy", "ps",
                                "--steps", "20000"],
         lambda pid, cmd: "-m trainers.ps" in cmd and cmd.split()[-2:] == ["ps", "1"])
-    assert "PS task 1 (127.0.0.1:" in line and "died (killed by SIGKILL)" in line, line
+    assert re.search(r"PS task 1 \(127\.0\.0\.1:\d+: killed by SIGKILL\) died, so the job stopped: a PS task holds "
+                     r"its share of the variables in memory and cannot rejoin; ", line), line
     assert "the last checkpoint is step" in line and "rerun the same command to resume" in line, line
 
 

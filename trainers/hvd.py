@@ -187,9 +187,8 @@ def rank_died(opts: TrainOptions, rank: int, code: int, where: str = "", output:
         missing = sorted({host_of[int(r)] for r in re.findall(r"\d+", joined[2]) if int(r) in host_of})
         hint = "".join(f"; is `recpipe train ... --host-index {i}` running on {h}, or did it stop before starting its "
                        f"ranks (its own output says why)?" for i, h in missing[:3])
-    return TrainError(f"horovod rank {rank}{where} died ({how_it_ended(code)}"
-                      f"{': ' + causes[-1] if causes else ''}{hint}), so the job stopped: "
-                      f"{ModelDir(opts.model_dir).resume_hint()}")
+    return ModelDir(opts.model_dir).stopped(f"horovod rank {rank}{where} died ({how_it_ended(code)}"
+                                            f"{': ' + causes[-1] if causes else ''}{hint})")
 
 
 def launch(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:

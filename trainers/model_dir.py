@@ -131,6 +131,11 @@ class ModelDir:
         return (f"the last checkpoint is step {step} in {self.checkpoints_dir}; rerun the same command to resume "
                 f"from it" if step else "no checkpoint was written yet; a rerun starts over")
 
+    def stopped(self, cause: str, way_back: str = "") -> TrainError:
+        """The error of a job that `cause` (a rank or task that died, a host that stopped) stopped: the cause,
+        `way_back` (what must happen first, if anything) and what a rerun of the same command does."""
+        return TrainError(f"{cause}, so the job stopped: {way_back}{self.resume_hint()}")
+
     def note_kept_elsewhere(self, host: str, model_dir: str, step: int) -> None:
         """Written by a Horovod host whose own --model-dir holds no checkpoint of the run it took part in:
         rank 0, on `host`, kept them in its `model_dir`. Read only where no checkpoint is found."""

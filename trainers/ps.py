@@ -30,7 +30,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from trainers.errors import TrainError
+from trainers.errors import TrainError, how_it_ended
 
 __all__ = ["PSCluster", "TFConfig", "LocalPSCluster", "TablePartitioner", "make_strategy", "serve_task",
            "silent_tasks", "task_names", "wait_for_tasks", "tf_config"]
@@ -245,15 +245,16 @@ class LocalPSCluster:
                     self.say(f"train: worker {index} exited ({proc.returncode}); restarting it")
                     self._start(job, index)
 
-    def dead_ps(self, grace: float = 0.0) -> list[tuple[int, str, int]]:
-        """(index, address, exit status) of every PS task that has exited (a PS is not restarted: its
-        variables were in its memory), waiting up to `grace` seconds for one to: a killed task's
+    def dead_ps(self, grace: float = 0.0) -> list[tuple[str, int, str, str]]:
+        """("ps", index, address, how it ended) of every PS task that has exited, as silent_tasks gives them (a
+        PS is not restarted: its variables were in its memory), waiting up to `grace` seconds for one to: a
+        killed task's
         connections reset while it is still exiting, so the chief's error can come before its exit
         status (1 run in 4 of a killed PS task on a loaded machine)."""
         deadline = time.monotonic() + grace
         while True:
-            dead = [(i, self.cluster.ps[i], p.returncode) for (job, i), p in sorted(self.procs.items())
-                    if job == "ps" and p.poll() is not None]
+            dead = [("ps", i, self.cluster.ps[i], how_it_ended(p.returncode))
+                    for (job, i), p in sorted(self.procs.items()) if job == "ps" and p.poll() is not None]
             if dead or time.monotonic() >= deadline:
                 return dead
             time.sleep(0.05)

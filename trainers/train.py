@@ -19,7 +19,7 @@ from features.preprocessed import PreprocessedData
 from trainers.advisor import advise
 from trainers.allocator import loaded_allocator
 from trainers.data import SameCopyCheck, make_dataset, naming_bad_shards, synthetic_dataset
-from trainers.errors import TrainError, how_it_ended
+from trainers.errors import TrainError
 from trainers.health import check_loss
 from trainers.hvd import inside_horovod_job, train_horovod
 from trainers.memory import Holders, check_memory
@@ -28,8 +28,8 @@ from trainers.models import compiled_model, table_shapes
 from trainers.optim import optimizer_for, precision_policy
 from trainers.options import RunOptions, TrainOptions, host_list
 from trainers.progress import Reporter
-from trainers.ps import (LocalPSCluster, TFConfig, make_strategy, serve_task, silent_tasks, task_names, tf_config,
-                         wait_for_tasks)
+from trainers.ps import (LocalPSCluster, PSCluster, TFConfig, make_strategy, serve_task, silent_tasks, task_names,
+                         tf_config, wait_for_tasks)
 from trainers.validation import Validator, validator_for
 from trainers.warm_start import apply_warm_start
 
@@ -70,30 +70,34 @@ def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
         say(f"train: PS cluster from TF_CONFIG: chief {c.chief}, {len(c.workers)} workers, {len(c.ps)} PS")
         wait_for_tasks(c, run.cluster_wait_seconds, say)
         same_copy = None if opts.synthetic_input else SameCopyCheck(opts.data_dir)
-        try:
-            return _fit(cfg, artifact, opts, total, make_strategy(c, table_shapes(cfg, artifact)), say, same_copy)
-        except Exception as e:  # TensorFlow's errors name a worker's check or a dead PS task badly, or not at all
-            other_copy = same_copy.error(e, c.workers) if same_copy is not None else None
-            if other_copy is not None:
-                raise other_copy from None
-            silent = silent_tasks(c) if isinstance(e, tf.errors.OpError) else []
-            if not silent:
-                raise
-            # e.g. "UnavailableError: 0 derived errors ignored. [Op:Identity] name:", naming no task
-            raise TrainError(f"{task_names(silent)} does not answer, so the job stopped: a PS task holds its share "
-                             f"of the variables in memory and cannot rejoin; once it serves again (its cluster "
-                             f"manager restarts it), {ModelDir(opts.model_dir).resume_hint()}") from e
+        return _fit_on_ps(cfg, artifact, opts, total, c, say, same_copy=same_copy)
     with LocalPSCluster(run.ps_workers, run.ps_servers, run.ps_task_threads, say=say) as local:
-        try:
-            return _fit(cfg, artifact, opts, total,
-                        make_strategy(local.cluster, table_shapes(cfg, artifact)), say)
-        except tf.errors.OpError as e:  # e.g. UnavailableError at the next checkpoint, naming no task
-            dead = local.dead_ps(grace=5.0)
-            if not dead:
-                raise
-            i, addr, code = dead[0]
-            raise TrainError(f"PS task {i} ({addr}) died ({how_it_ended(code)}), so the job stopped: "
-                             f"{ModelDir(opts.model_dir).resume_hint()}") from e
+        return _fit_on_ps(cfg, artifact, opts, total, local.cluster, say, local=local)
+
+
+def _fit_on_ps(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int, cluster: PSCluster,
+               say: Callable[[str], None], same_copy: Optional[SameCopyCheck] = None,
+               local: Optional[LocalPSCluster] = None) -> TrainState:
+    """_fit on a PS cluster (a TF_CONFIG one, or `local` started by this process), with TensorFlow's errors
+    named: a worker's copy check, a PS task lost (e.g. "UnavailableError: 0 derived errors ignored.
+    [Op:Identity] name:" or a "Connection reset by peer" at the next checkpoint, naming no task)."""
+    try:
+        return _fit(cfg, artifact, opts, total, make_strategy(cluster, table_shapes(cfg, artifact)), say, same_copy)
+    except Exception as e:
+        other_copy = same_copy.error(e, cluster.workers) if same_copy is not None else None
+        if other_copy is not None:
+            raise other_copy from None
+        if not isinstance(e, tf.errors.OpError):
+            raise
+        lost = local.dead_ps(grace=5.0) if local is not None else silent_tasks(cluster)
+        if not lost:
+            raise
+        # A PS task holds its share of the variables in memory: the job cannot go on without them. A local
+        # cluster is started anew by the rerun; a TF_CONFIG cluster's task by its cluster manager.
+        restart = "" if local is not None else "once it serves again (its cluster manager restarts it), "
+        raise ModelDir(opts.model_dir).stopped(
+            f"{task_names(lost)} {'died' if local is not None else 'does not answer'}",
+            f"a PS task holds its share of the variables in memory and cannot rejoin; {restart}") from e
 
 
 def _memory_holders(run: RunOptions, cluster: Optional[TFConfig]) -> Optional[Holders]:
