@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -213,22 +214,25 @@ def test_horovod_across_hosts_without_ssh(tmp_path, preprocessed, small_cfg_path
     assert evaluate(model_dir, data)["auc"] > 0.6  # 0.64 measured: 150 steps of 3 x 128 rows
 
 
-def _two_hosts(args: list[list[str]], timeout: int = 600, host_env: tuple[dict, dict] = ({}, {}),
+def _two_hosts(args: list[Optional[list[str]]], timeout: int = 600, host_env: tuple[dict, dict] = ({}, {}),
                **env) -> tuple[list[int], list[str]]:
-    """`recpipe train --strategy horovod` on 2 virtual hosts, each with its own arguments (and `host_env`), from
-    outside the source tree (`python -m` puts the working folder first on the path); (exit codes, outputs)."""
+    """`recpipe train --strategy horovod` on 2 virtual hosts, each with its own arguments (None: the command
+    is not run there) and `host_env`, from outside the source tree (`python -m` puts the working folder first
+    on the path); (exit codes, outputs), None for a host that ran nothing."""
     with VirtualHosts(2) as hosts:
         host_list = ",".join(hosts.address(i) for i in range(2))
-        procs = [hosts.popen(i, [sys.executable, "-m", "recpipe.cli", "train", "--strategy", "horovod", "--hosts",
+        procs = [None if a is None else
+                 hosts.popen(i, [sys.executable, "-m", "recpipe.cli", "train", "--strategy", "horovod", "--hosts",
                                  host_list, "--host-index", str(i), "--threads", "1", *a],
                              env=dict(os.environ, **env, **host_env[i]), stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, cwd="/") for i, a in enumerate(args)]
         try:
-            outs = [p.communicate(timeout=timeout)[0] for p in procs]
+            outs = [p and p.communicate(timeout=timeout)[0] for p in procs]
         finally:
             for p in procs:
-                p.kill()
-    return [p.returncode for p in procs], outs
+                if p is not None:
+                    p.kill()
+    return [p and p.returncode for p in procs], outs
 
 
 @needs_netns
@@ -291,10 +295,20 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
             f"run's checkpoints (step 40) in its own --model-dir {tmp_path / 'c_0'}; evaluate and export there"
             in str(kept.value)), kept.value
 
+    # host 1 stops before starting its ranks: it tells the first host's rendezvous store, which stops at once
+    # naming it (before: after Gloo's 300 s, by SIGABRT, naming nothing)
+    t0 = time.monotonic()
     codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("d", 0)],
-                              ["--data", str(tmp_path / "missing"), "--config", small_cfg_path, *own("d", 1)]],
-                             HOROVOD_GLOO_TIMEOUT_SECONDS="10")
+                              ["--data", str(tmp_path / "missing"), "--config", small_cfg_path, *own("d", 1)]])
+    assert time.monotonic() - t0 < 120, outs
     assert codes == [1, 1] and "not a `recpipe preprocess` output" in outs[1], outs
+    assert "train: told the first host's rendezvous (10.78.0.1:29500) that this host stopped" in outs[1], outs[1]
+    assert (f"recpipe train: error: host 1 (10.78.0.2) stopped before starting its ranks: {tmp_path / 'missing'}: "
+            in outs[0] and "no checkpoint was written yet; a rerun starts over" in outs[0]), outs[0][-2000:]
+    # a host whose command never runs: the first host says which ranks it waits for, until Gloo's timeout
+    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("d", 0)], None],
+                             HOROVOD_GLOO_TIMEOUT_SECONDS="10")
+    assert codes[0] == 1
     assert ("train: waiting for rank 1 (host 1, 10.78.0.2) to join Gloo's rendezvous (" in outs[0]
             and " s since rank 0 joined): is `recpipe train ... --host-index N` running there?" in outs[0]), outs[0]
     assert ("horovod rank 0 on 10.78.0.1 died (killed by SIGABRT: Gloo's rendezvous waited 10 s for rank(s) 1, which "

@@ -17,7 +17,9 @@ writes checkpoints, TensorBoard events, train_state.json and the progress events
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
+import json
 import math
 import os
 import re
@@ -28,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -35,6 +38,7 @@ import tensorflow as tf
 from features.artifact import TransformArtifact, summary_differences
 from features.code_identity import code_identity, identity_differences
 from features.config import Config, config_to_dict
+from features.errors import RecpipeError
 from features.preprocessed import PreprocessedData
 from trainers.advisor import allreduces_table
 from trainers.allocator import loaded_allocator
@@ -45,7 +49,7 @@ from trainers.health import check_loss
 from trainers.model_dir import ModelDir, TrainState
 from trainers.models import compiled_model
 from trainers.optim import optimizer_for, precision_policy
-from trainers.options import TrainOptions, host_list, run_flags
+from trainers.options import RunOptions, TrainOptions, host_list, run_flags
 from trainers.progress import EVENTS_ENV, Reporter, follow_events
 from trainers.validation import validator_for
 from trainers.warm_start import apply_warm_start
@@ -230,21 +234,34 @@ def launch_on_host(opts: TrainOptions, total: int, say: Callable[[str], None]) -
     say(f"train: horovod host {run.host_index} ({me}, {iface}): ranks {[s.rank for s in mine]} of {len(plan)}; "
         f"rendezvous {first}:{run.rendezvous_port}")
 
+    procs: list[subprocess.Popen] = []
+
     def start(env: dict) -> list[subprocess.Popen]:
-        return [subprocess.Popen(_rank_command(opts), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 env=dict(os.environ, **env, **slot_env(slot, first, run.rendezvous_port, iface)))
-                for slot in mine]
+        _RANKS_STARTED.set()
+        procs.extend(subprocess.Popen(_rank_command(opts), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, env=dict(os.environ, **env,
+                                                          **slot_env(slot, first, run.rendezvous_port, iface)))
+                     for slot in mine)
+        return procs
 
     index = {h.hostname: i for i, h in enumerate(hosts)}
     done = threading.Event()
     if server is not None:
         threading.Thread(target=_watch_rendezvous, args=(server, plan, index, say, done), daemon=True).start()
+    stopped: list[dict] = []  # what a host that stopped before starting its ranks told the rendezvous store
+    read = ((lambda: _stored(server, *_STOPPED_KEY)) if server is not None
+            else functools.partial(_fetch, first, run.rendezvous_port, *_STOPPED_KEY))
+    threading.Thread(target=_watch_for_stopped_host, args=(read, procs, stopped, done), daemon=True).start()
     try:
         results = _supervise(start, say)
     finally:
         done.set()
         if server is not None:
             server.shutdown()
+    if stopped:
+        host = stopped[0]
+        raise ModelDir(opts.model_dir).stopped(f"host {host.get('index')} ({host.get('host')}) stopped before "
+                                               f"starting its ranks: {host.get('error')}")
     failed = sorted((order, slot.rank, rc, tail) for slot, (rc, tail, order) in zip(mine, results)
                     if order is not None)
     if failed:
@@ -311,6 +328,83 @@ def _watch_rendezvous(server, plan: list, index: dict[str, int], say: Callable[[
             f"({now - first_join:.0f} s since rank {min(joined)} joined): is `recpipe train ... --host-index N` "
             f"running there?")
         said = now
+
+
+# Where a host of a job over --hosts that stops before starting its ranks says why: a key of the first host's
+# rendezvous store (Horovod's HTTP key-value server; Gloo's own keys are in the "global" scope).
+_STOPPED_KEY = ("recpipe", "host_stopped")
+_RANKS_STARTED = threading.Event()  # set once this launcher has started its ranks
+
+
+@contextlib.contextmanager
+def telling_the_job_if_this_host_stops(run: RunOptions, say: Callable[[str], None]):
+    """Around a host's `recpipe train --hosts ...` (not the first host's, which serves the rendezvous): if it
+    fails before it starts its ranks (a missing or other copy of the data, a bad config, memory), its error
+    goes to the first host's rendezvous store, where every other host's launcher looks, so the job stops at
+    once naming it. Before, their ranks waited in Gloo's rendezvous for ranks that would never come
+    (HOROVOD_GLOO_TIMEOUT_SECONDS, 300 s) and died by SIGABRT, naming no cause."""
+    if run.strategy != "horovod" or not run.hosts or run.host_index == 0 or inside_horovod_job():
+        yield
+        return
+    try:
+        yield
+    except BaseException as e:
+        if not _RANKS_STARTED.is_set() and not isinstance(e, KeyboardInterrupt):
+            hosts = host_list(run.hosts)
+            text = str(e) if isinstance(e, RecpipeError) else f"{type(e).__name__}: {e}"
+            body = json.dumps({"index": run.host_index, "host": hosts[run.host_index][0], "error": text})
+            _tell(hosts[0][0], run.rendezvous_port, body.encode(), say)
+        raise
+
+
+def _tell(first: str, port: int, body: bytes, say: Callable[[str], None], wait: float = 30.0) -> None:
+    """PUT `body` at _STOPPED_KEY in the first host's rendezvous store, retrying for `wait` seconds while it
+    does not serve yet (hosts start at different times)."""
+    url = f"http://{first}:{port}/{'/'.join(_STOPPED_KEY)}"
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, data=body, method="PUT"), timeout=3).close()
+            say(f"train: told the first host's rendezvous ({first}:{port}) that this host stopped")
+            return
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                say(f"train: could not tell the first host's rendezvous ({first}:{port}) that this host stopped "
+                    f"({e}); its ranks wait for this host's until HOROVOD_GLOO_TIMEOUT_SECONDS")
+                return
+            time.sleep(1.0)
+
+
+def _stored(server, scope: str, key: str) -> Optional[bytes]:
+    with server.cache_lock:
+        return server.cache.get(scope, {}).get(key)
+
+
+def _fetch(first: str, port: int, scope: str, key: str) -> Optional[bytes]:
+    """A key of the first host's rendezvous store, None while it is not set (or the store is not reachable)."""
+    try:
+        with urllib.request.urlopen(f"http://{first}:{port}/{scope}/{key}", timeout=3) as reply:
+            return reply.read()
+    except OSError:  # 404 (not set), not serving yet, or gone
+        return None
+
+
+def _watch_for_stopped_host(read: Callable[[], Optional[bytes]], procs: list[subprocess.Popen], stopped: list,
+                            done: threading.Event, every: float = 2.0) -> None:
+    """Until `done`: when `read()` gives a stopped host's report, keep it in `stopped` and terminate `procs`
+    (this host's ranks, waiting in Gloo's rendezvous for ranks that will not come)."""
+    while not done.wait(every):
+        raw = read()
+        if raw is None:
+            continue
+        try:
+            stopped.append(json.loads(raw))
+        except ValueError:
+            stopped.append({"error": raw.decode(errors="replace")})
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        return
 
 
 def _start_rendezvous(port: int, plan: list):

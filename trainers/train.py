@@ -21,7 +21,7 @@ from trainers.allocator import loaded_allocator
 from trainers.data import SameCopyCheck, make_dataset, naming_bad_shards, synthetic_dataset
 from trainers.errors import TrainError
 from trainers.health import check_loss
-from trainers.hvd import inside_horovod_job, train_horovod
+from trainers.hvd import inside_horovod_job, telling_the_job_if_this_host_stops, train_horovod
 from trainers.memory import Holders, check_memory
 from trainers.model_dir import ModelDir, TrainState
 from trainers.models import compiled_model, table_shapes
@@ -37,7 +37,7 @@ __all__ = ["TrainError", "TrainOptions", "TrainState", "train", "set_threads"]
 
 
 def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
-    with naming_bad_shards(opts.data_dir):
+    with naming_bad_shards(opts.data_dir), telling_the_job_if_this_host_stops(opts.run, say):
         return _train(opts, say)
 
 
