@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import pytest
 
@@ -199,11 +199,23 @@ def test_horovod_across_hosts_without_ssh(tmp_path, preprocessed, small_cfg_path
     data, model_dir = preprocessed[0], str(tmp_path / "hvd_model")
     with VirtualHosts(3) as hosts:
         host_list = ",".join(hosts.address(i) for i in range(3))
-        procs = [hosts.popen(i, _train(data, model_dir, "--strategy", "horovod", "--hosts", host_list,
-                                       "--host-index", str(i), "--config", small_cfg_path, "--steps", "150",
-                                       "--threads", "1"),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
-        outs = [p.communicate(timeout=900)[0] for p in procs]
+
+        def run(data_of: Callable[[int], str]) -> tuple[list[subprocess.Popen], list[str]]:
+            procs = [hosts.popen(i, _train(data_of(i), model_dir, "--strategy", "horovod", "--hosts", host_list,
+                                           "--host-index", str(i), "--config", small_cfg_path, "--steps", "150",
+                                           "--threads", "1"),
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
+            return procs, [p.communicate(timeout=900)[0] for p in procs]
+
+        # host 2 stops before starting its ranks: host 1, which does not serve the rendezvous, reads its
+        # report from the first host's store and stops too, naming it
+        missing = str(tmp_path / "missing")
+        procs, outs = run(lambda i: missing if i == 2 else data)
+        assert [p.returncode for p in procs] == [1, 1, 1], outs
+        for out in outs[:2]:
+            assert (f"recpipe train: error: host 2 ({hosts.address(2)}) stopped before starting its ranks: {missing}: "
+                    f"not a `recpipe preprocess` output" in out), out[-2000:]
+        procs, outs = run(lambda i: data)
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     assert "ranks [0] of 3; rendezvous 10.78.0.1:29500" in outs[0] and "(10.78.0.2, eth0)" in outs[1]
     assert "step 150/150" in outs[0] and "3 ranks" in outs[0]

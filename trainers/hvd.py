@@ -257,7 +257,13 @@ def launch_on_host(opts: TrainOptions, total: int, say: Callable[[str], None]) -
     finally:
         done.set()
         if server is not None:
+            if stopped:  # the other hosts read the report from this store: it serves until they have looked
+                time.sleep(2 * _STOPPED_POLL_SECONDS)
             server.shutdown()
+    if not stopped and any(rc != 0 for rc, _, _ in results):  # one last look: a rank of this host may have
+        raw = read()                                           # failed before the watcher saw a host stop
+        if raw is not None:
+            stopped.append(_stopped_report(raw))
     if stopped:
         host = stopped[0]
         raise ModelDir(opts.model_dir).stopped(f"host {host.get('index')} ({host.get('host')}) stopped before "
@@ -334,6 +340,7 @@ def _watch_rendezvous(server, plan: list, index: dict[str, int], say: Callable[[
 # rendezvous store (Horovod's HTTP key-value server; Gloo's own keys are in the "global" scope).
 _STOPPED_KEY = ("recpipe", "host_stopped")
 _RANKS_STARTED = threading.Event()  # set once this launcher has started its ranks
+_STOPPED_POLL_SECONDS = 2.0  # how often every host's launcher looks for such a report
 
 
 @contextlib.contextmanager
@@ -389,18 +396,22 @@ def _fetch(first: str, port: int, scope: str, key: str) -> Optional[bytes]:
         return None
 
 
+def _stopped_report(raw: bytes) -> dict:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"error": raw.decode(errors="replace")}
+
+
 def _watch_for_stopped_host(read: Callable[[], Optional[bytes]], procs: list[subprocess.Popen], stopped: list,
-                            done: threading.Event, every: float = 2.0) -> None:
+                            done: threading.Event) -> None:
     """Until `done`: when `read()` gives a stopped host's report, keep it in `stopped` and terminate `procs`
     (this host's ranks, waiting in Gloo's rendezvous for ranks that will not come)."""
-    while not done.wait(every):
+    while not done.wait(_STOPPED_POLL_SECONDS):
         raw = read()
         if raw is None:
             continue
-        try:
-            stopped.append(json.loads(raw))
-        except ValueError:
-            stopped.append({"error": raw.decode(errors="replace")})
+        stopped.append(_stopped_report(raw))
         for p in procs:
             if p.poll() is None:
                 p.terminate()
