@@ -123,9 +123,10 @@ def test_a_cross_declared_in_yaml_runs_through_beam_training_and_the_served_grap
 
 
 def test_the_sklearn_baseline_one_hot_encodes_the_same_ids(preprocessed_with_validation):
-    """recpipe bench quality's scikit-learn peer: one column per ID of every table (shared tables once)
-    plus one per dense feature; a single-valued feature puts a 1 in its ID's column, a multivalent one
-    spreads 1 over its items (mean)."""
+    """recpipe bench quality's scikit-learn peer: one column per ID of every feature plus one per dense
+    feature; a single-valued feature puts a 1 in its ID's column, a multivalent one spreads 1 over its items
+    (mean). A feature sharing another's table gets columns of its own: the history's items are not the
+    candidate item (one block of columns for both gave "item 7 in the history" the candidate's weight)."""
     import numpy as np
 
     from features.config import parse_config
@@ -135,7 +136,9 @@ def test_the_sklearn_baseline_one_hot_encodes_the_same_ids(preprocessed_with_val
     cfg = parse_config(data)
     art = PreprocessedData(data_dir).transform()
     x, y = design_matrix(cfg, data_dir, "validation")
-    width = sum(art.table_sizes().values())
+    sizes = art.table_sizes()
+    blocks = [(f.name, sizes[cfg.table_owner(f).name]) for f in cfg.features.sparse]
+    width = sum(n for _, n in blocks)
     assert x.shape == (pre.rows_validation, width + len(cfg.features.dense)) and len(y) == pre.rows_validation
     single = [f for f in cfg.features.sparse if not f.multivalent]
     from trainers.data import make_dataset
@@ -143,6 +146,9 @@ def test_the_sklearn_baseline_one_hot_encodes_the_same_ids(preprocessed_with_val
                                 for b in make_dataset(cfg, data_dir, "validation", 4096, training=False)])
     sparse_part = np.asarray(x[:, :width].sum(axis=1)).ravel()
     assert np.allclose(sparse_part, len(single) + hist_rows)
+    start = sum(n for name, n in blocks[:[name for name, _ in blocks].index("hist")])
+    hist_block = np.asarray(x[:, start:start + sizes["item_id"]].sum(axis=1)).ravel()
+    assert np.allclose(hist_block, hist_rows)  # the history's own columns, apart from item_id's
     fit = sklearn_logistic(cfg, data_dir, grid=(0.1, 1.0))
     assert fit["C"] in (0.1, 1.0) and fit["auc"] > 0.6 and len(fit["trials"]) == 2
 

@@ -18,21 +18,23 @@ C_GRID = (0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 
 
 def design_matrix(cfg: Config, data_dir: str, split: str):
-    """(X: csr [rows, one column per ID of every table + one per dense feature], y) of one split.
-    A multivalent feature spreads its row's weight over its items (its combiner: mean or sum)."""
+    """(X: csr [rows, one column per ID of every feature + one per dense feature], y) of one split.
+    A multivalent feature spreads its row's weight over its items (its combiner: mean or sum). A feature
+    sharing another's table (a history of the items a row's candidate is one of) gets columns of its own:
+    a weight for "item 7 is the candidate" and one for "item 7 is in the history"."""
     import scipy.sparse as sp
     artifact = PreprocessedData(data_dir).transform()
     sizes = artifact.table_sizes()
     offsets, start = {}, 0
-    for table, rows in sizes.items():
-        offsets[table], start = start, start + rows
+    for f in cfg.features.sparse:
+        offsets[f.name], start = start, start + sizes[cfg.table_owner(f).name]
     dense = [d.name for d in cfg.features.dense]
     rows_, cols_, vals_, labels = [], [], [], []
     base = 0
     for batch in make_dataset(cfg, data_dir, split, 65_536, training=False):
         n = int(batch[LABEL_KEY].shape[0])
         for f in cfg.features.sparse:
-            ids, off = batch[f.name], offsets[cfg.table_owner(f).name]
+            ids, off = batch[f.name], offsets[f.name]
             if f.multivalent:
                 lengths = ids.row_lengths().numpy()
                 row = np.repeat(np.arange(n), lengths)
