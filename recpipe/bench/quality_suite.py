@@ -183,10 +183,10 @@ def bench_quality(work: str, say: Callable[[str], None], quick: bool = False, se
 
 
 _SOURCES = {"criteo": "real Criteo sample, `configs/criteo.yaml`: train / validation / eval by row order",
-            "movielens": "real MovieLens-100K, six categorical columns, rating ≥ 4 as the label, "
-                         "`configs/movielens.yaml` "
-                         "(the Criteo model and train sections but the learning rate, chosen on validation): split by "
-                         "time",
+            "movielens": "real MovieLens-100K, six categorical columns, the movie's genres and the user's last 10 "
+                         "rated movies (logged with each rating), rating ≥ 4 as the label, `configs/movielens.yaml` "
+                         "(the Criteo model and train sections but the learning rate, and the two list features, "
+                         "chosen on validation): split by time",
             "instacart": "real Instacart sample, `configs/instacart.yaml`: each user's last order as eval",
             "movielens_retrieval": "real MovieLens-100K, users with 3 attributes and the movies they rated last "
                                    "(logged with each rating), movies with their genre list, rating ≥ 4 as the click, "
