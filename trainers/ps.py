@@ -248,9 +248,8 @@ class LocalPSCluster:
     def dead_ps(self, grace: float = 0.0) -> list[tuple[str, int, str, str]]:
         """("ps", index, address, how it ended) of every PS task that has exited, as silent_tasks gives them (a
         PS is not restarted: its variables were in its memory), waiting up to `grace` seconds for one to: a
-        killed task's
-        connections reset while it is still exiting, so the chief's error can come before its exit
-        status (1 run in 4 of a killed PS task on a loaded machine)."""
+        killed task's connections reset while it is still exiting, so the chief's error can come before its
+        exit status (1 run in 4 of a killed PS task on a loaded machine)."""
         deadline = time.monotonic() + grace
         while True:
             dead = [("ps", i, self.cluster.ps[i], how_it_ended(p.returncode))
