@@ -159,17 +159,23 @@ def test_a_ps_task_that_dies_is_named_and_the_job_resumes_once_it_serves_again(t
 def test_a_ps_worker_reading_another_copy_of_the_data_is_named(tmp_path, preprocessed, small_cfg_path):
     """PS workers read the shards at the chief's paths on their own hosts. A worker host holding another copy
     there (a stale one: two item IDs swapped, same sizes) trained the shared tables on IDs that stand for other
-    values, without a word; one holding none failed with TensorFlow's trace. Worker 1 gets its own mounts
-    (unshare), with the other copy, or an empty folder, mounted over the data's path."""
+    values, without a word; one holding none failed with TensorFlow's trace, and one whose copy lacks the
+    shards with a NotFoundError naming a file the chief has. Worker 1 gets its own mounts (unshare), with the
+    other copy, an empty folder or a partial copy mounted over the data's path."""
     data = preprocessed[0]
-    stale, empty = tmp_path / "stale", tmp_path / "empty"
+    stale, empty, partial = tmp_path / "stale", tmp_path / "empty", tmp_path / "partial"
     shutil.copytree(data, stale)
     empty.mkdir()
     vocab = stale / "transform" / "vocab" / "item_id.json"
     body = json.loads(vocab.read_text())
     body["values"][:2] = body["values"][1::-1]
     vocab.write_text(json.dumps(body))
-    for seen, why in ((stale, "holds other bytes than the same file on the chief"), (empty, "is missing")):
+    shutil.copytree(data, partial, ignore=shutil.ignore_patterns("*.tfrecord"))
+    shards = " ".join(str(p) for p in sorted((Path(data) / "train").glob("*.tfrecord")))
+    for seen, where, why in ((stale, "transform/vocab/item_id.json", " holds other bytes than the same file on "
+                                                                     "the chief"),
+                             (empty, "transform/", " is missing"),  # any of its files
+                             (partial, "train", f" lacks shards the chief has: {shards}")):
         model_dir = str(tmp_path / f"model_{seen.name}")
         with VirtualHosts(4) as hosts:
             cluster = {"chief": [f"{hosts.address(0)}:{PORT}"], "ps": [f"{hosts.address(1)}:{PORT}"],
@@ -187,8 +193,8 @@ def test_a_ps_worker_reading_another_copy_of_the_data_is_named(tmp_path, preproc
                               env=_env(cluster, "chief", 0), capture_output=True, text=True, timeout=600)
         assert chief.returncode == 1, chief.stdout[-2000:] + chief.stderr[-2000:]
         assert (f"recpipe train: error: PS worker 1 ({hosts.address(3)}:{PORT}) reads other preprocessed data than "
-                f"the chief at {data}: {data}/transform/" in chief.stderr and f" {why}. PS workers read the shards "
-                f"at the chief's paths" in chief.stderr), chief.stderr[-3000:]
+                f"the chief at {data}: {data}/{where}" in chief.stderr and f"{why}. PS workers read the shards at the "
+                f"chief's paths" in chief.stderr), chief.stderr[-3000:]
         assert ModelDir(model_dir).latest_step() == 0  # not one step on the other copy
     ours = json.loads((Path(data) / "transform" / "vocab" / "item_id.json").read_text())["values"]
     assert ours[:2] == body["values"][1::-1]  # the mounts stayed worker 1's own

@@ -101,25 +101,36 @@ class SameCopyCheck:
         files = [fsio.join(data.transform_dir, n) for n in ("transform.json", "config.yaml")]
         files += fsio.list_files(fsio.join(data.transform_dir, "vocab"), ".json")
         self.digests = {p: int(self._digest(tf.constant(p)).numpy()) for p in files}
+        self.train_dir, self.shards = data.split_dir("train"), data.shard_files("train")
 
     @classmethod
     def _digest(cls, path: tf.Tensor) -> tf.Tensor:
         return tf.strings.to_hash_bucket_strong(tf.io.read_file(path), 2**62, cls._KEY)
 
     def in_graph(self) -> None:
+        checked = []
         for path, digest in self.digests.items():
-            pattern = re.sub(r"([*?\[])", r"[\1]", path)  # matched as a glob: its own characters only
-            found = tf.debugging.Assert(tf.size(tf.io.matching_files(pattern)) > 0,
+            found = tf.debugging.Assert(tf.size(tf.io.matching_files(_literal(path))) > 0,
                                         [f"{self.MARKER} {path} is missing"])
             with tf.control_dependencies([found]):
-                tf.debugging.Assert(tf.equal(self._digest(tf.constant(path)), digest),
-                                    [f"{self.MARKER} {path} holds other bytes than the same file on the chief"])
+                checked.append(tf.debugging.Assert(tf.equal(self._digest(tf.constant(path)), digest), [
+                    f"{self.MARKER} {path} holds other bytes than the same file on the chief"]))
+        if not self.shards:  # the chief's make_dataset names that
+            return
+        # then the train shards: a partial copy (the transform whole, shards missing) failed with TensorFlow's
+        # NotFoundError naming the file, which the chief has
+        with tf.control_dependencies(checked):
+            found = tf.io.matching_files([_literal(p) for p in self.shards])
+            missing = tf.sets.difference(tf.constant([self.shards]), tf.expand_dims(found, 0)).values
+            tf.debugging.Assert(tf.equal(tf.size(found), len(self.shards)),
+                                [f"{self.MARKER} {self.train_dir} lacks shards the chief has:", missing], summarize=3)
 
     def error(self, e: BaseException, workers: list[str]) -> "DataError | None":
         """A DataError for `e` when it is this check's failure (TensorFlow's error, as the coordinator
         passes a worker's on), naming the worker from `workers` (the cluster's addresses); else None."""
         text = str(e)
-        found = re.search(re.escape(self.MARKER) + r" (.*?)(?:\]|\\n|\n|$)", text)
+        # "assertion failed: [MARKER message] [data ...]" (the data: the missing shards, if any)
+        found = re.search(re.escape(self.MARKER) + r" (.*?)(?:\] \[(.*?)\]|\]|\\n|\n|$)", text)
         if found is None:
             return None
         task = re.search(r"/job:worker/replica:\d+/task:(\d+)", text)
@@ -127,10 +138,16 @@ class SameCopyCheck:
         if task is not None:
             i = int(task.group(1))
             who = f"PS worker {i}" + (f" ({workers[i]})" if i < len(workers) else "")
-        return DataError(f"{who} reads other preprocessed data than the chief at {self.root}: {found.group(1)}. "
+        what = found.group(1) + (f" {found.group(2)}" if found.group(2) else "")
+        return DataError(f"{who} reads other preprocessed data than the chief at {self.root}: {what}. "
                          f"PS workers read the shards at the chief's paths on their own hosts, so an ID would stand "
                          f"for other values there; give every host the same copy (shared storage, or one run's "
                          f"output copied whole)")
+
+
+def _literal(path: str) -> str:
+    """`path` as a glob pattern that matches only itself."""
+    return re.sub(r"([*?\[])", r"[\1]", path)
 
 
 def _row_shuffler(seed: int):
