@@ -233,17 +233,21 @@ def test_horovod_across_hosts_without_ssh(tmp_path, preprocessed, small_cfg_path
 
 
 def _two_hosts(args: list[Optional[list[str]]], timeout: int = 600, host_env: tuple[dict, dict] = ({}, {}),
-               **env) -> tuple[list[int], list[str]]:
+               delays: tuple[float, float] = (0, 0), **env) -> tuple[list[int], list[str]]:
     """`recpipe train --strategy horovod` on 2 virtual hosts, each with its own arguments (None: the command
-    is not run there) and `host_env`, from outside the source tree (`python -m` puts the working folder first
-    on the path); (exit codes, outputs), None for a host that ran nothing."""
+    is not run there), `host_env` and start `delays` (seconds), from outside the source tree (`python -m`
+    puts the working folder first on the path); (exit codes, outputs), None for a host that ran nothing."""
     with VirtualHosts(2) as hosts:
         host_list = ",".join(hosts.address(i) for i in range(2))
-        procs = [None if a is None else
-                 hosts.popen(i, [sys.executable, "-m", "recpipe.cli", "train", "--strategy", "horovod", "--hosts",
-                                 host_list, "--host-index", str(i), "--threads", "1", *a],
-                             env=dict(os.environ, **env, **host_env[i]), stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, cwd="/") for i, a in enumerate(args)]
+        procs: list[Optional[subprocess.Popen]] = [None, None]
+        t0 = time.monotonic()
+        for i in sorted(range(2), key=lambda i: delays[i]):
+            time.sleep(max(0.0, t0 + delays[i] - time.monotonic()))
+            if args[i] is not None:
+                procs[i] = hosts.popen(i, [sys.executable, "-m", "recpipe.cli", "train", "--strategy", "horovod",
+                                           "--hosts", host_list, "--host-index", str(i), "--threads", "1", *args[i]],
+                                       env=dict(os.environ, **env, **host_env[i]), stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True, cwd="/")
         try:
             outs = [p and p.communicate(timeout=timeout)[0] for p in procs]
         finally:
@@ -259,9 +263,10 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
     at the same path, another day's) numbered the values otherwise, and the averaged gradients trained each
     row on other values by rank, without a word; a host given another --config stepped with its own learning
     rate, and one with another install of recpipe with its own code; a resume hung, since only rank 0's model
-    dir holds checkpoints, so the other ranks started over and looped more steps than rank 0; and a host whose
+    dir holds checkpoints, so the other ranks started over and looped more steps than rank 0; a host whose
     command failed before starting its ranks left the others to die by SIGABRT after Gloo's 300 s, naming
-    nothing."""
+    nothing; and a host started a few seconds before the first one died by SIGABRT at once (its ranks found
+    no rendezvous), as did every other host when the first one failed, naming nothing."""
     import yaml
     data = preprocessed[0]
     stale = tmp_path / "stale"
@@ -302,9 +307,14 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
                                    for out in outs), outs
 
     for steps in ("20", "40"):  # the second run resumes: rank 0 from its checkpoint, rank 1 from rank 0's weights
+        # the first run's first host starts 15 s after the other: the other waits for its rendezvous (before,
+        # its rank's Gloo client gave up after a few refused connections and died by SIGABRT)
         codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("c", i)[:2], "--steps", steps]
-                                  for i in range(2)])
+                                  for i in range(2)], delays=(15, 0) if steps == "20" else (0, 0))
         assert codes == [0, 0], outs
+        if steps == "20":
+            assert ("train: waiting for the first host's rendezvous (10.78.0.1:29500) to answer (0 s of up to 300): "
+                    "is `recpipe train ... --host-index 0` on 10.78.0.1 running?") in outs[1], outs[1]
     assert f"resuming from {tmp_path / 'c_0' / 'checkpoints'}/ckpt-20 at step 20" in outs[0]
     assert ModelDir(str(tmp_path / "c_0")).latest_step() == 40 and not ModelDir(str(tmp_path / "c_1")).latest_step()
     with pytest.raises(TrainError) as kept:  # rank 1's own model dir says where the checkpoints are
@@ -323,6 +333,22 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
     assert "train: told the first host's rendezvous (10.78.0.1:29500) that this host stopped" in outs[1], outs[1]
     assert (f"recpipe train: error: host 1 (10.78.0.2) stopped before starting its ranks: {tmp_path / 'missing'}: "
             in outs[0] and "no checkpoint was written yet; a rerun starts over" in outs[0]), outs[0][-2000:]
+    # the first host stops before starting its ranks: it serves its own report until the other host has read it
+    t0 = time.monotonic()
+    codes, outs = _two_hosts([["--data", str(tmp_path / "missing"), "--config", small_cfg_path, *own("g", 0)],
+                              ["--data", data, "--config", small_cfg_path, *own("g", 1)]])
+    assert time.monotonic() - t0 < 120, outs
+    assert codes == [1, 1], outs
+    assert "train: serving the rendezvous until host 1 (10.78.0.2) read that the job stopped (up to 30 s)" in outs[0]
+    assert (f"recpipe train: error: host 0 (10.78.0.1) stopped before starting its ranks: {tmp_path / 'missing'}: "
+            in outs[1] and "no checkpoint was written yet; a rerun starts over" in outs[1]), outs[1][-2000:]
+    # the first host's command never runs: the other waits for its rendezvous, then says so
+    codes, outs = _two_hosts([None, ["--data", data, "--config", small_cfg_path, *own("h", 1)]],
+                             HOROVOD_GLOO_TIMEOUT_SECONDS="10")
+    assert codes[1] == 1 and ("recpipe train: error: the first host's rendezvous (10.78.0.1:29500) did not answer in "
+                              "10 s (HOROVOD_GLOO_TIMEOUT_SECONDS): is `recpipe train ... --host-index 0` on 10.78.0.1 "
+                              "running, or did it stop before serving it (its own output says why)?, so the job "
+                              "stopped: ") in outs[1], outs[1][-2000:]
     # a host whose command never runs: the first host says which ranks it waits for, until Gloo's timeout
     codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("d", 0)], None],
                              HOROVOD_GLOO_TIMEOUT_SECONDS="10")

@@ -242,12 +242,12 @@ def test_horovod_cycle_time_comes_from_the_config_unless_the_environment_sets_it
 
 def test_every_rank_gets_the_launchers_input_flags(tmp_path):
     """A rank is a `recpipe train` of its own: what the launcher was told about input reaches it."""
-    from trainers.hvd import _rank_command
+    from trainers.hvd_launch import rank_command
     opts = TrainOptions("DATA", str(tmp_path), None, run=RunOptions(strategy="horovod", np=2), warm_start="OLD",
                         synthetic_input=True)
-    cmd = _rank_command(opts)
+    cmd = rank_command(opts)
     assert "--synthetic-input" in cmd and cmd[cmd.index("--warm-start") + 1] == "OLD"
-    assert "--synthetic-input" not in _rank_command(TrainOptions("DATA", str(tmp_path), None))
+    assert "--synthetic-input" not in rank_command(TrainOptions("DATA", str(tmp_path), None))
 
 
 def test_advisor_traffic_model():
@@ -303,7 +303,7 @@ def test_advise_probe_and_cli(tmp_path, preprocessed, small_cfg, small_cfg_path)
 def test_a_dead_ranks_own_error_reaches_the_launchers_message(tmp_path):
     """The launcher names why a rank died: that rank's own last error line, not horovodrun's and not
     another rank's (a collective failing because this rank was killed)."""
-    from trainers.hvd import rank_died
+    from trainers.hvd_launch import rank_died
     opts = TrainOptions(str(tmp_path), str(tmp_path / "m"), None)
     output = ["[1]<stderr>:recpipe train: error: Horovod ranks ended with different weights (sums ...)",
               "[0]<stderr>:tensorflow.python.framework.errors_impl.UnknownError: Gloo: connection closed by peer",
@@ -317,3 +317,11 @@ def test_a_dead_ranks_own_error_reaches_the_launchers_message(tmp_path):
     assert "died (killed by SIGKILL)," in str(rank_died(opts, 2, -9, output=output))  # rank 2 printed nothing
     own = ["recpipe train: error: a rank started by --hosts prints without a prefix"]
     assert "exit code 1: a rank started by --hosts prints without a prefix)" in str(rank_died(opts, 3, 1, output=own))
+    # the first host's rendezvous store stopped answering mid-rendezvous: Gloo's HTTP client aborts the rank
+    gone = ["[2026-11-27 02:26:28.637903: E horovod/common/gloo/http_store.cc:96] HTTP GET request failed too many "
+            "times, aborting. See exception message above.", "terminate called after throwing an instance of "
+            "'std::runtime_error'", "  what():  HTTP request failed."]
+    assert ("rank 1 on 10.0.0.2 died (killed by SIGABRT: Gloo's rendezvous store did not answer (HTTP requests to it "
+            "failed); it is served by `recpipe train ... --host-index 0` on 10.0.0.1: is that still running, or did "
+            "it stop (its own output says why)?), so the job stopped") in str(
+        rank_died(opts, 1, -6, " on 10.0.0.2", gone, {0: (0, "10.0.0.1"), 1: (1, "10.0.0.2")}))

@@ -71,6 +71,9 @@ class RunOptions:
             if value is not None and value < low:
                 raise TrainError(f"{key}: must be >= {low}, got {value}")
         if self.hosts is not None:
+            if self.strategy != "horovod":
+                raise TrainError(f"hosts: --hosts starts each host's Horovod ranks; it needs --strategy horovod, not "
+                                 f"{self.strategy}")
             hosts = host_list(self.hosts)
             if self.host_index >= len(hosts):
                 raise TrainError(f"host_index: {self.host_index} is not one of the {len(hosts)} hosts in "

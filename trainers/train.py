@@ -21,7 +21,9 @@ from trainers.allocator import loaded_allocator
 from trainers.data import SameCopyCheck, make_dataset, naming_bad_shards, synthetic_dataset
 from trainers.errors import TrainError
 from trainers.health import check_loss
-from trainers.hvd import inside_horovod_job, telling_the_job_if_this_host_stops, train_horovod
+from trainers.hvd import train_horovod
+from trainers.hvd_hosts import HostJob, host_job
+from trainers.hvd_launch import inside_horovod_job
 from trainers.memory import Holders, check_memory
 from trainers.model_dir import ModelDir, TrainState
 from trainers.models import compiled_model, table_shapes
@@ -37,11 +39,11 @@ __all__ = ["TrainError", "TrainOptions", "TrainState", "train", "set_threads"]
 
 
 def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
-    with naming_bad_shards(opts.data_dir), telling_the_job_if_this_host_stops(opts.run, say):
-        return _train(opts, say)
+    with naming_bad_shards(opts.data_dir), host_job(opts.run, say) as hosts:
+        return _train(opts, say, hosts)
 
 
-def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
+def _train(opts: TrainOptions, say: Callable[[str], None], hosts: Optional[HostJob]) -> TrainState:
     cluster = tf_config() if opts.run.strategy == "ps" else None
     if cluster is not None and cluster.task_type != "chief":  # a TFJob runs one command in every replica
         if cluster.task_type == "ps":
@@ -62,7 +64,7 @@ def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
     if holders is not None:
         check_memory(cfg, artifact, holders, say)
     if opts.run.strategy == "horovod":
-        return train_horovod(cfg, artifact, opts, total, say)
+        return train_horovod(cfg, artifact, opts, total, say, hosts)
     if opts.run.strategy == "local":
         return _fit(cfg, artifact, opts, total, tf.distribute.get_strategy(), say)
     if cluster is not None:

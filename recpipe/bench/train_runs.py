@@ -112,7 +112,7 @@ class TrainRuns:
                           cycle_time_ms: Optional[float] = None) -> None:
         """Queue the plain-Horovod peer (Horovod's Keras example way, dense gradients) at np ranks, with
         Horovod's own cycle time unless `cycle_time_ms` is given (horovodrun --cycle-time-ms)."""
-        from trainers.hvd import horovodrun
+        from trainers.hvd_launch import horovodrun
         cycle = [] if cycle_time_ms is None else ["--cycle-time-ms", f"{cycle_time_ms:g}"]
         cmd = [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", "--gloo", *cycle, sys.executable, "-m",
                "recpipe.bench.horovod_peer", data, cfg_path, str(steps)]
