@@ -233,10 +233,12 @@ def test_horovod_across_hosts_without_ssh(tmp_path, preprocessed, small_cfg_path
 
 
 def _two_hosts(args: list[Optional[list[str]]], timeout: int = 600, host_env: tuple[dict, dict] = ({}, {}),
-               delays: tuple[float, float] = (0, 0), **env) -> tuple[list[int], list[str]]:
+               delays: tuple[float, float] = (0, 0), during: Optional[Callable[[list], None]] = None,
+               **env) -> tuple[list[int], list[str]]:
     """`recpipe train --strategy horovod` on 2 virtual hosts, each with its own arguments (None: the command
     is not run there), `host_env` and start `delays` (seconds), from outside the source tree (`python -m`
-    puts the working folder first on the path); (exit codes, outputs), None for a host that ran nothing."""
+    puts the working folder first on the path); `during(processes)` once all have started; (exit codes,
+    outputs), None for a host that ran nothing."""
     with VirtualHosts(2) as hosts:
         host_list = ",".join(hosts.address(i) for i in range(2))
         procs: list[Optional[subprocess.Popen]] = [None, None]
@@ -249,6 +251,8 @@ def _two_hosts(args: list[Optional[list[str]]], timeout: int = 600, host_env: tu
                                        env=dict(os.environ, **env, **host_env[i]), stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True, cwd="/")
         try:
+            if during is not None:
+                during(procs)
             outs = [p and p.communicate(timeout=timeout)[0] for p in procs]
         finally:
             for p in procs:
@@ -323,6 +327,24 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
             f"run's checkpoints (step 40) in its own --model-dir {tmp_path / 'c_0'}; evaluate and export there"
             in str(kept.value)), kept.value
 
+    # a rank killed mid-run (the kernel's OOM killer): every host names it, not the collective errors the other
+    # ranks see ("rank 0 died (exit code 1: UnknownError: [[{{node HorovodGroupedAllreduce_...}}]])" before),
+    # and a host without rank 0 says where the checkpoints are ("no checkpoint was written yet" before)
+    def kill_rank_1(procs: list) -> None:
+        import psutil
+        _wait_for_step(ModelDir(str(tmp_path / "k_0")), 0, procs[0])
+        for rank in psutil.Process(procs[1].pid).children(recursive=True):
+            rank.kill()
+    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("k", i)[:2], "--steps", "5000"]
+                              for i in range(2)], during=kill_rank_1)
+    assert codes == [1, 1], outs
+    assert ("recpipe train: error: horovod rank 1 on 10.78.0.2 died (killed by SIGKILL), so the job stopped: the last "
+            "checkpoint is step ") in outs[0] and f"{tmp_path / 'k_0' / 'checkpoints'}; rerun" in outs[0], \
+        outs[0][-2000:]
+    assert ("recpipe train: error: horovod rank 1 on 10.78.0.2 died (killed by SIGKILL), so the job stopped: rank 0 "
+            "on 10.78.0.1 keeps the run's checkpoints in its own --model-dir; rerun the same command on every host "
+            "to resume") in outs[1], outs[1][-2000:]
+
     # host 1 stops before starting its ranks: it tells the first host's rendezvous store, which stops at once
     # naming it (before: after Gloo's 300 s, by SIGABRT, naming nothing)
     t0 = time.monotonic()
@@ -330,7 +352,7 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
                               ["--data", str(tmp_path / "missing"), "--config", small_cfg_path, *own("d", 1)]])
     assert time.monotonic() - t0 < 120, outs
     assert codes == [1, 1] and "not a `recpipe preprocess` output" in outs[1], outs
-    assert "train: told the first host's rendezvous (10.78.0.1:29500) that this host stopped" in outs[1], outs[1]
+    assert "train: told the first host's rendezvous (10.78.0.1:29500) why the job stopped here" in outs[1], outs[1]
     assert (f"recpipe train: error: host 1 (10.78.0.2) stopped before starting its ranks: {tmp_path / 'missing'}: "
             in outs[0] and "no checkpoint was written yet; a rerun starts over" in outs[0]), outs[0][-2000:]
     # the first host stops before starting its ranks: it serves its own report until the other host has read it
@@ -341,7 +363,8 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
     assert codes == [1, 1], outs
     assert "train: serving the rendezvous until host 1 (10.78.0.2) read that the job stopped (up to 30 s)" in outs[0]
     assert (f"recpipe train: error: host 0 (10.78.0.1) stopped before starting its ranks: {tmp_path / 'missing'}: "
-            in outs[1] and "no checkpoint was written yet; a rerun starts over" in outs[1]), outs[1][-2000:]
+            in outs[1] and "so the job stopped: rank 0 on 10.78.0.1 keeps the run's checkpoints" in outs[1]), \
+        outs[1][-2000:]
     # the first host's command never runs: the other waits for its rendezvous, then says so
     codes, outs = _two_hosts([None, ["--data", data, "--config", small_cfg_path, *own("h", 1)]],
                              HOROVOD_GLOO_TIMEOUT_SECONDS="10")

@@ -325,3 +325,18 @@ def test_a_dead_ranks_own_error_reaches_the_launchers_message(tmp_path):
             "failed); it is served by `recpipe train ... --host-index 0` on 10.0.0.1: is that still running, or did "
             "it stop (its own output says why)?), so the job stopped") in str(
         rank_died(opts, 1, -6, " on 10.0.0.2", gone, {0: (0, "10.0.0.1"), 1: (1, "10.0.0.2")}))
+
+
+def test_a_rank_death_that_only_shows_another_ranks_end_is_not_first_hand():
+    """Across hosts, a host reports its rank's death to the others only when it is first-hand: a rank whose
+    collectives failed because another rank ended would otherwise be named in place of the one that did."""
+    from trainers.hvd_launch import rank_death
+    assert rank_death(1, -9).first_hand  # killed (the OOM killer): the others see only their collectives fail
+    assert rank_death(1, 1, output=["recpipe train: error: Horovod ranks ended with different weights"]).first_hand
+    assert rank_death(1, 1, output=["RuntimeError: out of memory"]).first_hand
+    for symptom in ["UnknownError: [[{{node HorovodGroupedAllreduce_UnsortedSegmentSum_0}}]] [Op:__inference_step_1]",
+                    "UnknownError: Gloo: connection closed by peer [10.78.0.2]:4410",
+                    "HTTP GET request failed too many times, aborting.",
+                    "Wait timeout after 300 seconds for key(s): 1"]:
+        assert not rank_death(0, 1, output=[symptom]).first_hand, symptom
+    assert not rank_death(0, -6).first_hand and not rank_death(0, -15).first_hand  # Gloo's abort, our terminate

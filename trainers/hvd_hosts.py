@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Optional
 
 from features.errors import RecpipeError
 from trainers.errors import TrainError
-from trainers.hvd_launch import horovodrun, inside_horovod_job, rank_command, rank_died, supervise, written_state
+from trainers.hvd_launch import horovodrun, inside_horovod_job, rank_command, rank_death, supervise, written_state
 from trainers.model_dir import ModelDir, TrainState
 from trainers.options import RunOptions, TrainOptions, host_list
 
@@ -38,6 +38,7 @@ _SCOPE = "recpipe"
 _STOPPED = "host_stopped"
 _POLL_SECONDS = 2.0   # how often every host's launcher looks for a report
 _TELL_SECONDS = 30.0  # how long a stopped host tries to reach the store, and the first host serves a report
+_SYMPTOM_SECONDS = 5.0  # how long a host whose rank saw another rank end waits for that rank's host's report
 _SAY_EVERY = 30.0     # how often a host waiting for the first host's store says so
 
 
@@ -84,8 +85,10 @@ class HostJob:
         try:
             if (error is not None and not self.ranks_started.is_set()
                     and not isinstance(error, (KeyboardInterrupt, StoppedElsewhere))):
-                self._report(error)
-            elif self.server is not None and self.stopped:  # another host's report, served until all have read it
+                text = str(error) if isinstance(error, RecpipeError) else f"{type(error).__name__}: {error}"
+                self._report(f"host {self.run.host_index} ({self.me}) stopped before starting its ranks: {text}",
+                             _TELL_SECONDS)
+            if self.server is not None and self.stopped:  # a report, served until the other hosts have read it
                 self._serve_until_read(self.stopped[0].get("index"))
         finally:
             if self.server is not None:
@@ -125,16 +128,22 @@ class HostJob:
             results = supervise(start, say)
         finally:
             done.set()
-        if not self.stopped and any(rc != 0 for rc, _, _ in results):  # one last look: a rank of this host may
-            self._look()                                                 # have failed before the watcher looked
-        if self.stopped:
-            raise self._stopped_error(opts)
         failed = sorted((order, slot.rank, rc, tail) for slot, (rc, tail, order) in zip(mine, results)
                         if order is not None)
-        if failed:
+        if failed and not self.stopped:
             _, rank, rc, tail = failed[0]
             host_of = {slot.rank: (self.index[slot.hostname], slot.hostname) for slot in self.plan}
-            raise rank_died(opts, rank, rc, f" on {self.me}", tail, host_of)
+            death = rank_death(rank, rc, f" on {self.me}", tail, host_of)
+            if death.first_hand:  # the other hosts' ranks only see their collectives fail: say why
+                self._report(death.cause, _SYMPTOM_SECONDS)
+                raise self._stopped(opts, death.cause)
+            deadline = time.monotonic() + _SYMPTOM_SECONDS  # this rank saw another end: its host may say why
+            while not self._look_for_report() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            if not self.stopped:
+                raise self._stopped(opts, death.cause)
+        if self.stopped:
+            raise self._stopped_error(opts)
         if any(slot.rank == 0 for slot in mine):
             return written_state(opts)
         say(f"train: ranks on {self.me} finished; rank 0 on {self.hosts[0].hostname} wrote the model dir")
@@ -154,15 +163,19 @@ class HostJob:
                 return
             waited = time.monotonic() - t0
             if waited >= timeout:
-                raise StoppedElsewhere(str(ModelDir(opts.model_dir).stopped(
-                    f"the first host's rendezvous ({self._where}) did not answer in {timeout:.0f} s "
-                    f"(HOROVOD_GLOO_TIMEOUT_SECONDS): is {first} running, or did it stop before serving it "
-                    f"(its own output says why)?")))
+                raise StoppedElsewhere(str(self._stopped(
+                    opts, f"the first host's rendezvous ({self._where}) did not answer in {timeout:.0f} s "
+                          f"(HOROVOD_GLOO_TIMEOUT_SECONDS): is {first} running, or did it stop before serving it "
+                          f"(its own output says why)?")))
             if said is None or time.monotonic() - said >= _SAY_EVERY:
                 self.say(f"train: waiting for the first host's rendezvous ({self._where}) to answer ({waited:.0f} s of "
                          f"up to {timeout:.0f}): is {first} running?")
                 said = time.monotonic()
             time.sleep(1.0)
+
+    def _look_for_report(self) -> bool:
+        self._look()
+        return bool(self.stopped)
 
     def _look(self) -> bool:
         """Read the store for a stopped host's report (kept in self.stopped; a host other than the first says
@@ -190,28 +203,33 @@ class HostJob:
                         p.terminate()
                 return
 
-    def _stopped_error(self, opts: TrainOptions) -> StoppedElsewhere:
-        host = self.stopped[0]
-        return StoppedElsewhere(str(ModelDir(opts.model_dir).stopped(
-            f"host {host.get('index')} ({host.get('host')}) stopped before starting its ranks: {host.get('error')}")))
+    def _stopped(self, opts: TrainOptions, cause: str) -> TrainError:
+        """The error of a job that `cause` stopped, with what a rerun does: a host without rank 0 says where
+        the checkpoints are (before, it said "no checkpoint was written yet; a rerun starts over")."""
+        return ModelDir(opts.model_dir).stopped(cause, kept_on=None if self.run.host_index == 0
+                                                else self.hosts[0].hostname)
 
-    def _report(self, error: BaseException) -> None:
-        """Tell the other hosts' launchers that this host stopped before starting its ranks, and why."""
-        text = str(error) if isinstance(error, RecpipeError) else f"{type(error).__name__}: {error}"
-        body = json.dumps({"index": self.run.host_index, "host": self.me, "error": text}).encode()
+    def _stopped_error(self, opts: TrainOptions) -> StoppedElsewhere:
+        return StoppedElsewhere(str(self._stopped(opts, self.stopped[0]["cause"])))
+
+    def _report(self, cause: str, wait: float) -> None:
+        """Tell the other hosts' launchers why the job stops here: the first host keeps `cause` in its own store
+        (served until they have read it, on leaving), another host puts it there, trying for `wait` seconds."""
+        report = {"index": self.run.host_index, "host": self.me, "cause": cause}
+        body = json.dumps(report).encode()
         if self.server is not None:
             with self.server.cache_lock:
                 self.server.cache.setdefault(_SCOPE, {})[_STOPPED] = body
-            self._serve_until_read(0)
+            self.stopped.append(report)
             return
-        url, deadline = f"http://{self._where}/{_SCOPE}/{_STOPPED}", time.monotonic() + _TELL_SECONDS
+        url, deadline = f"http://{self._where}/{_SCOPE}/{_STOPPED}", time.monotonic() + wait
         while not _put(url, body):  # the first host may not serve yet
             if time.monotonic() >= deadline:
-                self.say(f"train: could not tell the first host's rendezvous ({self._where}) that this host stopped; "
-                         f"its ranks wait for this host's until HOROVOD_GLOO_TIMEOUT_SECONDS")
+                self.say(f"train: could not tell the first host's rendezvous ({self._where}) why the job stopped "
+                         f"here; the other hosts' ranks see only their own errors")
                 return
             time.sleep(1.0)
-        self.say(f"train: told the first host's rendezvous ({self._where}) that this host stopped")
+        self.say(f"train: told the first host's rendezvous ({self._where}) why the job stopped here")
 
     def _serve_until_read(self, reporter: Optional[int]) -> None:
         """On the first host: keep serving the report until every other host (but the one that stopped) has
@@ -257,9 +275,10 @@ def _put(url: str, body: bytes) -> bool:
 
 def _stopped_report(raw: bytes) -> dict:
     try:
-        return json.loads(raw)
+        report = json.loads(raw)
     except ValueError:
-        return {"error": raw.decode(errors="replace")}
+        report = None
+    return report if isinstance(report, dict) and "cause" in report else {"cause": raw.decode(errors="replace")}
 
 
 def slot_env(slot, rendezvous_addr: str, rendezvous_port: int, iface: str) -> dict[str, str]:

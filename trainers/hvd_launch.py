@@ -8,10 +8,12 @@ import importlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from trainers.errors import TrainError, how_it_ended
@@ -19,7 +21,8 @@ from trainers.model_dir import ModelDir, TrainState
 from trainers.options import TrainOptions, run_flags
 from trainers.progress import EVENTS_ENV, Reporter, follow_events
 
-__all__ = ["inside_horovod_job", "horovodrun", "rank_command", "supervise", "rank_died", "launch", "written_state"]
+__all__ = ["inside_horovod_job", "horovodrun", "rank_command", "supervise", "RankDeath", "rank_death", "rank_died",
+           "launch", "written_state"]
 
 
 def inside_horovod_job() -> bool:
@@ -137,8 +140,19 @@ def _last_failures(lines: list[str]) -> list[str]:
     return list(last.values())
 
 
-def rank_died(opts: TrainOptions, rank: int, code: int, where: str = "", output: list[str] = (),
-              host_of: Optional[dict[int, tuple[int, str]]] = None) -> TrainError:
+@dataclass(frozen=True)
+class RankDeath:
+    cause: str        # "horovod rank R<where> died (how: its last failure line; hint)"
+    first_hand: bool  # False: a symptom of another rank's end (a collective failing, Gloo giving up)
+
+
+# a rank's error that only says another rank is gone: its collectives or Gloo's connections failed
+_SYMPTOM = re.compile(r"Gloo|Horovod\w*(?:Allreduce|Allgather|Broadcast|Alltoall|Reducescatter|Barrier|Join)|"
+                      r"Horovod has been shut down|[Cc]onnection (?:closed|reset)|Broken pipe")
+
+
+def rank_death(rank: int, code: int, where: str = "", output: list[str] = (),
+               host_of: Optional[dict[int, tuple[int, str]]] = None) -> RankDeath:
     """output: the last lines of the rank's own process, or of horovodrun's (then each prefixed by its
     rank): the rank's last failure line there, if any, is given as the cause. Another rank's error
     (e.g. a collective failing because this rank was killed) is not. host_of: rank -> (host index, host)
@@ -153,8 +167,16 @@ def rank_died(opts: TrainOptions, rank: int, code: int, where: str = "", output:
     elif causes and causes[-1] == STORE_GONE and host_of:
         hint = (f"; it is served by `recpipe train ... --host-index 0` on {host_of[0][1]}: is that still running, "
                 f"or did it stop (its own output says why)?")
-    return ModelDir(opts.model_dir).stopped(f"horovod rank {rank}{where} died ({how_it_ended(code)}"
-                                            f"{': ' + causes[-1] if causes else ''}{hint})")
+    symptom = (code in (-signal.SIGABRT, -signal.SIGTERM) if not causes
+               else causes[-1] in (STORE_GONE,) or NEVER_JOINED in causes[-1] or bool(_SYMPTOM.search(causes[-1])))
+    return RankDeath(f"horovod rank {rank}{where} died ({how_it_ended(code)}{': ' + causes[-1] if causes else ''}"
+                     f"{hint})", not symptom)
+
+
+def rank_died(opts: TrainOptions, rank: int, code: int, where: str = "", output: list[str] = (),
+              host_of: Optional[dict[int, tuple[int, str]]] = None) -> TrainError:
+    """The launcher's error for a rank that died (rank_death's cause, and what a rerun does)."""
+    return ModelDir(opts.model_dir).stopped(rank_death(rank, code, where, output, host_of).cause)
 
 
 def launch(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:

@@ -131,9 +131,14 @@ class ModelDir:
         return (f"the last checkpoint is step {step} in {self.checkpoints_dir}; rerun the same command to resume "
                 f"from it" if step else "no checkpoint was written yet; a rerun starts over")
 
-    def stopped(self, cause: str, way_back: str = "") -> TrainError:
+    def stopped(self, cause: str, way_back: str = "", kept_on: Optional[str] = None) -> TrainError:
         """The error of a job that `cause` (a rank or task that died, a host that stopped) stopped: the cause,
-        `way_back` (what must happen first, if anything) and what a rerun of the same command does."""
+        `way_back` (what must happen first, if anything) and what a rerun of the same command does. kept_on:
+        the host whose Horovod rank 0 keeps the run's checkpoints in its own model dir, when this one has none."""
+        if kept_on and not self.latest_step():
+            return TrainError(f"{cause}, so the job stopped: {way_back}rank 0 on {kept_on} keeps the run's checkpoints "
+                              f"in its own --model-dir; rerun the same command on every host to resume from its last "
+                              f"one (a run that wrote none starts over)")
         return TrainError(f"{cause}, so the job stopped: {way_back}{self.resume_hint()}")
 
     def note_kept_elsewhere(self, host: str, model_dir: str, step: int) -> None:
