@@ -13,23 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-from scipy.stats import rankdata
 
 from features.canonical import numeric
 from features.config import Config
+from features.metrics import roc_auc
 
 __all__ = ["leak_warnings", "LEAK_AUC"]
 
 LEAK_AUC = 0.99        # a feature that alone reaches this AUC (or 1 - it) is named
 MIN_PER_LABEL = 10     # rows of each label the sample needs before anything is named
 ROWS_PER_VALUE = 20    # sparse columns: the sample's rows per distinct value, at least
-
-
-def _auc(scores: np.ndarray, clicked: np.ndarray) -> float:
-    """AUC by the rank-sum formula, ties counted half."""
-    ranks = rankdata(scores)
-    pos = int(clicked.sum())
-    return float((ranks[clicked].sum() - pos * (pos + 1) / 2) / (pos * (len(clicked) - pos)))
 
 
 def leak_warnings(cfg: Config, sample: pa.Table) -> list[str]:
@@ -52,7 +45,7 @@ def leak_warnings(cfg: Config, sample: pa.Table) -> list[str]:
         seen.add(d.column)
         x = numeric(sample.column(d.column))[0]
         missing = np.isnan(x)
-        auc = _auc(np.where(missing, -np.inf, x), clicked)
+        auc = roc_auc(clicked, np.where(missing, -np.inf, x))
         if max(auc, 1 - auc) >= LEAK_AUC:
             where = f", {missing.mean():.0%} of them without a value (scored lowest)" if missing.any() else ""
             out.append(f"dense feature {d.name!r} (column {d.column!r}) alone orders the {n:,} eval-sample rows "
@@ -66,7 +59,7 @@ def leak_warnings(cfg: Config, sample: pa.Table) -> list[str]:
         if len(values) < 2 or len(values) * ROWS_PER_VALUE > n:
             continue
         rate = np.bincount(inverse, weights=clicked) / np.bincount(inverse)
-        auc = _auc(rate[inverse], clicked)
+        auc = roc_auc(clicked, rate[inverse])
         if auc >= LEAK_AUC:
             out.append(f"feature {f.name!r} (column {f.column!r}): its {len(values)} values alone sort the {n:,} "
                        f"eval-sample rows by their label (column {cfg.label.column!r}), AUC {auc:.3f} from each "

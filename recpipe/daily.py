@@ -165,9 +165,9 @@ def step_bless(dc: DailyConfig, day: str, say) -> int:
     import pyarrow.parquet as pq
     import tensorflow as tf
 
+    from features.metrics import roc_auc
     from features.records import read_single_batch
     from serving.export import same_rows_recall, sample_auc
-    from trainers.metrics import roc_auc
     from trainers.model_dir import ModelDir
     d = _day_dir(dc, day)
     model_dir = ModelDir(d.model_root)

@@ -40,13 +40,13 @@ from features.records import read_single_batch
 from features.transform import (FeatureTransform, canonicalize_request, example_spec, examples_from_arrow,
                                 int64_nulls, request_from_arrow, request_from_examples, request_spec, string_ids,
                                 INTEGER_ID_DTYPES)
+from features.metrics import roc_auc
 from serving.prune import Pruning, prune_model, prune_vocabularies, pruned_candidates, pruned_records
 from serving.quantize import quantize_model
 from serving.registry import load_version
 from serving.warmup import missing_rows, warmup_logs, write_warmup
 from serving.version import EXAMPLES_SIGNATURE, TEMP_PREFIX, ExportBase, ExportedVersion, ExportMeta
 from trainers.candidates import read_clicks
-from trainers.metrics import roc_auc
 from trainers.model_dir import ModelDir, check_same_transform
 
 __all__ = ["export_model", "skew_check", "examples_check", "differing_features", "SkewError",

@@ -292,9 +292,9 @@ def test_the_truth_column_changes_nothing_else_and_scores_each_days_eval_rows(tm
     """pipeline.synthetic's `truth_column` adds each row's click probability and leaves every other
     column as it was; the lifecycle bench's oracle AUC scores the day's eval rows (those after the
     Beam job's time cutoff) with it."""
+    from features.metrics import roc_auc
     from pipeline.synthetic import TRUTH_COLUMN, GenerateSpec, generate_log
     from recpipe.bench.lifecycle import oracle_aucs
-    from trainers.metrics import roc_auc
     spec = dict(rows=6_000, days=2, seed=7, num_users=200, num_items=100, item_drift=20)
     generate_log(GenerateSpec(**spec), str(tmp_path / "plain"))
     generate_log(GenerateSpec(**spec, truth_column=True), str(tmp_path / "truth"))

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from trainers.metrics import auc_standard_error, log_loss, roc_auc
+from features.metrics import auc_standard_error, log_loss, roc_auc
 
 
 def _pairwise_auc(y, s):
@@ -22,6 +22,10 @@ def test_auc_edges():
     assert roc_auc([0, 1], [0.1, 0.9]) == 1.0
     assert roc_auc([0, 1], [0.9, 0.1]) == 0.0
     assert np.isnan(roc_auc([1, 1], [0.1, 0.9]))
+    # infinite scores tie too (the leak check scores a missing value -inf): np.diff made -inf - -inf NaN, a
+    # boundary, so tied rows got distinct ranks
+    y, s = np.array([1, 1, 0, 0]), np.array([-np.inf, -np.inf, -np.inf, 0.0])
+    assert roc_auc(y, s) == pytest.approx(_pairwise_auc(y, s)) == pytest.approx(0.25)  # was 0
 
 
 def test_log_loss():
@@ -30,7 +34,7 @@ def test_log_loss():
 
 
 def test_rank_recall_ndcg():
-    from trainers.metrics import ndcg_at_k, rank_of_true, recall_at_k
+    from features.metrics import ndcg_at_k, rank_of_true, recall_at_k
     scores = np.array([[0.9, 0.1, 0.5], [0.2, 0.2, 0.1], [0.0, 1.0, 2.0]])
     ranks = rank_of_true(scores, np.array([0, 1, 0]))
     assert ranks.tolist() == [0, 1, 2]  # a tie counts against the true item

@@ -17,9 +17,9 @@ import tensorflow as tf
 
 from features.canonical import LABEL_KEY
 from features.config import Config
+from features.metrics import rank_of_true
 from features.preprocessed import PreprocessedData
 from trainers.data import make_dataset
-from trainers.metrics import rank_of_true
 
 __all__ = ["Candidates", "Clicks", "read_clicks", "ranks", "has_history", "query_key_feature", "history_feature"]
 

@@ -15,11 +15,11 @@ import tensorflow as tf
 from features.canonical import LABEL_KEY
 from features.artifact import TransformArtifact
 from features.config import Config, SliceSpec
+from features.metrics import log_loss, mrr_at_k, ndcg_at_k, recall_at_k, reliability_table, roc_auc
 from trainers.candidates import Candidates, Clicks, has_history, ranks, read_clicks
 from trainers.data import make_dataset
 from trainers.errors import TrainError
 from trainers.slices import ranking_slices, retrieval_slices, slice_labels, slice_name
-from trainers.metrics import log_loss, mrr_at_k, ndcg_at_k, recall_at_k, reliability_table, roc_auc
 
 __all__ = ["score", "Slicing", "ranking_scores", "retrieval_clicks", "retrieval_scores", "baselines",
            "HIGHER_IS_BETTER", "undefined_metrics"]

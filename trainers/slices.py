@@ -14,7 +14,7 @@ from features.artifact import TransformArtifact
 import dataclasses
 
 from features.config import Config, ConfigError, EvaluateSpec, SliceSpec, check_config, literal_choices
-from trainers.metrics import log_loss, recall_at_k, roc_auc
+from features.metrics import log_loss, recall_at_k, roc_auc
 
 __all__ = ["slice_labels", "ranking_slices", "retrieval_slices", "slice_name", "parse_slice", "check_slices"]
 

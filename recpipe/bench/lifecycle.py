@@ -49,6 +49,7 @@ import yaml
 
 from features import fsio
 from features.artifact import TransformArtifact
+from features.metrics import auc_standard_error, roc_auc
 from features.preprocessed import PreprocessedData
 from features.transform import request_from_arrow
 from pipeline.analysis import split_cutoffs_from_histogram, ts_histogram
@@ -61,7 +62,6 @@ from recpipe.bench.lifecycle_memory import markdown as memory_markdown
 from serving.export import export_model, sample_auc
 from serving.registry import load_version
 from serving.version import ExportBase
-from trainers.metrics import auc_standard_error, roc_auc
 
 __all__ = ["bench_lifecycle", "markdown", "lifecycle_config"]
 

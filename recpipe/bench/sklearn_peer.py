@@ -8,9 +8,9 @@ import numpy as np
 
 from features.canonical import LABEL_KEY
 from features.config import Config
+from features.metrics import log_loss, roc_auc
 from features.preprocessed import PreprocessedData
 from trainers.data import make_dataset
-from trainers.metrics import log_loss, roc_auc
 
 __all__ = ["design_matrix", "sklearn_logistic"]
 

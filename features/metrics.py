@@ -7,7 +7,8 @@ __all__ = ["roc_auc", "auc_standard_error", "log_loss", "rank_of_true", "recall_
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve by the rank-sum formula, ties counted half. NaN if one class."""
+    """Area under the ROC curve by the rank-sum formula, ties counted half (infinite scores too). NaN if one
+    class."""
     labels = np.asarray(labels, dtype=np.float64).ravel()
     scores = np.asarray(scores, dtype=np.float64).ravel()
     pos = labels > 0.5
@@ -18,7 +19,7 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
     sorted_scores = scores[order]
     ranks = np.empty(len(scores), dtype=np.float64)
     # average rank within each run of tied scores
-    boundaries = np.flatnonzero(np.diff(sorted_scores)) + 1
+    boundaries = np.flatnonzero(sorted_scores[1:] != sorted_scores[:-1]) + 1  # not np.diff: -inf - -inf is NaN
     starts = np.concatenate([[0], boundaries])
     ends = np.concatenate([boundaries, [len(scores)]])
     avg = (starts + ends - 1) / 2.0 + 1.0
