@@ -345,6 +345,19 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
             "on 10.78.0.1 keeps the run's checkpoints in its own --model-dir; rerun the same command on every host "
             "to resume") in outs[1], outs[1][-2000:]
 
+    # the first host goes down mid-run (its launcher and ranks killed): the other names the silent rendezvous
+    def kill_host_0(procs: list) -> None:
+        import psutil
+        _wait_for_step(ModelDir(str(tmp_path / "z_0")), 0, procs[0])
+        launcher = psutil.Process(procs[0].pid)
+        for p in [launcher, *launcher.children(recursive=True)]:
+            p.kill()
+    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("z", i)[:2], "--steps", "5000"]
+                              for i in range(2)], during=kill_host_0)
+    assert codes[1] == 1 and ("; the first host's rendezvous (10.78.0.1:29500) does not answer either: is `recpipe "
+                              "train ... --host-index 0` on 10.78.0.1 still running, and its host up?, so the job "
+                              "stopped: rank 0 on 10.78.0.1 keeps") in outs[1], outs[1][-2000:]
+
     # host 1 stops before starting its ranks: it tells the first host's rendezvous store, which stops at once
     # naming it (before: after Gloo's 300 s, by SIGABRT, naming nothing)
     t0 = time.monotonic()

@@ -141,7 +141,10 @@ class HostJob:
             while not self._look_for_report() and time.monotonic() < deadline:
                 time.sleep(0.5)
             if not self.stopped:
-                raise self._stopped(opts, death.cause)
+                gone = "" if self._look() else (
+                    f"; the first host's rendezvous ({self._where}) does not answer either: is `recpipe train ... "
+                    f"--host-index 0` on {self.hosts[0].hostname} still running, and its host up?")
+                raise self._stopped(opts, death.cause + gone)
         if self.stopped:
             raise self._stopped_error(opts)
         if any(slot.rank == 0 for slot in mine):
@@ -174,8 +177,8 @@ class HostJob:
             time.sleep(1.0)
 
     def _look_for_report(self) -> bool:
-        self._look()
-        return bool(self.stopped)
+        """Whether a report has come (_look), or the store no longer answers."""
+        return not self._look() or bool(self.stopped)
 
     def _look(self) -> bool:
         """Read the store for a stopped host's report (kept in self.stopped; a host other than the first says
