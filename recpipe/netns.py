@@ -3,7 +3,9 @@ measuring the cluster paths (PS, Horovod, Dask) over a real network stack.
 
 Each host is a namespace with one interface `eth0` (ADDRESS/24, e.g. 10.78.0.1 for host 0) whose veth
 peer sits on a bridge inside a namespace of its own, so nothing is added to the machine's own
-network. Links can be shaped with `tc tbf` (netem is not assumed). Everything is created on enter
+network. Links can be shaped with `tc tbf` (netem is not assumed). A host can be given names to resolve
+(`know`: lines of its own /etc/hosts, which `ip netns exec` mounts from /etc/netns/NAME/hosts), as a
+cluster's DNS learns a host's name when it starts. Everything is created on enter
 and removed on exit, also when the body fails; namespaces left by a killed run (their owner pid
 is gone) are removed by the next one. Needs root (CAP_NET_ADMIN) and iproute2.
 """
@@ -21,6 +23,7 @@ __all__ = ["VirtualHosts", "netns_available", "NetnsError"]
 
 PREFIX = "rp"            # namespace names: rp<owner pid>-br, rp<owner pid>-h<i>
 SUBNET = "10.78.0"
+NETNS_ETC = "/etc/netns"  # `ip netns exec NS` bind-mounts /etc/netns/NS/FILE over /etc/FILE
 
 
 class NetnsError(RuntimeError):
@@ -57,6 +60,7 @@ def _remove_stale() -> None:
         if not os.path.exists(f"/proc/{pid}"):
             _kill_processes(ns)
             subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+            shutil.rmtree(os.path.join(NETNS_ETC, ns), ignore_errors=True)
 
 
 def _kill_processes(ns: str) -> None:
@@ -109,6 +113,18 @@ class VirtualHosts:
         if self.rate:
             self.shape(self.rate)
 
+    def know(self, i: int, names: dict[int, str]) -> None:
+        """Host i resolves each names[j] to host j's address from now on (its /etc/hosts, appended in place:
+        a running process's resolver reads it at its next lookup). Before a host's first `know`, its commands
+        see the machine's own /etc/hosts."""
+        folder = os.path.join(NETNS_ETC, self.names[i])
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, "hosts")
+        with open(path, "a") as fh:
+            if fh.tell() == 0:
+                fh.write("127.0.0.1 localhost\n")
+            fh.writelines(f"{self.address(j)} {name}\n" for j, name in names.items())
+
     def close(self) -> None:
         for p in self._procs:
             if p.poll() is None:
@@ -121,6 +137,7 @@ class VirtualHosts:
         for ns in [*self.names, self.bridge_ns]:
             _kill_processes(ns)
             subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+            shutil.rmtree(os.path.join(NETNS_ETC, ns), ignore_errors=True)
 
     # ------------------------------------------------------------ use
     def address(self, i: int) -> str:

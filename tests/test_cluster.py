@@ -234,17 +234,20 @@ def test_horovod_across_hosts_without_ssh(tmp_path, preprocessed, small_cfg_path
 
 def _two_hosts(args: list[Optional[list[str]]], timeout: int = 600, host_env: tuple[dict, dict] = ({}, {}),
                delays: tuple[float, float] = (0, 0), during: Optional[Callable[[list], None]] = None,
-               **env) -> tuple[list[int], list[str]]:
+               names: Optional[tuple[str, str]] = None, **env) -> tuple[list[int], list[str]]:
     """`recpipe train --strategy horovod` on 2 virtual hosts, each with its own arguments (None: the command
     is not run there), `host_env` and start `delays` (seconds), from outside the source tree (`python -m`
     puts the working folder first on the path); `during(processes)` once all have started; (exit codes,
-    outputs), None for a host that ran nothing."""
+    outputs), None for a host that ran nothing. With `names`, --hosts lists them, and every host resolves a
+    host's name from when that host starts, as a cluster's DNS learns a pod's."""
     with VirtualHosts(2) as hosts:
-        host_list = ",".join(hosts.address(i) for i in range(2))
+        host_list = ",".join(names or [hosts.address(i) for i in range(2)])
         procs: list[Optional[subprocess.Popen]] = [None, None]
         t0 = time.monotonic()
         for i in sorted(range(2), key=lambda i: delays[i]):
             time.sleep(max(0.0, t0 + delays[i] - time.monotonic()))
+            for j in range(2) if names else ():
+                hosts.know(j, {i: names[i]})
             if args[i] is not None:
                 procs[i] = hosts.popen(i, [sys.executable, "-m", "recpipe.cli", "train", "--strategy", "horovod",
                                            "--hosts", host_list, "--host-index", str(i), "--threads", "1", *args[i]],
@@ -311,14 +314,18 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
                                    for out in outs), outs
 
     for steps in ("20", "40"):  # the second run resumes: rank 0 from its checkpoint, rank 1 from rank 0's weights
-        # the first run's first host starts 15 s after the other: the other waits for its rendezvous (before,
-        # its rank's Gloo client gave up after a few refused connections and died by SIGABRT)
+        # the first run's first host starts 15 s after the other, and the hosts are named: the other waits for
+        # its rendezvous (before, its rank's Gloo client gave up after a few refused connections and died by
+        # SIGABRT; a name that did not resolve yet failed at once)
+        first = steps == "20"
         codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("c", i)[:2], "--steps", steps]
-                                  for i in range(2)], delays=(15, 0) if steps == "20" else (0, 0))
+                                  for i in range(2)], delays=(15, 0) if first else (0, 0),
+                                 names=("trainer-a", "trainer-b") if first else None)
         assert codes == [0, 0], outs
-        if steps == "20":
-            assert ("train: waiting for the first host's rendezvous (10.78.0.1:29500) to answer (0 s of up to 300): "
-                    "is `recpipe train ... --host-index 0` on 10.78.0.1 running?") in outs[1], outs[1]
+        if first:
+            assert ("train: waiting for the first host's rendezvous (trainer-a:29500) to answer (0 s of up to 300): "
+                    "is `recpipe train ... --host-index 0` on trainer-a running?") in outs[1], outs[1]
+            assert "ranks [1] of 2; rendezvous trainer-a:29500" in outs[1]
     assert f"resuming from {tmp_path / 'c_0' / 'checkpoints'}/ckpt-20 at step 20" in outs[0]
     assert ModelDir(str(tmp_path / "c_0")).latest_step() == 40 and not ModelDir(str(tmp_path / "c_1")).latest_step()
     with pytest.raises(TrainError) as kept:  # rank 1's own model dir says where the checkpoints are

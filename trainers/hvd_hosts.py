@@ -71,7 +71,9 @@ class HostJob:
         self.plan = get_host_assignments(self.hosts, sum(h.slots for h in self.hosts))
         self.index = {h.hostname: i for i, h in enumerate(self.hosts)}
         self.me = self.hosts[run.host_index].hostname
-        self.first = _address(self.hosts[0].hostname)
+        # the first host's address, for the ranks' Gloo client: known once its store answers (a scheduler's
+        # DNS name, e.g. a Kubernetes pod's, resolves only once that host is up)
+        self.first: Optional[str] = _address(self.me) if run.host_index == 0 else None
         self.server = None  # the first host's rendezvous server
         self.ranks_started = threading.Event()
         self.stopped: list[dict] = []  # the report of a host that stopped before starting its ranks
@@ -97,12 +99,12 @@ class HostJob:
 
     @property
     def _where(self) -> str:
-        return f"{self.first}:{self.run.rendezvous_port}"
+        return f"{self.hosts[0].hostname}:{self.run.rendezvous_port}"
 
     def launch(self, opts: TrainOptions, total: int) -> TrainState:
         """Start this host's ranks (once the first host's store answers) and supervise them."""
         say = self.say
-        iface = interface_of(_address(self.me))
+        iface = interface_of(_address(self.me, gloo_timeout_seconds(), self.say))
         mine = [slot for slot in self.plan if slot.hostname == self.me]
         say(f"train: horovod host {self.run.host_index} ({self.me}, {iface}): ranks {[s.rank for s in mine]} of "
             f"{len(self.plan)}; rendezvous {self._where}")
@@ -163,6 +165,7 @@ class HostJob:
             if self.stopped:
                 raise self._stopped_error(opts)
             if answered:
+                self.first = _address(self.hosts[0].hostname)
                 return
             waited = time.monotonic() - t0
             if waited >= timeout:
@@ -294,11 +297,19 @@ def slot_env(slot, rendezvous_addr: str, rendezvous_port: int, iface: str) -> di
             "HOROVOD_GLOO_TIMEOUT_SECONDS": f"{gloo_timeout_seconds():g}"}
 
 
-def _address(host: str) -> str:
-    try:
-        return socket.gethostbyname(host)
-    except OSError as e:
-        raise TrainError(f"--hosts: cannot resolve {host!r} ({e})") from None
+def _address(host: str, wait: float = 0.0, say: Callable[[str], None] = print) -> str:
+    """`host`'s IPv4 address, trying for `wait` seconds (a scheduler's DNS may not know a host just started)."""
+    deadline, said = time.monotonic() + wait, False
+    while True:
+        try:
+            return socket.gethostbyname(host)
+        except OSError as e:
+            if time.monotonic() >= deadline:
+                raise TrainError(f"--hosts: cannot resolve {host!r} ({e})") from None
+            if not said:
+                say(f"train: waiting for {host!r} to resolve ({e})")
+                said = True
+            time.sleep(1.0)
 
 
 def interface_of(address: str) -> str:
