@@ -419,7 +419,8 @@ def build_parser() -> argparse.ArgumentParser:
     dl.set_defaults(fn=cmd_daily, beam=True, own_flags=("--project", "--day"))
 
     cl = sub.add_parser("cluster", help="Kubernetes manifests for one day: DaskJob (preprocess), TFJob (PS), "
-                                        "MPIJob (Horovod), validated offline against the CRDs' schemas")
+                                        "MPIJob (Horovod), an Indexed Job + headless Service (Horovod without "
+                                        "ssh), validated offline against their schemas")
     cl.add_argument("action", choices=["render"])
     cl.add_argument("--project", required=True, help="the daily project YAML (its paths: shared storage)")
     cl.add_argument("--day", required=True, help="YYYY-MM-DD")

@@ -4,9 +4,12 @@ each validated offline against the vendored schemas (recpipe/k8s_schemas, see SO
 Written to OUT/: a ConfigMap holding the project and feature config (mounted at /etc/recpipe), a
 dask-kubernetes `DaskJob` running the preprocess step on a Dask cluster the operator starts
 (`--runner dask --dask-address $(DASK_SCHEDULER_ADDRESS)`), a Kubeflow `TFJob` for PS training
-(chief/worker/ps replicas; the operator sets TF_CONFIG, which `recpipe train` follows) and an
+(chief/worker/ps replicas; the operator sets TF_CONFIG, which `recpipe train` follows), an
 `MPIJob` (v2beta1) for Horovod (the launcher runs `horovodrun --gloo` over the hostfile the operator
-writes; workers run sshd). Every pod runs the same image and `recpipe daily STEP`, so warm start,
+writes; workers run sshd), and Horovod without ssh or an operator: an Indexed `Job` whose pods are the
+hosts of `recpipe train --hosts` (pod i reads the project variant naming it host i; the pods find one
+another by the names a headless `Service` gives them, and may start in any order). Every pod runs the
+same image and `recpipe daily STEP`, so warm start,
 vocabulary continuity and idempotence are the daily pipeline's own. The project's data paths must be
 on storage every pod mounts at the same path (`--volume-claim`).
 """
@@ -30,7 +33,10 @@ __all__ = ["RenderOptions", "render", "validate", "write_manifests", "ManifestEr
 
 SCHEMAS = Path(__file__).resolve().parent / "k8s_schemas"
 MOUNT = "/etc/recpipe"
-_SCHEMA_FILES = {("v1", "ConfigMap"): None, ("kubeflow.org/v1", "TFJob"): "tfjob-v1.json",
+# core resources: their definition in kubernetes-definitions.json; custom resources: their own schema file
+_DEFINITIONS = {("v1", "ConfigMap"): "io.k8s.api.core.v1.ConfigMap", ("v1", "Service"): "io.k8s.api.core.v1.Service",
+                ("batch/v1", "Job"): "io.k8s.api.batch.v1.Job"}
+_SCHEMA_FILES = {("kubeflow.org/v1", "TFJob"): "tfjob-v1.json",
                  ("kubeflow.org/v2beta1", "MPIJob"): "mpijob-v2beta1.json",
                  ("kubernetes.dask.org/v1", "DaskJob"): "daskjob-v1.json",
                  ("kubernetes.dask.org/v1", "DaskCluster"): "daskcluster-v1.json"}
@@ -60,13 +66,12 @@ def _validator(api_version: str, kind: str):
     from referencing import Registry, Resource
     definitions = json.loads((SCHEMAS / "kubernetes-definitions.json").read_text())
     registry = Registry().with_resource(definitions["$id"], Resource.from_contents(definitions))
-    name = _SCHEMA_FILES.get((api_version, kind), "missing")
-    if name is None:  # a core resource: its definition in the Kubernetes file
-        schema = {"$ref": f"{definitions['$id']}#/$defs/io.k8s.api.core.{api_version}.{kind}"}
-    elif name == "missing":
-        raise ManifestError(f"{api_version} {kind}: no vendored schema to validate it against")
+    if (api_version, kind) in _DEFINITIONS:
+        schema = {"$ref": f"{definitions['$id']}#/$defs/{_DEFINITIONS[api_version, kind]}"}
+    elif (api_version, kind) in _SCHEMA_FILES:
+        schema = json.loads((SCHEMAS / _SCHEMA_FILES[api_version, kind]).read_text())
     else:
-        schema = json.loads((SCHEMAS / name).read_text())
+        raise ManifestError(f"{api_version} {kind}: no vendored schema to validate it against")
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
@@ -105,13 +110,22 @@ def _daily(step: str, project: str, day: str) -> list[str]:
     return ["recpipe", "daily", step, "--project", f"{MOUNT}/{project}", "--day", day]
 
 
-def _project_variants(dc: DailyConfig) -> dict[str, str]:
-    """project.yaml and one variant per training strategy, their config path inside the mount."""
+def _host_variant(i: int | str) -> str:
+    """The project variant of host i of the Horovod job without ssh (i: an index, or the pod's $(HOST_INDEX))."""
+    return f"project-horovod-host-{i}.yaml"
+
+
+def _project_variants(dc: DailyConfig, hosts: list[str]) -> dict[str, str]:
+    """project.yaml, one variant per training strategy, and one per host of the Horovod job without ssh
+    (`hosts`), their config path inside the mount."""
     out = {}
-    for key, strategy in (("project.yaml", dc.train.strategy), ("project-ps.yaml", "ps"),
-                          ("project-horovod.yaml", "horovod")):
-        train = {k: v for k, v in dataclasses.asdict(dataclasses.replace(dc.train, strategy=strategy)).items()
-                 if v is not None}
+    run = dataclasses.replace(dc.train, hosts=None, host_index=0)
+    variants = [("project.yaml", dc.train), ("project-ps.yaml", dataclasses.replace(run, strategy="ps")),
+                ("project-horovod.yaml", dataclasses.replace(run, strategy="horovod"))]
+    variants += [(_host_variant(i), dataclasses.replace(run, strategy="horovod", hosts=",".join(hosts), host_index=i))
+                 for i in range(len(hosts))]
+    for key, variant in variants:
+        train = {k: v for k, v in dataclasses.asdict(variant).items() if v is not None}
         out[key] = yaml.safe_dump({"log_root": dc.log_root, "work_root": dc.work_root, "model_base": dc.model_base,
                                    "config": f"{MOUNT}/config.yaml", "train": train,
                                    "bless_tolerance": dc.bless_tolerance}, sort_keys=False)
@@ -122,9 +136,11 @@ def render(o: RenderOptions) -> list[dict]:
     dc = load_daily_config(o.project)
     cfg = load_config(dc.config)
     run, day = dc.train, o.day
+    hosts_name = f"{o.name}-train-hosts-{day}"  # the Indexed Job's, and its headless Service's
+    hosts = [f"{hosts_name}-{i}.{hosts_name}" for i in range(run.np)]  # pod i's hostname . the Service
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(o, f"{o.name}-project", "config"),
                   "data": {"config.yaml": yaml.safe_dump(config_to_dict(cfg), sort_keys=False),
-                           **_project_variants(dc)}}
+                           **_project_variants(dc, hosts)}}
     dask_port = [{"name": "tcp-comm", "containerPort": 8786, "protocol": "TCP"}]
     dask_job = {"apiVersion": "kubernetes.dask.org/v1", "kind": "DaskJob",
                 "metadata": _meta(o, f"{o.name}-preprocess-{day}", "preprocess"),
@@ -142,7 +158,8 @@ def render(o: RenderOptions) -> list[dict]:
                                                             "dask.org/component": "scheduler"}}}}}}}
     tf_port = [{"name": "tfjob-port", "containerPort": 2222, "protocol": "TCP"}]
     tf_pod = _pod(o, "tensorflow", _daily("train", "project-ps.yaml", day), tf_port)
-    tfjob = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob", "metadata": _meta(o, f"{o.name}-train-ps-{day}", "train"),
+    tfjob = {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
+             "metadata": _meta(o, f"{o.name}-train-ps-{day}", "train"),
              "spec": {"runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 3},
                       "tfReplicaSpecs": {
                           # a dead worker or PS is restarted and rejoins; a restarted chief resumes from its checkpoint
@@ -161,10 +178,34 @@ def render(o: RenderOptions) -> list[dict]:
                            "Launcher": {"replicas": 1, "restartPolicy": "OnFailure", "template": launcher},
                            "Worker": {"replicas": ranks, "restartPolicy": "OnFailure",
                                       "template": _pod(o, "worker", ["/usr/sbin/sshd", "-De"])}}}}
-    manifests = [config_map, dask_job, tfjob, mpijob]
+    manifests = [config_map, dask_job, tfjob, mpijob,
+                 *_horovod_hosts(o, run.rendezvous_port, hosts_name, len(hosts))]
     for m in manifests:
         validate(m)
     return manifests
+
+
+def _horovod_hosts(o: RenderOptions, port: int, name: str, n: int) -> list[dict]:
+    """Horovod without ssh: an Indexed Job of n pods, pod i running `recpipe daily train` on the project
+    variant that makes it host i of `--hosts` (its index from the Job's annotation), and the headless
+    Service under which pod i's hostname NAME-i resolves (NAME-i.NAME, also before it is ready: the
+    hosts look each other up while they start). Pods may start in any order: the others wait for the
+    first host's rendezvous. A pod that fails restarts in place; the job stops on every host, and the
+    same command resumes from rank 0's last checkpoint on the shared volume."""
+    selector = {"recpipe.dev/train-hosts": name}
+    pod = _pod(o, "trainer", _daily("train", _host_variant("$(HOST_INDEX)"), o.day),
+               [{"name": "rendezvous", "containerPort": port, "protocol": "TCP"}])
+    pod["metadata"] = {"labels": selector}
+    pod["spec"].update(subdomain=name, restartPolicy="OnFailure")
+    pod["spec"]["containers"][0]["env"] = [{"name": "HOST_INDEX", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}]
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(o, name, "train"),
+           "spec": {"completionMode": "Indexed", "completions": n, "parallelism": n, "backoffLimit": 3,
+                    "template": pod}}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": _meta(o, name, "train"),
+               "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": selector,
+                        "ports": [{"name": "rendezvous", "port": port, "targetPort": port, "protocol": "TCP"}]}}
+    return [job, service]
 
 
 def write_manifests(manifests: list[dict], out_dir: str) -> list[str]:

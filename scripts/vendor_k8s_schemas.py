@@ -4,7 +4,7 @@ recpipe/k8s_schemas/. Run once by a maintainer (needs pip's registry), then comm
     .venv/bin/python scripts/vendor_k8s_schemas.py
 
 Sources (see recpipe/k8s_schemas/SOURCES.md for versions and licences):
-  - Kubernetes' own JSON schemas (PodTemplateSpec, ConfigMap and everything they reference), from the
+  - Kubernetes' own JSON schemas (PodTemplateSpec, ConfigMap, Job, Service and everything they reference), from the
     kubernetes-validate wheel (generated from the Kubernetes OpenAPI spec);
   - the DaskCluster and DaskJob CRDs' openAPIV3Schema, from the dask-kubernetes wheel (its Helm CRDs);
   - Kubeflow's TFJob (kubeflow.org/v1) and MPIJob (kubeflow.org/v2beta1) CRDs: their structure outside
@@ -107,7 +107,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         kv = _download(KUBERNETES_VALIDATE, tmp)
         defs = json.loads(kv.read(f"kubernetes_validate/kubernetes-json-schema/{K8S}/_definitions.json"))["$defs"]
-        keep, stack = set(), ["io.k8s.api.core.v1.PodTemplateSpec", "io.k8s.api.core.v1.ConfigMap"]
+        keep, stack = set(), ["io.k8s.api.core.v1.PodTemplateSpec", "io.k8s.api.core.v1.ConfigMap",
+                              "io.k8s.api.batch.v1.Job", "io.k8s.api.core.v1.Service"]
         while stack:
             name = stack.pop()
             if name not in keep:

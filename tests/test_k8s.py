@@ -31,7 +31,7 @@ def _by_kind(manifests):
 
 def test_render_writes_every_engine_from_one_project(project):
     m = _by_kind(render(RenderOptions(project, "2026-01-02", "reg.example/recpipe:1", volume_claim="data")))
-    assert set(m) == {"ConfigMap", "DaskJob", "TFJob", "MPIJob"}
+    assert set(m) == {"ConfigMap", "DaskJob", "TFJob", "MPIJob", "Job", "Service"}
     tf = m["TFJob"]["spec"]["tfReplicaSpecs"]
     assert {k: v["replicas"] for k, v in tf.items()} == {"Chief": 1, "Worker": 3, "PS": 2}
     chief = tf["Chief"]["template"]["spec"]["containers"][0]
@@ -47,6 +47,24 @@ def test_render_writes_every_engine_from_one_project(project):
         dc = build_typed(DailyConfig, yaml.safe_load(data[key]))
         assert dc.train.strategy == strategy and dc.config == "/etc/recpipe/config.yaml" and dc.train.np == 4
     assert yaml.safe_load(data["config.yaml"])["name"] == "small_ctr"
+    # Horovod without ssh: pod i of an Indexed Job is host i of `--hosts`, named by a headless Service
+    name = "recpipe-train-hosts-2026-01-02"
+    job, service = m["Job"], m["Service"]
+    assert job["metadata"]["name"] == service["metadata"]["name"] == name
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == job["spec"]["parallelism"] == 4
+    pod = job["spec"]["template"]
+    trainer = pod["spec"]["containers"][0]
+    assert trainer["args"][:5] == ["recpipe", "daily", "train", "--project",
+                                   "/etc/recpipe/project-horovod-host-$(HOST_INDEX).yaml"]
+    assert trainer["env"] == [{"name": "HOST_INDEX", "valueFrom": {"fieldRef": {
+        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}]
+    assert pod["spec"]["subdomain"] == name and service["spec"]["selector"] == pod["metadata"]["labels"]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    hosts = ",".join(f"{name}-{i}.{name}" for i in range(4))  # an Indexed Job's pod i is named NAME-i
+    for i in range(4):
+        dc = build_typed(DailyConfig, yaml.safe_load(data[f"project-horovod-host-{i}.yaml"]))
+        assert (dc.train.strategy, dc.train.hosts, dc.train.host_index) == ("horovod", hosts, i)
+    assert "project-horovod-host-4.yaml" not in data
 
 
 def test_validator_rejects_what_the_api_server_would(project):
@@ -70,6 +88,15 @@ def test_validator_rejects_what_the_api_server_would(project):
     bad = copy.deepcopy(good["ConfigMap"])
     bad["data"]["config.yaml"] = 3
     cases.append((bad, "data.config.yaml"))
+    bad = copy.deepcopy(good["Job"])
+    bad["spec"]["completions"] = "4"
+    cases.append((bad, "spec.completions"))
+    bad = copy.deepcopy(good["Job"])
+    bad["spec"]["template"]["spec"]["subdomainn"] = "x"
+    cases.append((bad, "spec.template.spec"))
+    bad = copy.deepcopy(good["Service"])
+    bad["spec"]["ports"][0]["port"] = "rendezvous"
+    cases.append((bad, "spec.ports.0.port"))
     for manifest, where in cases:
         with pytest.raises(ManifestError, match=where.replace(".", r"\.")):
             validate(manifest)
@@ -82,7 +109,7 @@ def test_cli_render_and_daily_options(project, tmp_path):
                           "2026-01-02", "--image", "img", "--out", str(tmp_path / "k8s")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert len(list((tmp_path / "k8s").glob("*.yaml"))) == 4 and out.stdout.count("validated") == 4
+    assert len(list((tmp_path / "k8s").glob("*.yaml"))) == 6 and out.stdout.count("validated") == 6
     wrong = subprocess.run([sys.executable, "-m", "recpipe.cli", "daily", "train", "--project", project, "--day",
                             "2026-01-02", "--runner", "dask"], capture_output=True, text=True, timeout=120)
     assert wrong.returncode == 1 and "only `daily preprocess` takes Beam options" in wrong.stderr
