@@ -232,6 +232,75 @@ def test_horovod_across_hosts_without_ssh(tmp_path, preprocessed, small_cfg_path
     assert evaluate(model_dir, data)["auc"] > 0.6  # 0.64 measured: 150 steps of 3 x 128 rows
 
 
+@needs_netns
+def test_the_rendered_horovod_hosts_job_trains_across_hosts(tmp_path, preprocessed, small_cfg_path):
+    """`recpipe cluster render`'s Indexed Job for Horovod without ssh, run as Kubernetes would run it: pod i's
+    container args with its $(HOST_INDEX) expanded and the ConfigMap's files at their mount, each pod on a
+    host of its own sharing one work folder (the volume), its name known to the others only once it starts
+    (the headless Service's DNS), the last pod first."""
+    import yaml
+    from recpipe.k8s import MOUNT, RenderOptions, render
+    day = "2026-01-05"
+    shutil.copytree(preprocessed[0], tmp_path / "work" / day / "preprocessed")
+    project = tmp_path / "project.yaml"
+    project.write_text(yaml.safe_dump({"log_root": str(tmp_path / "log"), "work_root": str(tmp_path / "work"),
+                                       "model_base": str(tmp_path / "serving"), "config": small_cfg_path,
+                                       "train": {"strategy": "horovod", "np": 2, "threads": 1, "steps": 30}}))
+    manifests = {m["kind"]: m for m in render(RenderOptions(str(project), day, "img"))}
+    mount = tmp_path / "etc-recpipe"
+    mount.mkdir()
+    for key, text in manifests["ConfigMap"]["data"].items():
+        (mount / key).write_text(text.replace(MOUNT, str(mount)))
+    job = manifests["Job"]
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][0] == "recpipe"
+    service = manifests["Service"]["metadata"]["name"]
+    names = {i: f"{job['metadata']['name']}-{i}.{service}" for i in range(job["spec"]["completions"])}
+    with VirtualHosts(len(names)) as hosts:
+        procs = {}
+        for i in sorted(names, reverse=True):
+            for j in names:
+                hosts.know(j, {i: names[i]})
+            args = [a.replace("$(HOST_INDEX)", str(i)).replace(MOUNT, str(mount)) for a in container["args"][1:]]
+            procs[i] = hosts.popen(i, [sys.executable, "-m", "recpipe.cli", *args], stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, cwd="/")
+            time.sleep(10)
+        outs = {i: p.communicate(timeout=600)[0] for i, p in procs.items()}
+    assert all(p.returncode == 0 for p in procs.values()), outs
+    assert f"waiting for the first host's rendezvous ({names[0]}:29500)" in outs[1], outs[1]
+    state = ModelDir(str(tmp_path / "work" / day / "model")).state()
+    assert state.ranks == 2 and state.steps_done == 30, state
+
+
+@needs_netns
+def test_a_restarted_host_waits_out_the_last_attempts_end(tmp_path, preprocessed, small_cfg_path):
+    """The first host serves a stopped attempt's report until every host has read it (up to 30 s). A host
+    started meanwhile (a Kubernetes pod's container restarted) read that report and stopped at once, spending
+    one of its Job's retries, as often as it restarted within those 30 s; it now waits for the first host's
+    next attempt."""
+    data = preprocessed[0]
+    with VirtualHosts(2) as hosts:
+        host_list = f"{hosts.address(0)},{hosts.address(1)}"
+
+        def start(i: int, data_dir: str) -> subprocess.Popen:
+            return hosts.popen(i, _train(data_dir, str(tmp_path / f"m{i}"), "--strategy", "horovod", "--hosts",
+                                         host_list, "--host-index", str(i), "--config", small_cfg_path, "--steps",
+                                         "20", "--threads", "1"),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/")
+        failing = start(0, str(tmp_path / "missing"))  # served until host 1 has read it, up to 30 s
+        time.sleep(15)
+        late = start(1, data)  # reads that report, 15 s old (before: stopped by it)
+        first_out = failing.communicate(timeout=120)[0]
+        assert failing.returncode == 1 and "serving the rendezvous until host 1" in first_out, first_out
+        again = start(0, data)
+        outs = [again.communicate(timeout=600)[0], late.communicate(timeout=600)[0]]
+    assert again.returncode == 0 and late.returncode == 0, outs
+    assert (f"train: the first host's rendezvous ({hosts.address(0)}:29500) still serves an attempt that stopped "
+            in outs[1] and f"before this command started (host 0 ({hosts.address(0)}) stopped before starting its "
+            f"ranks: {tmp_path / 'missing'}: not a `recpipe preprocess` output") in outs[1], outs[1]
+    assert ModelDir(str(tmp_path / "m0")).state().ranks == 2
+
+
 def _two_hosts(args: list[Optional[list[str]]], timeout: int = 600, host_env: tuple[dict, dict] = ({}, {}),
                delays: tuple[float, float] = (0, 0), during: Optional[Callable[[list], None]] = None,
                names: Optional[tuple[str, str]] = None, **env) -> tuple[list[int], list[str]]:

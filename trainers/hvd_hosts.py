@@ -12,6 +12,7 @@ it. Before, the other hosts' ranks waited in Gloo's rendezvous for ranks that ne
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import json
 import math
 import os
@@ -40,6 +41,7 @@ _POLL_SECONDS = 2.0   # how often every host's launcher looks for a report
 _TELL_SECONDS = 30.0  # how long a stopped host tries to reach the store, and the first host serves a report
 _SYMPTOM_SECONDS = 5.0  # how long a host whose rank saw another rank end waits for that rank's host's report
 _SAY_EVERY = 30.0     # how often a host waiting for the first host's store says so
+_STALE_SLACK_SECONDS = 5.0  # a report stored longer than this process has run, and this more, is stale
 
 
 class StoppedElsewhere(TrainError):
@@ -63,6 +65,9 @@ def host_job(run: RunOptions, say: Callable[[str], None]) -> Iterator[Optional[H
 
 
 class HostJob:
+    """This host's part of a job over --hosts: the first host's rendezvous server, or waiting for it; this
+    host's ranks; and the reports through that server's store of why the job stopped."""
+
     def __init__(self, run: RunOptions, say: Callable[[str], None]):
         horovodrun()  # Horovod built for this TensorFlow, or a clear error
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
@@ -76,7 +81,8 @@ class HostJob:
         self.first: Optional[str] = _address(self.me) if run.host_index == 0 else None
         self.server = None  # the first host's rendezvous server
         self.ranks_started = threading.Event()
-        self.stopped: list[dict] = []  # the report of a host that stopped before starting its ranks
+        self.stopped: list[dict] = []  # the first report of why the job stopped: a host before starting its
+                                       # ranks, or a rank's own death
 
     def __enter__(self) -> HostJob:
         if self.run.host_index == 0:
@@ -133,20 +139,7 @@ class HostJob:
         failed = sorted((order, slot.rank, rc, tail) for slot, (rc, tail, order) in zip(mine, results)
                         if order is not None)
         if failed and not self.stopped:
-            _, rank, rc, tail = failed[0]
-            host_of = {slot.rank: (self.index[slot.hostname], slot.hostname) for slot in self.plan}
-            death = rank_death(rank, rc, f" on {self.me}", tail, host_of)
-            if death.first_hand:  # the other hosts' ranks only see their collectives fail: say why
-                self._report(death.cause, _SYMPTOM_SECONDS)
-                raise self._stopped(opts, death.cause)
-            deadline = time.monotonic() + _SYMPTOM_SECONDS  # this rank saw another end: its host may say why
-            while not self._look_for_report() and time.monotonic() < deadline:
-                time.sleep(0.5)
-            if not self.stopped:
-                gone = "" if self._look() else (
-                    f"; the first host's rendezvous ({self._where}) does not answer either: is `recpipe train ... "
-                    f"--host-index 0` on {self.hosts[0].hostname} still running, and its host up?")
-                raise self._stopped(opts, death.cause + gone)
+            raise self._rank_died(opts, *failed[0][1:])
         if self.stopped:
             raise self._stopped_error(opts)
         if any(slot.rank == 0 for slot in mine):
@@ -156,23 +149,51 @@ class HostJob:
         return shared or TrainState(total, 0, 0, 0.0, 0.0, math.nan, "horovod", self.run.precision, 0,
                                     ranks=len(self.plan))
 
+    def _rank_died(self, opts: TrainOptions, rank: int, code: int, output: list[str]) -> TrainError:
+        """The error for this host's rank that failed first. A death of its own (a signal, its own error) is
+        reported to the other hosts, whose ranks see only their collectives fail; a death that only shows
+        another rank's end waits a moment for that rank's host's report."""
+        host_of = {slot.rank: (self.index[slot.hostname], slot.hostname) for slot in self.plan}
+        death = rank_death(rank, code, f" on {self.me}", output, host_of)
+        if death.first_hand:
+            self._report(death.cause, _SYMPTOM_SECONDS)
+            return self._stopped(opts, death.cause)
+        deadline = time.monotonic() + _SYMPTOM_SECONDS
+        while not self._look_for_report() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if self.stopped:
+            return self._stopped_error(opts)
+        gone = "" if self._look() else (
+            f"; the first host's rendezvous ({self._where}) does not answer either: is `recpipe train ... "
+            f"--host-index 0` on {self.hosts[0].hostname} still running, and its host up?")
+        return self._stopped(opts, death.cause + gone)
+
     def _wait_for_first_host(self, opts: TrainOptions) -> None:
-        """Until the first host's store answers (or says a host stopped), up to gloo_timeout_seconds()."""
-        timeout, t0, said = gloo_timeout_seconds(), time.monotonic(), None
+        """Until the first host's store answers (or says a host stopped), up to gloo_timeout_seconds(). A
+        report stored before this process started is an earlier attempt's, which the first host serves until
+        the others have read it (this host restarted: a Kubernetes pod's container): wait for the next one."""
+        timeout, t0, said, stale = gloo_timeout_seconds(), time.monotonic(), None, None
         first = f"`recpipe train ... --host-index 0` on {self.hosts[0].hostname}"
         while True:
-            answered = self._look()
-            if self.stopped:
+            answered, report, age = self._fetch_report()
+            if report is not None and age <= _process_age() + _STALE_SLACK_SECONDS:
+                self._keep(report)
                 raise self._stopped_error(opts)
-            if answered:
+            if report is not None and stale is None:
+                stale = report
+                self._keep(report, seen_only=True)
+                self.say(f"train: the first host's rendezvous ({self._where}) still serves an attempt that stopped "
+                         f"{age:.0f} s ago, before this command started ({report['cause']}); waiting for its next")
+            if answered and report is None:
                 self.first = _address(self.hosts[0].hostname)
                 return
             waited = time.monotonic() - t0
             if waited >= timeout:
+                last = f"; its last answer was an earlier attempt's end: {stale['cause']}" if stale else ""
                 raise StoppedElsewhere(str(self._stopped(
                     opts, f"the first host's rendezvous ({self._where}) did not answer in {timeout:.0f} s "
                           f"(HOROVOD_GLOO_TIMEOUT_SECONDS): is {first} running, or did it stop before serving it "
-                          f"(its own output says why)?")))
+                          f"(its own output says why)?{last}")))
             if said is None or time.monotonic() - said >= _SAY_EVERY:
                 self.say(f"train: waiting for the first host's rendezvous ({self._where}) to answer ({waited:.0f} s of "
                          f"up to {timeout:.0f}): is {first} running?")
@@ -189,14 +210,31 @@ class HostJob:
         if self.server is not None:
             with self.server.cache_lock:
                 raw = self.server.cache.get(_SCOPE, {}).get(_STOPPED)
+                report = None if raw is None else _stopped_report(raw)
+                if report is not None and "stored_at" not in report:  # another host's: when it came, by this
+                    report["stored_at"] = time.time()                 # host's clock, as the others will read it
+                    self.server.cache[_SCOPE][_STOPPED] = json.dumps(report).encode()
             answered = True
         else:
-            answered, raw = _fetch(f"http://{self._where}/{_SCOPE}/{_STOPPED}")
-        if raw is not None and not self.stopped:
-            self.stopped.append(_stopped_report(raw))
-            if self.server is None:
-                _put(f"http://{self._where}/{_SCOPE}/seen_{self.run.host_index}", b"1")
+            answered, report, _ = self._fetch_report()
+        if report is not None:
+            self._keep(report)
         return answered
+
+    def _fetch_report(self) -> tuple[bool, Optional[dict], float]:
+        """From the first host's store: (whether it answered, a stopped host's report or None, how long the
+        report has been stored, by the first host's clock: its reply's Date less the report's stored_at)."""
+        answered, raw, now = _fetch(f"http://{self._where}/{_SCOPE}/{_STOPPED}")
+        report = None if raw is None else _stopped_report(raw)
+        age = max(0.0, now - report["stored_at"]) if report and now and "stored_at" in report else 0.0
+        return answered, report, age
+
+    def _keep(self, report: dict, seen_only: bool = False) -> None:
+        """Keep the first report this host reads (unless seen_only), and tell the first host it has read it."""
+        if not seen_only and not self.stopped:
+            self.stopped.append(report)
+        if self.server is None:
+            _put(f"http://{self._where}/{_SCOPE}/seen_{self.run.host_index}", b"1")
 
     def _watch_for_stopped_host(self, procs: list[subprocess.Popen], done: threading.Event) -> None:
         """Until `done`: on a stopped host's report, terminate this host's ranks (waiting in Gloo's rendezvous
@@ -222,6 +260,8 @@ class HostJob:
         """Tell the other hosts' launchers why the job stops here: the first host keeps `cause` in its own store
         (served until they have read it, on leaving), another host puts it there, trying for `wait` seconds."""
         report = {"index": self.run.host_index, "host": self.me, "cause": cause}
+        if self.server is not None:
+            report["stored_at"] = time.time()
         body = json.dumps(report).encode()
         if self.server is not None:
             with self.server.cache_lock:
@@ -260,15 +300,23 @@ class HostJob:
             time.sleep(0.5)
 
 
-def _fetch(url: str) -> tuple[bool, Optional[bytes]]:
-    """(whether the store answered, the key's value or None when it is not set)."""
+def _fetch(url: str) -> tuple[bool, Optional[bytes], Optional[float]]:
+    """(whether the store answered, the key's value or None when it is not set, the reply's Date: the
+    store's clock, to 1 s)."""
     try:
         with urllib.request.urlopen(url, timeout=3) as reply:
-            return True, reply.read()
+            date = reply.headers.get("Date")
+            return True, reply.read(), email.utils.parsedate_to_datetime(date).timestamp() if date else None
     except urllib.error.HTTPError:  # 404: serving, the key is not set
-        return True, None
-    except OSError:  # not serving (yet, or any more), or not reachable
-        return False, None
+        return True, None, None
+    except (OSError, ValueError):  # not serving (yet, or any more), or not reachable
+        return False, None, None
+
+
+def _process_age() -> float:
+    """Seconds since this process started (by this host's clock)."""
+    import psutil  # Horovod's own dependency
+    return time.time() - psutil.Process().create_time()
 
 
 def _put(url: str, body: bytes) -> bool:
