@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from trainers.errors import TrainError
 from trainers.evaluate import evaluate
 from trainers.options import RunOptions, TrainOptions
 from trainers.train import train
@@ -248,6 +249,16 @@ def test_every_rank_gets_the_launchers_input_flags(tmp_path):
     cmd = rank_command(opts)
     assert "--synthetic-input" in cmd and cmd[cmd.index("--warm-start") + 1] == "OLD"
     assert "--synthetic-input" not in rank_command(TrainOptions("DATA", str(tmp_path), None))
+
+
+def test_hosts_are_for_horovod():
+    """--hosts starts each host's Horovod ranks: with another strategy it was ignored (or, under `auto`, used if
+    the advisor picked Horovod) without a word."""
+    with pytest.raises(TrainError, match="hosts: --hosts starts each host's Horovod ranks; it needs --strategy "
+                                         "horovod, not ps"):
+        RunOptions(strategy="ps", hosts="a,b")
+    with pytest.raises(TrainError, match="host_index: 2 is not one of the 2 hosts"):
+        RunOptions(strategy="horovod", hosts="a,b", host_index=2)
 
 
 def test_advisor_traffic_model():

@@ -262,12 +262,11 @@ class HostJob:
         report = {"index": self.run.host_index, "host": self.me, "cause": cause}
         if self.server is not None:
             report["stored_at"] = time.time()
-        body = json.dumps(report).encode()
-        if self.server is not None:
             with self.server.cache_lock:
-                self.server.cache.setdefault(_SCOPE, {})[_STOPPED] = body
+                self.server.cache.setdefault(_SCOPE, {})[_STOPPED] = json.dumps(report).encode()
             self.stopped.append(report)
             return
+        body = json.dumps(report).encode()
         url, deadline = f"http://{self._where}/{_SCOPE}/{_STOPPED}", time.monotonic() + wait
         while not _put(url, body):  # the first host may not serve yet
             if time.monotonic() >= deadline:

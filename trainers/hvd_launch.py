@@ -29,7 +29,6 @@ def inside_horovod_job() -> bool:
     return "HOROVOD_RANK" in os.environ
 
 
-
 def horovodrun() -> str:
     """The horovodrun of this environment, when Horovod is built for this TensorFlow; else a TrainError."""
     found = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or shutil.which("horovodrun")
@@ -116,18 +115,18 @@ def _failure(line: str) -> tuple[Optional[int], str] | None:
     """(rank or None when the line has no horovodrun prefix, message) of a failure line a rank printed;
     None for any other line, horovodrun's own 'one or more processes exited' included."""
     prefix = _RANK_PREFIX.match(line)
-    rest = line[prefix.end():] if prefix else line
+    rank, rest = (int(prefix[1]), line[prefix.end():]) if prefix else (None, line)
     joined = _NEVER_JOINED.search(rest)
     if joined:
         ranks = ", ".join(re.findall(r"\d+", joined[2]))
-        return (int(prefix[1]) if prefix else None), (f"Gloo's rendezvous waited {joined[1]} s for rank(s) {ranks}, "
-                                                      f"{NEVER_JOINED} (HOROVOD_GLOO_TIMEOUT_SECONDS)")
+        return rank, (f"Gloo's rendezvous waited {joined[1]} s for rank(s) {ranks}, {NEVER_JOINED} "
+                      f"(HOROVOD_GLOO_TIMEOUT_SECONDS)")
     if _STORE_GONE.search(rest):
-        return (int(prefix[1]) if prefix else None), STORE_GONE
+        return rank, STORE_GONE
     m = _CLI_ERROR.match(rest) or _RAISED.match(rest)
     if m is None or "one or more processes exited" in line:
         return None
-    return (int(prefix[1]) if prefix else None), m[1].strip()
+    return rank, m[1].strip()
 
 
 def _last_failures(lines: list[str]) -> list[str]:
@@ -167,8 +166,8 @@ def rank_death(rank: int, code: int, where: str = "", output: list[str] = (),
     elif causes and causes[-1] == STORE_GONE and host_of:
         hint = (f"; it is served by `recpipe train ... --host-index 0` on {host_of[0][1]}: is that still running, "
                 f"or did it stop (its own output says why)?")
-    symptom = (code in (-signal.SIGABRT, -signal.SIGTERM) if not causes
-               else causes[-1] in (STORE_GONE,) or NEVER_JOINED in causes[-1] or bool(_SYMPTOM.search(causes[-1])))
+    # (_failure's own words for Gloo giving up, NEVER_JOINED's and STORE_GONE's, name Gloo too)
+    symptom = bool(_SYMPTOM.search(causes[-1])) if causes else code in (-signal.SIGABRT, -signal.SIGTERM)
     return RankDeath(f"horovod rank {rank}{where} died ({how_it_ended(code)}{': ' + causes[-1] if causes else ''}"
                      f"{hint})", not symptom)
 
@@ -200,7 +199,6 @@ def written_state(opts: TrainOptions) -> TrainState:
     if state is None:
         raise TrainError(f"{opts.model_dir}: the ranks finished but rank 0 wrote no train_state.json")
     return state
-
 
 
 def _replay(reporter: Reporter) -> Callable[[dict], None]:
