@@ -159,11 +159,11 @@ class HostJob:
             self._report(death.cause, _SYMPTOM_SECONDS)
             return self._stopped(opts, death.cause)
         deadline = time.monotonic() + _SYMPTOM_SECONDS
-        while not self._look_for_report() and time.monotonic() < deadline:
+        while (answered := self._look()) and not self.stopped and time.monotonic() < deadline:
             time.sleep(0.5)
         if self.stopped:
             return self._stopped_error(opts)
-        gone = "" if self._look() else (
+        gone = "" if answered else (
             f"; the first host's rendezvous ({self._where}) does not answer either: is `recpipe train ... "
             f"--host-index 0` on {self.hosts[0].hostname} still running, and its host up?")
         return self._stopped(opts, death.cause + gone)
@@ -199,10 +199,6 @@ class HostJob:
                          f"up to {timeout:.0f}): is {first} running?")
                 said = time.monotonic()
             time.sleep(1.0)
-
-    def _look_for_report(self) -> bool:
-        """Whether a report has come (_look), or the store no longer answers."""
-        return not self._look() or bool(self.stopped)
 
     def _look(self) -> bool:
         """Read the store for a stopped host's report (kept in self.stopped; a host other than the first says
