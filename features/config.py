@@ -251,6 +251,10 @@ class PreprocessSpec:
     max_mean_shift: float = 1.0
     # more than this share of the rows read dead-lettered says something upstream broke
     max_dead_letter_fraction: float = 0.05
+    # more than this share of the rows read repeating an earlier row in every column read (pipeline.repeats)
+    # says rows were written twice upstream or a join fanned out; a file whose every row repeats earlier
+    # rows is named whatever its share. 1 turns the check off (the job then hashes no rows)
+    max_repeated_row_fraction: float = 0.01
     # a day's run (--previous-transform) reads, per dt= partition day, at least this share of the rows the
     # previous run read per day (fewer: a partition only partly written, rows dropped upstream) and at most
     # this many times them (more: rows in two files, a re-run's output beside the first run's); TFX's
@@ -500,6 +504,8 @@ def _validate(cfg: Config) -> Config:
     _check_feature_limits(cfg)
     if not 0 <= (dead := cfg.preprocess.max_dead_letter_fraction) <= 1:
         raise ConfigError(f"preprocess.max_dead_letter_fraction: must be in [0, 1], got {dead}")
+    if not 0 <= (repeated := cfg.preprocess.max_repeated_row_fraction) <= 1:
+        raise ConfigError(f"preprocess.max_repeated_row_fraction: must be in [0, 1], got {repeated}")
     if not 0 <= (least := cfg.preprocess.min_rows_vs_previous) <= 1:
         raise ConfigError(f"preprocess.min_rows_vs_previous: must be in [0, 1], got {least}")
     if not (most := cfg.preprocess.max_rows_vs_previous) >= 1:

@@ -1,13 +1,14 @@
 """What a preprocess run should not publish without a word: features the train split gives a model nothing
 to learn from; features the splits (or this run and the previous day's) disagree on, as TFX's data
 validation compares a statistics set with the previous span's (skew and drift); input files whose
-timestamps are in another unit; a large share of rows dead-lettered.
+timestamps are in another unit; a large share of rows dead-lettered; rows read twice.
 
 Pure logic over the job's own figures (SplitCounts, each file's timestamp range, the dead-letter counts)
 and the transform artifact; the caller prints the warnings or fails the run (preprocess.on_anomaly).
 """
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import math
 from dataclasses import dataclass, field
@@ -17,10 +18,11 @@ from features.artifact import TransformArtifact
 from features.canonical import DENSE_SUM_SCALE
 from features.config import Config, SparseFeature
 from features.days import day_number
+from pipeline.repeats import Repeats
 from pipeline.sources import InputFile, partition_day
 
 __all__ = ["SplitCounts", "feature_warnings", "timestamp_warnings", "dead_letter_warnings", "copied_file_warnings",
-           "volume_warnings"]
+           "repeated_row_warnings", "volume_warnings"]
 
 DAY = 86_400
 YEAR = 365.2425 * DAY
@@ -308,6 +310,55 @@ def copied_file_warnings(groups: list[list[InputFile]]) -> list[str]:
         out.append(f"{named} hold the same bytes ({files[0].num_rows:,} rows each): a file written {len(files)} "
                    f"times upstream (a retried task, a re-run backfill beside the first run's output)? Each of its "
                    f"rows is read {len(files)} times; remove the copies")
+    return out
+
+
+def _row_name(inputs: list[InputFile], position: int) -> str:
+    """A global row number (files in path order) as its file and row within it."""
+    f = inputs[bisect.bisect_right([i.first_row for i in inputs], position) - 1]
+    return f"{f.path} row {position - f.first_row}"
+
+
+def repeated_row_warnings(repeats: Repeats, inputs: list[InputFile], copied: list[list[InputFile]],
+                          limit: float) -> list[str]:
+    """Rows equal in every column read to an earlier row (pipeline.repeats). A file whose every row
+    repeats rows of other files is named on its own (the same rows written again as another file: a re-run
+    beside the first, by another writer or layout, which the same-bytes check at launch cannot see; a copy
+    that check named is not named again); the other repeats when they are more than `limit`
+    (preprocess.max_repeated_row_fraction) of the rows read: a join that fanned out, rows appended twice."""
+    rows = sum(f.num_rows for f in inputs)
+    same_bytes = {f.path: {g.path for g in group} for group in copied for f in group}
+    from_files: dict[int, dict[int, int]] = {}
+    for (first, copy), n in repeats.pairs.items():
+        if first != copy:
+            from_files.setdefault(copy, {})[first] = n
+    out, explained = [], set()
+    for copy, sources in sorted(from_files.items()):
+        f = inputs[copy]
+        if f.num_rows < 2 or sum(sources.values()) != f.num_rows:
+            continue
+        explained |= {(first, copy) for first in sources}
+        if all(inputs[first].path in same_bytes.get(f.path, ()) for first in sources):
+            continue  # named at launch
+        named = " or ".join(f"{inputs[i].path} ({n:,})" if len(sources) > 1 else inputs[i].path
+                            for i, n in sorted(sources.items()))
+        out.append(f"{f.path}: each of its {f.num_rows:,} rows repeats a row of {named} in every column read "
+                   f"(in other bytes: another order, layout or writer): were its rows written again as another file "
+                   f"upstream (a re-run's output beside the first run's)? Each is read twice; remove the copies")
+    rest = {pair: n for pair, n in repeats.pairs.items() if pair not in explained}
+    total = sum(rest.values())
+    if not rows or total <= limit * rows:
+        return out
+    biggest = sorted(rest.items(), key=lambda kv: (-kv[1], kv[0]))
+    where = "; ".join((f"{n:,} within {inputs[a].path}" if a == b else
+                       f"{n:,} in {inputs[b].path} of rows in {inputs[a].path}") for (a, b), n in biggest[:3])
+    more = f"; {len(biggest) - 3} more pairs of files" if len(biggest) > 3 else ""
+    repeat, first = min(e for pair, _ in biggest for e in repeats.examples.get(pair, []))
+    example = f"e.g. {_row_name(inputs, repeat)} repeats {_row_name(inputs, first)}"
+    out.append(f"{total:,} of the {rows:,} rows read ({total / rows:.1%}) repeat an earlier row in every column read, "
+               f"over preprocess.max_repeated_row_fraction ({limit:g}): {where}{more} ({example}): did a join "
+               f"upstream fan out (a key that is not unique), or were rows appended twice? Each repeat is trained "
+               f"on as a row of its own, and in a time split a repeat of an eval row may sit in train too")
     return out
 
 

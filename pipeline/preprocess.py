@@ -26,13 +26,14 @@ from features.days import day_number
 from features.errors import RecpipeError
 from features.preprocessed import SPLITS, PreprocessedData
 from pipeline.anomalies import (SplitCounts, copied_file_warnings, dead_letter_warnings, feature_warnings,
-                                timestamp_warnings, volume_warnings)
+                                repeated_row_warnings, timestamp_warnings, volume_warnings)
 from pipeline.leakage import leak_warnings
 from pipeline.options import beam_args_with_defaults, check_beam_args, pipeline_runner
+from pipeline.repeats import Repeats
 from pipeline.sources import inspect_inputs, list_input_files, partition_day, partition_days, same_files
 from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
-                                 ComputeDenseStats, ComputeVocabularies, CountRows, PackArtifact, ReadClickLogs,
-                                 SplitCutoffs, SplitRows, ValidateRows, WriteEvalSample)
+                                 ComputeDenseStats, ComputeVocabularies, CountRows, FindRepeatedRows, PackArtifact,
+                                 ReadClickLogs, SplitCutoffs, SplitRows, ValidateRows, WriteEvalSample)
 
 __all__ = ["PreprocessError", "PreprocessResult", "build_pipeline", "run_preprocess", "load_previous_transform",
            "run_day"]
@@ -169,7 +170,8 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     artifact = (vocabs, stats) | "AssembleArtifact" >> AssembleArtifact(cfg, raw_schema, split_info, _versions(),
                                                                         lineage, day)
     # Pass 3: read -> validate -> split -> transform -> write, fused; accounts for every row.
-    batches = p | "ReadClickLogs" >> ReadClickLogs(files_arg, columns, raw_schema, count_rows=True)
+    batches = p | "ReadClickLogs" >> ReadClickLogs(files_arg, columns, raw_schema, count_rows=True,
+                                                   hash_rows=_checks_repeats(cfg))
     validated = batches | "ValidateRows" >> ValidateRows(cfg)
     splits = validated.good | "SplitByTime" >> SplitRows(cfg, cutoff)
     transform_dir = out.transform_dir
@@ -187,6 +189,22 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
              out.dead_letter_prefix, schema=DEAD_LETTER_SCHEMA, file_name_suffix=".parquet"))
     _ = ((batches, {s: splits[s] for s in SPLITS}, validated.dead_letter, splits.time_range)
          | "CountRows" >> CountRows(out.row_counts_path, cfg))
+    if _checks_repeats(cfg):
+        _ = batches | "FindRepeatedRows" >> FindRepeatedRows(out.repeats_path, [f.first_row for f in files], total)
+
+
+def _checks_repeats(cfg: Config) -> bool:
+    """Whether the job looks for repeated rows (preprocess.max_repeated_row_fraction 1 turns it off)."""
+    return cfg.preprocess.max_repeated_row_fraction < 1
+
+
+def _repeats(staged: PreprocessedData, cfg: Config) -> Repeats | None:
+    """The FindRepeatedRows branch's findings (None when the run does not look), its file removed."""
+    if not _checks_repeats(cfg):
+        return None
+    found = Repeats.from_json(fsio.read_json(staged.repeats_path))
+    fsio.remove(staged.repeats_path)
+    return found
 
 
 def _counter(result, name: str) -> int | None:
@@ -257,11 +275,11 @@ def _check_written(data: PreprocessedData, res: PreprocessResult) -> None:
 
 
 def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResult, previous: TransformArtifact | None,
-                  say, eval_sample=None) -> None:
+                  say, eval_sample=None, repeated: list[str] | None = None) -> None:
     """Nothing is published that training cannot use: finite statistics, non-empty splits; features the
     train split gives nothing to learn from, or whose splits (or this day and the previous) disagree, are
     named (pipeline.anomalies), and so are those that give the label away on the eval sample
-    (pipeline.leakage)."""
+    (pipeline.leakage) and the `repeated` rows' warnings."""
     for name, stats in artifact.dense_stats.items():
         values = [stats.get("mean"), stats.get("std"), *stats.get("boundaries", [])]
         if not all(v is None or math.isfinite(v) for v in values):
@@ -286,7 +304,8 @@ def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResul
                                        fsio.join(res.output, "dead_letter")),
                  *feature_warnings(cfg, artifact, res.split_counts(), previous),
                  *timestamp_warnings(res.time_ranges, cfg.input.timestamp),
-                 *(leak_warnings(cfg, eval_sample) if eval_sample is not None else [])]
+                 *(leak_warnings(cfg, eval_sample) if eval_sample is not None else []),
+                 *(repeated or [])]
     _report(cfg, anomalies, say)
 
 
@@ -317,7 +336,8 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
     total = sum(f.num_rows for f in inputs)
     say(f"preprocess: {len(inputs)} file(s), {total} rows")
     days = partition_days(files)
-    _report(cfg, [*copied_file_warnings(same_files(inputs)), *volume_warnings(cfg, total, days, previous)],
+    copies = same_files(inputs)
+    _report(cfg, [*copied_file_warnings(copies), *volume_warnings(cfg, total, days, previous)],
             say)  # at launch, before any stage runs
 
     local = "://" not in output
@@ -343,12 +363,16 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
             say(f"preprocess: note: the rows_in counter says {counted}, the data {res.rows_in} (a retried task "
                 f"counted twice?); the accounting uses the data")
         _check_written(staged, res)
+        repeats = _repeats(staged, cfg)
         artifact = staged.transform()  # the published artifact must load
-        _check_usable(cfg, artifact, res, previous, say, staged.eval_sample_table())
+        repeated = repeated_row_warnings(repeats, inputs, copies, cfg.preprocess.max_repeated_row_fraction) \
+            if repeats is not None else []
+        _check_usable(cfg, artifact, res, previous, say, staged.eval_sample_table(), repeated)
         artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "validation": res.rows_validation,
                                "eval": res.rows_eval,
                                "dead_letter": res.rows_dead, "dead_letter_by_reason": res.dead_letter,
                                "files": len(inputs), "partition_days": len(days),
+                               "repeated_rows": repeats.repeats if repeats is not None else None,
                                "with_value": res.with_value, "dense_sums": res.dense_sums,
                                "positives": res.positives}
         artifact.write_meta(staged.transform_dir)  # last: the row counts mark the folder complete

@@ -4,13 +4,16 @@ pass 1  ReadClickLogs -> ValidateRows -> SplitCutoffs
 pass 2  ReadClickLogs -> ValidateRows -> SplitRows.train -> ComputeVocabularies, ComputeDenseStats
         -> AssembleArtifact
 pass 3  ReadClickLogs -> ValidateRows (+ dead letter) -> SplitRows -> ApplyTransform -> shards
+        and from its read batches: CountRows, FindRepeatedRows
 The per-batch arithmetic lives in pipeline.analysis (pure, shared with the benchmark baseline).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import operator
 import pickle
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, NamedTuple
 
@@ -28,6 +31,7 @@ from features.config import Config
 from features.days import day_name, day_number
 from features.preprocessed import SPLITS
 from pipeline.lifecycle import VocabState, advance_vocabulary
+from pipeline.repeats import BUCKET_ROWS, Repeats, bucketed, find_repeats, row_hashes
 from pipeline.analysis import (COUNT_SCHEMA, add_moments, batch_moments, boundaries_from_quantiles,
                                merge_count_tables, merge_dense_stats, moment_stats,
                                select_vocabulary_table, split_cutoffs_by_row, split_cutoffs_from_histogram,
@@ -36,7 +40,7 @@ from pipeline.analysis import (COUNT_SCHEMA, add_moments, batch_moments, boundar
 
 __all__ = ["NAMESPACE", "DEAD_LETTER_SCHEMA", "RawBatch", "ReadClickLogs", "ValidateRows", "SplitCutoffs",
            "SplitRows", "ComputeVocabularies", "ComputeDenseStats", "AssembleArtifact", "PackArtifact",
-           "pack_artifact", "ApplyTransform", "WriteEvalSample", "CountRows", "EVAL_SAMPLE_ROWS"]
+           "pack_artifact", "ApplyTransform", "WriteEvalSample", "CountRows", "FindRepeatedRows", "EVAL_SAMPLE_ROWS"]
 
 NAMESPACE = "recpipe"
 EVAL_SAMPLE_ROWS = 1000  # raw eval rows kept for the export's skew check
@@ -53,31 +57,53 @@ class RawBatch:
     first_row: int          # row number of the batch's first row within its file
     positions: np.ndarray   # global row numbers (files in path order) of the batch's rows
     table: pa.Table
+    hashes: np.ndarray | None = None  # pipeline.repeats.row_hashes of the table, when the read computed them
 
 
 # ------------------------------------------------------------------------- read
 class _ReadFile(beam.DoFn):
-    def __init__(self, columns: list[str], kinds: dict[str, str], batch_rows: int, count_rows: bool):
+    def __init__(self, columns: list[str], kinds: dict[str, str], batch_rows: int, count_rows: bool,
+                 hash_rows: bool = False):
         self._columns, self._kinds = columns, kinds
         self._batch_rows = batch_rows
         self._rows_in = Metrics.counter(NAMESPACE, "rows_in") if count_rows else None
+        self._hash_rows, self._pool = hash_rows, None
+
+    def setup(self):
+        # a batch's rows are hashed on another thread while the batch before it goes down the stages
+        # (numpy lets go of the GIL): the job used about 1.1 of 2 cores, and hashing in line cost it 10 %
+        if self._hash_rows:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="row-hashes")
+
+    def teardown(self):
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
 
     def process(self, element: tuple[str, int]) -> Iterable[RawBatch]:
         from pipeline.sources import open_parquet
         path, first_global = element
         pf = open_parquet(path)
-        start = 0
+        start, ahead = 0, None
         try:
             for batch in pf.iter_batches(batch_size=self._batch_rows, columns=self._columns):
                 n = batch.num_rows
                 if self._rows_in is not None:
                     self._rows_in.inc(n)
-                yield RawBatch(path, start, np.arange(first_global + start, first_global + start + n),
+                raw = RawBatch(path, start, np.arange(first_global + start, first_global + start + n),
                                plain_columns(pa.Table.from_batches([batch]), self._kinds))
+                if self._pool is None:
+                    yield raw
+                else:
+                    hashing = self._pool.submit(row_hashes, raw.table)
+                    if ahead is not None:
+                        yield dataclasses.replace(ahead[0], hashes=ahead[1].result())
+                    ahead = (raw, hashing)
                 start += n
         except (OSError, pa.ArrowException) as e:
             raise ValueError(f"{path}: unreadable after row {start} ({type(e).__name__}: "
                              f"{' '.join(str(e).split())})") from None
+        if ahead is not None:
+            yield dataclasses.replace(ahead[0], hashes=ahead[1].result())
         expected = pf.metadata.num_rows
         if start != expected:
             raise ValueError(f"{path}: read {start} rows but the footer says {expected}")
@@ -88,20 +114,21 @@ class ReadClickLogs(beam.PTransform):
 
     The job reads its input up to three times (split cutoff, analysis, transform) instead of
     holding rows between stages: a runner then keeps at most a few batches per worker in memory.
-    Only the transform pass counts `rows_in`.
+    Only the transform pass counts `rows_in`, and hashes its rows for FindRepeatedRows (`hash_rows`).
     """
 
     def __init__(self, files: list[tuple[str, int]], columns: list[str], kinds: dict[str, str],
-                 batch_rows: int = 65_536, count_rows: bool = False):
+                 batch_rows: int = 65_536, count_rows: bool = False, hash_rows: bool = False):
         super().__init__()
         self._files, self._columns, self._kinds = files, columns, kinds
-        self._batch_rows, self._count = batch_rows, count_rows
+        self._batch_rows, self._count, self._hash = batch_rows, count_rows, hash_rows
 
     def expand(self, pbegin):
         return (pbegin
                 | "Files" >> beam.Create(self._files)
                 | "Spread" >> beam.Reshuffle()
-                | "Read" >> beam.ParDo(_ReadFile(self._columns, self._kinds, self._batch_rows, self._count)))
+                | "Read" >> beam.ParDo(_ReadFile(self._columns, self._kinds, self._batch_rows, self._count,
+                                                 self._hash)))
 
 
 # ------------------------------------------------------------------------- validate
@@ -586,3 +613,59 @@ class CountRows(beam.PTransform):
         return (parts | "All" >> beam.Flatten() | "Sum" >> beam.CombinePerKey(_sum_or_extreme)
                 | "ToDict" >> beam.combiners.ToDict()
                 | "Write" >> beam.Map(lambda counts: fsio.write_json(path, counts)))
+
+
+# ------------------------------------------------------------------------- repeated rows
+class _RepeatsInBucket(beam.CombineFn):
+    """One bucket's (row hashes, global row numbers) arrays -> its Repeats (pipeline.repeats)."""
+
+    def __init__(self, file_starts: np.ndarray):
+        self._file_starts = file_starts
+
+    def create_accumulator(self):
+        return []
+
+    def add_input(self, acc, part):
+        acc.append(part)
+        return acc
+
+    def merge_accumulators(self, accs):
+        return [part for acc in accs for part in acc]
+
+    def extract_output(self, acc):
+        if not acc:
+            return Repeats()
+        return find_repeats(np.concatenate([h for h, _ in acc]), np.concatenate([p for _, p in acc]),
+                            self._file_starts)
+
+
+def _hashes(b: RawBatch) -> np.ndarray:
+    return b.hashes if b.hashes is not None else row_hashes(b.table)
+
+
+def _merge_repeats(found: Iterable[Repeats]) -> Repeats:
+    out = Repeats()
+    for r in found:
+        out = out.merge(r)
+    return out
+
+
+class FindRepeatedRows(beam.PTransform):
+    """Read batches -> one JSON file (pipeline.repeats.Repeats.to_json) of the rows equal in every column
+    read to an earlier row: each row hashed once (by the read: ReadClickLogs' hash_rows), the hashes
+    bucketed so that equal rows meet in one bucket, each bucket sorted on its own (at most about BUCKET_ROWS
+    rows on one worker)."""
+
+    def __init__(self, path: str, file_starts: list[int], total_rows: int):
+        super().__init__()
+        self._path, self._starts = path, np.asarray(file_starts, np.int64)
+        self._buckets = max(16, -(-total_rows // BUCKET_ROWS))
+
+    def expand(self, batches):
+        path, buckets = self._path, self._buckets
+        return (batches
+                | "Hash" >> beam.FlatMap(lambda b: bucketed(_hashes(b), b.positions, buckets))
+                | "PerBucket" >> beam.CombinePerKey(_RepeatsInBucket(self._starts))
+                | "Found" >> beam.Values()
+                | "All" >> beam.CombineGlobally(_merge_repeats)
+                | "Write" >> beam.Map(lambda r: fsio.write_json(path, r.to_json())))

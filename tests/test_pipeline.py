@@ -328,21 +328,54 @@ def test_a_file_written_twice_upstream_is_named(tmp_path, small_log, small_cfg):
     first = sorted(glob.glob(str(log / "*" / "*.parquet")))[0]
     copy = first.replace(".parquet", "-attempt2.parquet")
     shutil.copyfile(first, copy)
-    other = pq.read_table(first)  # the same rows, written again: another file (its footer differs), not named
-    pq.write_table(other.slice(1), first.replace(".parquet", "-shorter.parquet"))
+    other = pq.read_table(first)  # the same rows, written again: another file (its footer differs)
+    shorter = first.replace(".parquet", "-shorter.parquet")
+    pq.write_table(other.slice(1).take(np.random.default_rng(0).permutation(other.num_rows - 1)), shorter,
+                   row_group_size=100)
     rows = pq.ParquetFile(first).metadata.num_rows
     said = []
     res = run_preprocess(small_cfg, str(log), str(tmp_path / "out"), IN_MEMORY, say=said.append)
-    assert [s for s in said if "same bytes" in s] == [  # "-attempt2" sorts before ".parquet"
+    assert [s for s in said if "WARNING" in s] == [  # "-attempt2" sorts before ".parquet", before "-shorter"
         f"preprocess: WARNING: {copy} and {first} hold the same bytes ({rows:,} rows each): a file written 2 times "
         "upstream (a retried task, a re-run backfill beside the first run's output)? Each of its rows is read 2 "
-        "times; remove the copies"]
+        "times; remove the copies",
+        # the job finds the shuffled, re-laid-out copy by its rows (the copy named at launch is not named again)
+        f"preprocess: WARNING: {shorter}: each of its {rows - 1:,} rows repeats a row of {copy} in every column "
+        "read (in other bytes: another order, layout or writer): were its rows written again as another file "
+        "upstream (a re-run's output beside the first run's)? Each is read twice; remove the copies"]
+    assert TransformArtifact.read(str(tmp_path / "out" / "transform")).row_counts["repeated_rows"] == 2 * rows - 1
     assert res.rows_in == res.rows_out + res.rows_dead == sum(
         pq.ParquetFile(f).metadata.num_rows for f in glob.glob(str(log / "*" / "*.parquet")))
     cfg = parse_config({**small_config_dict(), "preprocess": {"on_anomaly": "fail"}})
     with pytest.raises(PreprocessError, match="hold the same bytes"):  # at launch, before any Beam stage runs
         run_preprocess(cfg, str(log), str(tmp_path / "out2"), IN_MEMORY, say=lambda _: None)
     assert not os.path.exists(tmp_path / "out2")
+
+
+def test_rows_repeated_within_files_are_named(tmp_path, small_log, small_cfg):
+    """Rows repeated within a file (a join upstream that fanned out on a key that is not unique) were each
+    trained on as rows of their own with no word; over preprocess.max_repeated_row_fraction they are named
+    with an example, and the check can be turned off."""
+    first, second = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[:2]
+    t = pq.read_table(first)
+    fanned = pa.concat_tables([t, t.slice(10, 120)])  # 120 rows twice: 2 % of the 6,120 rows read
+    log = tmp_path / "log"
+    _write(str(log / "dt=2026-01-01" / "part-00000.parquet"), fanned)
+    _write(str(log / "dt=2026-01-02" / "part-00000.parquet"), pq.read_table(second))
+    rows = fanned.num_rows + pq.read_metadata(second).num_rows
+    strict = parse_config({**small_config_dict(), "preprocess": {"on_anomaly": "fail"}})
+    path = log / "dt=2026-01-01" / "part-00000.parquet"
+    with pytest.raises(PreprocessError, match=(
+            rf"120 of the {rows:,} rows read \({120 / rows:.1%}\) repeat an earlier row in every column read, over "
+            rf"preprocess\.max_repeated_row_fraction \(0\.01\): 120 within {path} \(e\.g\. {path} row "
+            rf"{t.num_rows} repeats {path} row 10\): did a join upstream fan out")):
+        run_preprocess(strict, str(log), str(tmp_path / "o1"), IN_MEMORY, say=lambda _: None)
+    said = []
+    off = parse_config({**small_config_dict(), "preprocess": {"on_anomaly": "fail", "max_repeated_row_fraction": 1}})
+    run_preprocess(off, str(log), str(tmp_path / "o2"), IN_MEMORY, say=said.append)
+    assert TransformArtifact.read(str(tmp_path / "o2" / "transform")).row_counts["repeated_rows"] is None
+    run_preprocess(small_cfg, small_log, str(tmp_path / "o3"), IN_MEMORY, say=lambda _: None)
+    assert TransformArtifact.read(str(tmp_path / "o3" / "transform")).row_counts["repeated_rows"] == 0
 
 
 def test_a_day_of_far_fewer_or_more_rows_than_the_previous_run_is_named(tmp_path, small_log, small_cfg):
