@@ -101,6 +101,15 @@ def remove(path: str) -> None:
     fs.delete_file(p)
 
 
+def file_sizes(directory: str, suffix: str = "") -> dict[str, int]:
+    """{name: bytes} of the files list_files gives, from the one listing (no file is opened)."""
+    fs, p = resolve(directory)
+    if fs.get_file_info(p).type != pafs.FileType.Directory:
+        return {}
+    return {i.base_name: i.size for i in fs.get_file_info(pafs.FileSelector(p))
+            if i.type == pafs.FileType.File and i.base_name.endswith(suffix) and not i.base_name.startswith((".", "_"))}
+
+
 def list_files(directory: str, suffix: str = "") -> list[str]:
     """Files directly in `directory` whose names end with `suffix`, sorted; [] when it does not exist.
     Hidden and '_'-prefixed names (temp and marker files) are skipped."""

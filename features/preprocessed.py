@@ -63,6 +63,10 @@ class PreprocessedData:
     def shard_files(self, split: str) -> list[str]:
         return fsio.list_files(self.split_dir(split), ".tfrecord")
 
+    def shard_sizes(self, split: str) -> dict[str, int]:
+        """{shard file name: bytes} of a split, from one listing: what a copy of this folder must match."""
+        return fsio.file_sizes(self.split_dir(split), ".tfrecord")
+
     def dead_letter_files(self) -> list[str]:
         return fsio.list_files(self.dead_letter_dir, ".parquet")
 

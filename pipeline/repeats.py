@@ -69,7 +69,7 @@ def _string_word(arr: pa.Array) -> np.ndarray:
         word += last
     if longest > 16:
         long = np.flatnonzero(lengths > 16)
-        tokens = arr.take(pa.array(long)).cast(pa.binary()).to_pylist()
+        tokens = arr.take(pa.array(long)).cast(pa.large_binary() if wide else pa.binary()).to_pylist()
         word[long] += np.fromiter(map(farmhash.fingerprint64, tokens), np.uint64, len(long)) * _M2
     return word
 

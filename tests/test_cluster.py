@@ -337,7 +337,8 @@ def _two_hosts(args: list[Optional[list[str]]], timeout: int = 600, host_env: tu
 def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, preprocessed, small_cfg_path):
     """Hosts with their own disks and model dirs: a host whose copy of the data is another run's (a stale copy
     at the same path, another day's) numbered the values otherwise, and the averaged gradients trained each
-    row on other values by rank, without a word; a host given another --config stepped with its own learning
+    row on other values by rank, without a word, as a host whose copy of the shards was partial read rows
+    twice or never; a host given another --config stepped with its own learning
     rate, and one with another install of recpipe with its own code; a resume hung, since only rank 0's model
     dir holds checkpoints, so the other ranks started over and looped more steps than rank 0; a host whose
     command failed before starting its ranks left the others to die by SIGABRT after Gloo's 300 s, naming
@@ -361,6 +362,18 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
         assert (f"the ranks read data of different preprocess runs: rank 1 (host 10.78.0.2, {stale}): the "
                 f"vocabularies differ, against rank 0 (host 10.78.0.1, {data}); " in out and "a whole copy" in out), \
             out[-3000:]
+
+    partial = tmp_path / "partial"  # a copy still going on: the train shard cut short
+    shutil.copytree(data, partial)
+    shard = sorted((partial / "train").glob("*.tfrecord"))[-1]
+    size = shard.stat().st_size
+    with open(shard, "r+b") as fh:
+        fh.truncate(size // 2)
+    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("p", 0)],
+                              ["--data", str(partial), "--config", small_cfg_path, *own("p", 1)]])
+    assert codes == [1, 1] and all(
+        f"the ranks read other copies of the shards: rank 1 (host 10.78.0.2, {partial}): train/{shard.name} is "
+        f"{size // 2:,} bytes against {size:,}, against rank 0 (host 10.78.0.1, {data}); " in out for out in outs), outs
 
     import trainers  # host 1's install: another version of trainers/ (its optimizer's epsilon), first on its path
     install = tmp_path / "install"

@@ -351,3 +351,28 @@ def test_a_rank_death_that_only_shows_another_ranks_end_is_not_first_hand():
                     "Wait timeout after 300 seconds for key(s): 1"]:
         assert not rank_death(0, 1, output=[symptom]).first_hand, symptom
     assert not rank_death(0, -6).first_hand and not rank_death(0, -15).first_hand  # Gloo's abort, our terminate
+
+
+def test_horovod_ranks_must_hold_the_same_shards():
+    """A host whose copy of the shards was partial (a file missing, one cut short: a copy still going on)
+    passed the ranks' check, which compared the transform alone: each rank reads its share of the shards it
+    lists, so rows were read twice or never, without a word."""
+    import copy
+    from trainers.errors import TrainError
+    from trainers.hvd import _check_ranks_train_one_model
+    shards = {split: {f"part-0000{i}-of-00004.tfrecord": 1000 + i for i in range(4)}
+              for split in ("train", "validation", "eval")}
+    rank = {"host": "10.0.0.1", "data": "/data", "code": {}, "transform": {"vocabularies": "v", "dense": {}},
+            "config": {"train": {"steps": 10}}, "steps": 10, "precision": "fp32", "shards": shards}
+    _check_ranks_train_one_model([rank, {**rank, "host": "10.0.0.2"}])  # a whole copy
+    _check_ranks_train_one_model([{**rank, "shards": None}, {**rank, "shards": None}])  # synthetic input
+    partial = copy.deepcopy(shards)
+    del partial["train"]["part-00003-of-00004.tfrecord"]
+    partial["train"]["part-00001-of-00004.tfrecord"] = 512
+    partial["eval"]["part-00000-of-00001.tfrecord"] = 9  # an older run's shard left beside this run's
+    with pytest.raises(TrainError, match=re.escape(
+            "the ranks read other copies of the shards: rank 1 (host 10.0.0.2, /data): its eval/ also has "
+            "part-00000-of-00001.tfrecord, its train/ lacks part-00003-of-00004.tfrecord, "
+            "train/part-00001-of-00004.tfrecord is 512 bytes against 1,001, against rank 0 (host 10.0.0.1, /data); "
+            "each rank reads its share of the shards it lists, so rows would be read twice or never")):
+        _check_ranks_train_one_model([rank, {**rank, "host": "10.0.0.2", "shards": partial}])
