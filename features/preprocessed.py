@@ -10,7 +10,8 @@
                                 transformed like the shards: the export's skew check compares them
 
 The job publishes ROOT atomically (local paths) and writes the row counts last, so a folder whose
-artifact has row counts is complete.
+artifact has row counts is complete. The row counts also list each split's shards and their sizes
+(`shard_bytes`), so a copy of ROOT can be checked whole without reading a shard (copy_differences).
 """
 from __future__ import annotations
 
@@ -21,9 +22,28 @@ from dataclasses import dataclass
 from features import fsio
 from features.artifact import ArtifactError, TransformArtifact
 
-__all__ = ["PreprocessedData", "SPLITS"]
+__all__ = ["PreprocessedData", "SPLITS", "shard_differences"]
 
 SPLITS = ("train", "validation", "eval")  # in time order
+
+
+def shard_differences(expected: dict | None, found: dict | None, shown: int = 3) -> list[str]:
+    """How shards found ({split: {file name: bytes}}) differ from those expected: files lacking or there
+    besides, and files of other sizes (a copy cut short, or still going on). None on either side: []."""
+    if expected is None or found is None:
+        return []
+    out = []
+    for split in sorted(set(expected) | set(found)):
+        a, b = expected.get(split, {}), found.get(split, {})
+        for what, names in (("lacks", sorted(set(a) - set(b))), ("also has", sorted(set(b) - set(a)))):
+            if names:
+                more = f" and {len(names) - shown} more" if len(names) > shown else ""
+                out.append(f"its {split}/ {what} {', '.join(names[:shown])}{more}")
+        sized = sorted(n for n in set(a) & set(b) if a[n] != b[n])
+        out += [f"{split}/{n} is {b[n]:,} bytes against {a[n]:,}" for n in sized[:shown]]
+        if len(sized) > shown:
+            out.append(f"{len(sized) - shown} more {split} shards of other sizes")
+    return out
 
 
 @dataclass(frozen=True)
@@ -63,9 +83,19 @@ class PreprocessedData:
     def shard_files(self, split: str) -> list[str]:
         return fsio.list_files(self.split_dir(split), ".tfrecord")
 
-    def shard_sizes(self, split: str) -> dict[str, int]:
-        """{shard file name: bytes} of a split, from one listing: what a copy of this folder must match."""
-        return fsio.file_sizes(self.split_dir(split), ".tfrecord")
+    def shard_sizes(self) -> dict[str, dict[str, int]]:
+        """{split: {shard file name: bytes}}, from one listing per split (no shard is opened)."""
+        return {split: fsio.file_sizes(self.split_dir(split), ".tfrecord") for split in SPLITS}
+
+    def copy_differences(self) -> list[str]:
+        """How the shards here differ from those the job wrote (the row counts' `shard_bytes`): a copy of the
+        folder cut short or still going on, or an older run's shards left beside this run's ([]: none, or a
+        folder written before the job recorded them)."""
+        try:
+            written = (TransformArtifact.read_meta(self.transform_dir).get("row_counts") or {}).get("shard_bytes")
+        except ArtifactError:
+            return []
+        return shard_differences(written, self.shard_sizes()) if written is not None else []
 
     def dead_letter_files(self) -> list[str]:
         return fsio.list_files(self.dead_letter_dir, ".parquet")

@@ -374,7 +374,8 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
                                "files": len(inputs), "partition_days": len(days),
                                "repeated_rows": repeats.repeats if repeats is not None else None,
                                "with_value": res.with_value, "dense_sums": res.dense_sums,
-                               "positives": res.positives}
+                               "positives": res.positives,
+                               "shard_bytes": staged.shard_sizes()}  # what a copy of the folder must hold
         artifact.write_meta(staged.transform_dir)  # last: the row counts mark the folder complete
         if local:
             if os.path.exists(output):

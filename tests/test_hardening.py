@@ -371,6 +371,28 @@ def _cfg_file(tmp_path, d=None) -> str:
     return str(path)
 
 
+def test_5_a_partial_copy_of_the_preprocessed_data_is_named(tmp_path, preprocessed, small_cfg_path):
+    """A copy of the preprocessed folder cut short (a shard missing, or cut at a record's end) trained on fewer
+    rows, and one copied over an older run's folder also on that run's shards (rows numbered by another
+    vocabulary), without a word: the job lists every shard and its size, and training checks them."""
+    from trainers.data import DataError
+    data = tmp_path / "copy"
+    shutil.copytree(preprocessed[0], data)
+    assert PreprocessedData(str(data)).copy_differences() == []
+    shard = sorted((data / "train").glob("*.tfrecord"))[-1]
+    size = shard.stat().st_size
+    with open(shard, "rb") as fh:  # cut at the end of the first record: TensorFlow reads the rest as no rows
+        first = 12 + int.from_bytes(fh.read(8), "little") + 4
+    with open(shard, "r+b") as fh:
+        fh.truncate(first)
+    (data / "eval" / "part-00000-of-00002.tfrecord").write_bytes(b"")  # an older run's shard left behind
+    expected = (f"{data} holds other shards than its preprocess run wrote: its eval/ also has "
+                f"part-00000-of-00002.tfrecord; train/{shard.name} is {first:,} bytes against {size:,} (a copy cut "
+                f"short or still going on, or an older run's shards left beside this one's?)")
+    with pytest.raises(DataError, match=re.escape(expected)):
+        train(TrainOptions(str(data), str(tmp_path / "model"), small_cfg_path, run=RunOptions(steps=5)), **QUIET)
+
+
 def test_5_invalid_utf8_and_separators_in_items_are_dead_lettered(tmp_path, small_log, small_cfg):
     t = _day_table(small_log)
     users = [u.encode() for u in t.column("user_id").to_pylist()]

@@ -24,7 +24,7 @@ import tensorflow as tf
 from features.artifact import TransformArtifact, summary_differences
 from features.code_identity import code_identity, identity_differences
 from features.config import Config, config_to_dict
-from features.preprocessed import SPLITS, PreprocessedData
+from features.preprocessed import PreprocessedData, shard_differences
 from trainers.advisor import allreduces_table
 from trainers.allocator import loaded_allocator
 from trainers.data import make_dataset, synthetic_dataset
@@ -67,25 +67,6 @@ def _leaf_differences(a, b, path: str = "") -> list[str]:
     return [] if a == b else [path]
 
 
-def _shard_differences(first: dict | None, other: dict | None, shown: int = 3) -> list[str]:
-    """How one rank's shards ({split: {name: bytes}}) differ from the first rank's: shards it lacks or
-    has besides, and shards of other sizes (a copy cut short, or still going on). None: synthetic input."""
-    if first is None or other is None:
-        return []
-    out = []
-    for split in sorted(set(first) | set(other)):
-        a, b = first.get(split, {}), other.get(split, {})
-        for what, names in (("lacks", sorted(set(a) - set(b))), ("also has", sorted(set(b) - set(a)))):
-            if names:
-                more = f" and {len(names) - shown} more" if len(names) > shown else ""
-                out.append(f"its {split}/ {what} {', '.join(names[:shown])}{more}")
-        sized = sorted(n for n in set(a) & set(b) if a[n] != b[n])
-        out += [f"{split}/{n} is {b[n]:,} bytes against {a[n]:,}" for n in sized[:shown]]
-        if len(sized) > shown:
-            out.append(f"{len(sized) - shown} more {split} shards of other sizes")
-    return out
-
-
 def _check_ranks_train_one_model(ranks: list[dict]) -> None:
     """Every rank (its host, code, --data, transform summary, shards, config and run) must train one model: a host
     holding another copy of the data (a stale one at the same path, another day's) numbers the values otherwise,
@@ -113,7 +94,7 @@ def _check_ranks_train_one_model(ranks: list[dict]) -> None:
         raise TrainError(f"the ranks read data of different preprocess runs: {named}, against {where(0, first)}; an "
                          f"ID would stand for other values on different ranks. Give every host a whole copy of one "
                          f"run's output")
-    other = [(r, x, d) for r, x in enumerate(ranks) if (d := _shard_differences(first["shards"], x["shards"]))]
+    other = [(r, x, d) for r, x in enumerate(ranks) if (d := shard_differences(first["shards"], x["shards"]))]
     if other:
         named = "; ".join(f"{where(r, x)}: {', '.join(d)}" for r, x, d in other[:4])
         raise TrainError(f"the ranks read other copies of the shards: {named}, against {where(0, first)}; each rank "
@@ -145,8 +126,7 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
             "model_dir": os.path.abspath(opts.model_dir), "data": opts.data_dir, "config": config_to_dict(cfg),
             "steps": total, "precision": opts.run.precision,
             "transform": "synthetic input" if opts.synthetic_input else artifact.mapping_summary(),
-            "shards": None if opts.synthetic_input else {s: PreprocessedData(opts.data_dir).shard_sizes(s)
-                                                         for s in SPLITS},
+            "shards": None if opts.synthetic_input else PreprocessedData(opts.data_dir).shard_sizes(),
             "code": code_identity(SAME_SOURCE, SAME_VERSIONS)})
         _check_ranks_train_one_model(peers)
 
