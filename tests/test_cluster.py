@@ -338,12 +338,13 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
     """Hosts with their own disks and model dirs: a host whose copy of the data is another run's (a stale copy
     at the same path, another day's) numbered the values otherwise, and the averaged gradients trained each
     row on other values by rank, without a word, as a host whose copy of the shards was partial read rows
-    twice or never (now named by that host before its ranks start); a host given another --config stepped with its own learning
-    rate, and one with another install of recpipe with its own code; a resume hung, since only rank 0's model
-    dir holds checkpoints, so the other ranks started over and looped more steps than rank 0; a host whose
-    command failed before starting its ranks left the others to die by SIGABRT after Gloo's 300 s, naming
-    nothing; and a host started a few seconds before the first one died by SIGABRT at once (its ranks found
-    no rendezvous), as did every other host when the first one failed, naming nothing."""
+    twice or never (now named by that host before its ranks start); a host given another --config stepped
+    with its own learning rate, and one with another install of recpipe with its own code; a resume hung,
+    since only rank 0's model dir holds checkpoints, so the other ranks started over and looped more steps
+    than rank 0; a host whose command failed before starting its ranks left the others to die by SIGABRT
+    after Gloo's 300 s, naming nothing; and a host started a few seconds before the first one died by
+    SIGABRT at once (its ranks found no rendezvous), as did every other host when the first one failed,
+    naming nothing."""
     import yaml
     data = preprocessed[0]
     stale = tmp_path / "stale"

@@ -6,7 +6,7 @@ import os
 from features import fsio
 from features.config import SliceSpec
 from features.preprocessed import PreprocessedData
-from trainers.data import naming_bad_shards
+from trainers.data import check_whole_copy, naming_bad_shards
 from trainers.errors import TrainError
 from trainers.model_dir import ModelDir, check_data_matches, check_same_transform, load_trained
 from trainers.plots import reliability_png, slices_png
@@ -36,6 +36,7 @@ def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_s
                            "SavedModels, as the daily bless does")
     if artifact.row_counts.get("eval") == 0:
         raise TrainError(f"{data_dir}: the eval split is empty (nothing to evaluate on)")
+    check_whole_copy(data)
     if slices is not None:  # instead of the config's evaluate.slices, checked as they would be there
         cfg = check_slices(cfg, slices)
     slicing = Slicing(tuple(cfg.evaluate.slices), artifact) if cfg.evaluate.slices else None

@@ -18,7 +18,7 @@ from features.errors import RecpipeError
 from features.preprocessed import PreprocessedData
 from trainers.advisor import advise
 from trainers.allocator import loaded_allocator
-from trainers.data import DataError, SameCopyCheck, make_dataset, naming_bad_shards, synthetic_dataset
+from trainers.data import SameCopyCheck, check_whole_copy, make_dataset, naming_bad_shards, synthetic_dataset
 from trainers.errors import TrainError
 from trainers.health import check_loss
 from trainers.hvd import train_horovod
@@ -53,7 +53,7 @@ def _train(opts: TrainOptions, say: Callable[[str], None], hosts: Optional[HostJ
     model_dir, data = ModelDir(opts.model_dir), PreprocessedData(opts.data_dir)
     cfg, artifact = model_dir.prepare(data, opts.config_path)
     if not opts.synthetic_input:
-        _check_whole_copy(data)
+        check_whole_copy(data)
     run = opts.run
     set_threads(run.threads or cfg.train.tuning.intra_op_threads, run.threads or cfg.train.tuning.inter_op_threads)
     total = run.steps if run.steps is not None else cfg.train.steps
@@ -77,17 +77,6 @@ def _train(opts: TrainOptions, say: Callable[[str], None], hosts: Optional[HostJ
         return _fit_on_ps(cfg, artifact, opts, total, c, say, same_copy=same_copy)
     with LocalPSCluster(run.ps_workers, run.ps_servers, run.ps_task_threads, say=say) as local:
         return _fit_on_ps(cfg, artifact, opts, total, local.cluster, say, local=local)
-
-
-def _check_whole_copy(data: PreprocessedData) -> None:
-    """The shards are the ones `recpipe preprocess` wrote, by name and size: a partial copy of the folder (a
-    shard missing, one cut short at a record's end) trained on fewer rows, and an older run's shards left
-    beside this run's (a copy over an old folder) on rows numbered by another vocabulary, without a word."""
-    differences = data.copy_differences()
-    if differences:
-        raise DataError(f"{data.root} holds other shards than its preprocess run wrote: {'; '.join(differences)} "
-                        f"(a copy cut short or still going on, or an older run's shards left beside this one's?); "
-                        f"copy the whole folder again, into an empty one")
 
 
 def _fit_on_ps(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int, cluster: PSCluster,
