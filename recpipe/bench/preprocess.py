@@ -1,6 +1,7 @@
 """The preprocess suite: the Beam job against the single-process baseline (recpipe.bench.baseline)
 at 1x and 10x rows, peak RSS of each, and the shard format (columnar record batches vs one
-tf.train.Example per row).
+tf.train.Example per row); against DuckDB doing the same transform, and against itself without the
+repeated-rows check (what finding rows read twice costs).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from typing import Callable
 
 import tensorflow as tf
+import yaml
 
 from features.canonical import LABEL_KEY
 from features.preprocessed import PreprocessedData
@@ -27,6 +29,10 @@ _JOBS = {  # job -> (module, function) of the Python API the non-Beam jobs run
     "baseline": ("recpipe.bench.baseline", "baseline_preprocess"),
     "duckdb": ("recpipe.bench.duckdb_peer", "duckdb_preprocess"),
 }
+
+
+_PEER_NAMES = {"beam": "`recpipe preprocess` (Beam DirectRunner)", "duckdb": "DuckDB (recpipe.bench.duckdb_peer)",
+               "beam_unchecked": "`recpipe preprocess` without the repeated-rows check"}
 
 
 def _command(job: str, cfg_path: str, log: str, out: str, threads: int | None = None) -> list[str]:
@@ -79,14 +85,22 @@ def bench_peers(rows: int, work: str, cfg_path: str, say: Callable[[str], None],
     """`recpipe preprocess` (Beam DirectRunner) against DuckDB with `threads` threads doing the same
     transform (recpipe.bench.duckdb_peer) on the same Criteo-shaped Parquet log, round robin."""
     log = write_criteo_like(rows, os.path.join(work, "criteo_like"))
+    unchecked = os.path.join(work, "criteo_unchecked.yaml")  # the same config without the repeated-rows check
+    with open(cfg_path) as fh:
+        cfg = yaml.safe_load(fh)
+    cfg.setdefault("preprocess", {})["max_repeated_row_fraction"] = 1
+    with open(unchecked, "w") as fh:
+        yaml.safe_dump(cfg, fh)
     walls: dict = collections.defaultdict(list)
     rss: dict = collections.defaultdict(list)
     for rep in range(reps):
-        for job in ("beam", "duckdb"):
+        for job in ("beam", "duckdb", "beam_unchecked"):
             out = os.path.join(work, f"peer_{job}")
             shutil.rmtree(out, ignore_errors=True)
             say(f"bench preprocess: peers, {job}, {rows:,} Criteo-shaped rows (rep {rep + 1}/{reps})")
-            wall, peak, _ = run_measured(_command(job, cfg_path, log, out, threads))
+            command = _command("beam", unchecked, log, out) if job == "beam_unchecked" else \
+                _command(job, cfg_path, log, out, threads)
+            wall, peak, _ = run_measured(command)
             walls[job].append(wall)
             rss[job].append(peak)
             shutil.rmtree(out, ignore_errors=True)
@@ -94,7 +108,10 @@ def bench_peers(rows: int, work: str, cfg_path: str, say: Callable[[str], None],
     return {"rows": rows, "reps": reps, "duckdb_threads": threads, "config": os.path.basename(cfg_path),
             "rows_per_s": rps, "wall_s": {k: summary(v) for k, v in walls.items()},
             "peak_rss_mb": {k: summary(v) for k, v in rss.items()},
-            "ratios": {"preprocess_beam_vs_duckdb": rps["beam"]["median"] / rps["duckdb"]["median"]}}
+            "ratios": {"preprocess_beam_vs_duckdb": rps["beam"]["median"] / rps["duckdb"]["median"],
+                       # what finding rows read twice costs (pipeline.repeats): below 1, slower with it
+                       "preprocess_repeats_check_vs_unchecked":
+                           rps["beam"]["median"] / rps["beam_unchecked"]["median"]}}
 
 
 def bench_shard_formats(pre_dir: str, say: Callable[[str], None], batch_size: int = 1024) -> dict:
@@ -181,7 +198,10 @@ def report_markdown(results: dict) -> str:
             f"{peers['duckdb_threads']} threads writes Parquet, Beam writes its TFRecord shards. Wall time of the "
             "whole command (Python and library start-up included).", "",
             "| job | rows/s | wall s | peak RSS MB |", "|---|---|---|---|",
-            *[f"| {'`recpipe preprocess` (Beam DirectRunner)' if k == 'beam' else 'DuckDB (recpipe.bench.duckdb_peer)'}"
-              f" | {cell(pr[k])} | {cell(pw[k], '.1f')} | {cell(pm[k])} |" for k in ("beam", "duckdb")], "",
-            f"- **preprocess_beam_vs_duckdb**: **{ratio:.2f}** (target >= 0.5)", ""]
+            *[f"| {_PEER_NAMES[k]} | {cell(pr[k])} | {cell(pw[k], '.1f')} | {cell(pm[k])} |" for k in _PEER_NAMES
+              if k in pr], "",
+            f"- **preprocess_beam_vs_duckdb**: **{ratio:.2f}** (target >= 0.5)",
+            *([f"- preprocess_repeats_check_vs_unchecked: {checked:.2f} (against the job without finding rows read "
+               f"twice, `preprocess.max_repeated_row_fraction: 1`)"]
+              if (checked := peers["ratios"].get("preprocess_repeats_check_vs_unchecked")) is not None else []), ""]
     return "\n".join(lines)
