@@ -44,8 +44,8 @@ def _mix(x: np.ndarray) -> np.ndarray:
 
 def _string_word(arr: pa.Array) -> np.ndarray:
     """Per string: its first 8 bytes and its length, plus its last 8 bytes when longer than 8, plus
-    FarmHash's fingerprint when longer than 16 (the bytes between are in neither), read from Arrow's
-    buffers (a part a string does not have adds nothing, so the word does not depend on its batch)."""
+    FarmHash's fingerprint of it when longer than 16 (neither word holds its middle bytes), read from
+    Arrow's buffers (a part a string does not have adds nothing, so the word does not depend on its batch)."""
     n = len(arr)
     wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
     odt = np.dtype(np.int64 if wide else np.int32)
@@ -76,6 +76,8 @@ def _string_word(arr: pa.Array) -> np.ndarray:
 
 def _column_word(arr: pa.Array) -> np.ndarray:
     """One uint64 per value that tells it from any other value of the column's type, a null included."""
+    if not len(arr):  # a list column's items when every list is empty: its buffers may be absent
+        return np.zeros(0, np.uint64)
     tp = arr.type
     if pa.types.is_dictionary(tp):
         arr, tp = arr.dictionary_decode(), tp.value_type
