@@ -71,9 +71,11 @@ def _check_ranks_train_one_model(ranks: list[dict]) -> None:
     """Every rank (its host, code, --data, transform summary, shards, config and run) must train one model: a host
     holding another copy of the data (a stale one at the same path, another day's) numbers the values otherwise,
     and the averaged gradients would train each row on values that differ by rank; a partial copy of the shards
-    (missing files, one cut short) reads rows twice or never; another --config (a learning
-    rate, a layer) or --steps would make the ranks step apart or wait on each other, without a word; and a host
-    with another install (our packages, TensorFlow, Horovod) builds and steps the model with its own code."""
+    (missing files, one cut short) reads rows twice or never (each host checks its own copy against the list
+    the job wrote first, trainers.data.check_whole_copy; this also covers folders written before that list);
+    another --config (a learning rate, a layer) or --steps would make the ranks step apart or wait on each
+    other, without a word; and a host with another install (our packages, TensorFlow, Horovod) builds and
+    steps the model with its own code."""
     first = ranks[0]
     where = lambda r, x: f"rank {r} (host {x['host']}, {x['data']})"  # noqa: E731
     for r, x in enumerate(ranks):
