@@ -102,7 +102,9 @@ def remove(path: str) -> None:
 
 
 def file_sizes(directory: str, suffix: str = "") -> dict[str, int]:
-    """{name: bytes} of the files list_files gives, from the one listing (no file is opened)."""
+    """{name: bytes} of the files directly in `directory` whose names end with `suffix`, from one listing
+    (no file is opened); {} when it does not exist. Hidden and '_'-prefixed names (temp and marker files)
+    are skipped."""
     fs, p = resolve(directory)
     if fs.get_file_info(p).type != pafs.FileType.Directory:
         return {}
@@ -111,13 +113,8 @@ def file_sizes(directory: str, suffix: str = "") -> dict[str, int]:
 
 
 def list_files(directory: str, suffix: str = "") -> list[str]:
-    """Files directly in `directory` whose names end with `suffix`, sorted; [] when it does not exist.
-    Hidden and '_'-prefixed names (temp and marker files) are skipped."""
-    fs, p = resolve(directory)
-    if fs.get_file_info(p).type != pafs.FileType.Directory:
-        return []
-    names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(p)) if i.type == pafs.FileType.File]
-    return sorted(join(directory, n) for n in names if n.endswith(suffix) and not n.startswith((".", "_")))
+    """The paths of the files file_sizes names, sorted."""
+    return sorted(join(directory, n) for n in file_sizes(directory, suffix))
 
 
 class SubPath:
