@@ -28,7 +28,9 @@ from pipeline.sources import InputError, inspect_inputs, list_input_files
 from pipeline.analysis import (merge_count_tables, merge_dense_stats, select_vocabulary,
                                select_vocabulary_table, split_cutoffs_by_row, split_cutoffs_from_histogram,
                                token_count_tables)
-from pipeline.transforms import ComputeVocabularies, RawBatch, ValidateRows, _MergeCountTables
+from pipeline.repeats import row_hashes
+from pipeline.transforms import (ComputeVocabularies, RawBatch, RawBatchCoder, ReadClickLogs, ValidateRows,
+                                 _MergeCountTables)
 from features.canonical import SchemaError, canonicalize
 
 
@@ -113,6 +115,27 @@ def test_validate_rows_routes_bad_rows_with_reasons():
         assert_that(dead, equal_to([(11, "null_label", "f.parquet"), (12, "label_not_0_1", "f.parquet"),
                                     (13, "null_timestamp", "f.parquet")]), label="dead")
     del cfg
+
+
+def test_read_and_validated_batches_are_sized_without_being_encoded(small_log, small_cfg):
+    """A runner samples the encoded size of every PCollection's first elements for its metrics. The read's
+    and the validation's batches are RawBatches, whose coder estimates a size from the buffers (Beam's
+    fallback pickled each 27 MB batch once more to measure it) and still round-trips the batch whole."""
+    kinds, inputs = inspect_inputs(list_input_files(small_log), small_cfg)
+    files = [(f.path, f.first_row) for f in inputs]
+    p = beam.Pipeline()
+    batches = p | ReadClickLogs(files, small_cfg.raw_columns(), kinds, hash_rows=True)
+    for pcoll in (batches, batches | ValidateRows(small_cfg, dead_letter=False),
+                  (batches | "WithDead" >> ValidateRows(small_cfg)).good):
+        assert pcoll.element_type is RawBatch
+        assert isinstance(beam.coders.registry.get_coder(pcoll.element_type), RawBatchCoder)
+    table = pq.read_table(files[0][0])
+    batch = RawBatch(files[0][0], 0, np.arange(table.num_rows), table, row_hashes(table))
+    coder = RawBatchCoder()
+    encoded = coder.encode(batch)
+    back = coder.decode(encoded)
+    assert back.table.equals(batch.table) and (back.hashes == batch.hashes).all() and back.source == batch.source
+    assert 0.5 < coder.estimate_size(batch) / len(encoded) < 2
 
 
 def test_compute_vocabularies_min_count_top_k_and_shared():
