@@ -20,6 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from features.canonical import one_array
+
 __all__ = ["row_hashes", "bucketed", "find_repeats", "Repeats", "BUCKET_ROWS"]
 
 BUCKET_ROWS = 4_000_000  # rows per bucket (at least 16 buckets): what one worker sorts at the end
@@ -132,7 +134,7 @@ def row_hashes(table: pa.Table) -> np.ndarray:
     parts = []
     for s in range(0, table.num_rows, _CHUNK_ROWS):
         chunk = table.slice(s, _CHUNK_ROWS)
-        words = [_column_word(c.combine_chunks() if c.num_chunks != 1 else c.chunk(0)) for c in chunk.columns]
+        words = [_column_word(one_array(c)) for c in chunk.columns]
         parts.append(_combine(words, chunk.num_rows))
     return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
