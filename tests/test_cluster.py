@@ -160,7 +160,8 @@ def test_a_ps_worker_reading_another_copy_of_the_data_is_named(tmp_path, preproc
     """PS workers read the shards at the chief's paths on their own hosts. A worker host holding another copy
     there (a stale one: two item IDs swapped, same sizes) trained the shared tables on IDs that stand for other
     values, without a word; one holding none failed with TensorFlow's trace, and one whose copy lacks the
-    shards with a NotFoundError naming a file the chief has. Worker 1 gets its own mounts (unshare), with the
+    shards with a NotFoundError naming a file the chief has (now worker 1 checks its copy against the job's
+    shard list before it serves, and stops naming itself). Worker 1 gets its own mounts (unshare), with the
     other copy, an empty folder or a partial copy mounted over the data's path."""
     data = preprocessed[0]
     stale, empty, partial = tmp_path / "stale", tmp_path / "empty", tmp_path / "partial"
@@ -171,20 +172,32 @@ def test_a_ps_worker_reading_another_copy_of_the_data_is_named(tmp_path, preproc
     body["values"][:2] = body["values"][1::-1]
     vocab.write_text(json.dumps(body))
     shutil.copytree(data, partial, ignore=shutil.ignore_patterns("*.tfrecord"))
-    shards = " ".join(str(p) for p in sorted((Path(data) / "train").glob("*.tfrecord")))
+    train_shards = sorted(p.name for p in (Path(data) / "train").glob("*.tfrecord"))
+
+    def mounted(seen: Path, cmd: list[str]) -> list[str]:  # worker 1's filesystem: `seen` at the data's path
+        return ["unshare", "--mount", "sh", "-c", f'mount --bind "{seen}" "{data}" && exec "$@"', "sh", *cmd]
+
     for seen, where, why in ((stale, "transform/vocab/item_id.json", " holds other bytes than the same file on "
                                                                      "the chief"),
                              (empty, "transform/", " is missing"),  # any of its files
-                             (partial, "train", f" lacks shards the chief has: {shards}")):
+                             (partial, "", "")):
         model_dir = str(tmp_path / f"model_{seen.name}")
         with VirtualHosts(4) as hosts:
             cluster = {"chief": [f"{hosts.address(0)}:{PORT}"], "ps": [f"{hosts.address(1)}:{PORT}"],
                        "worker": [f"{hosts.address(2)}:{PORT}", f"{hosts.address(3)}:{PORT}"]}
+            if seen is partial:  # worker 1 checks its own copy whole before it serves
+                worker = hosts.run(3, mounted(seen, _train(data, model_dir, "--strategy", "ps")),
+                                   env=_env(cluster, "worker", 1), capture_output=True, text=True, timeout=300)
+                assert worker.returncode == 1, worker.stderr[-2000:]
+                assert (f"recpipe train: error: PS worker 1 ({hosts.address(3)}:{PORT}): {data} holds other shards "
+                        f"than its preprocess run wrote: its eval/ lacks " in worker.stderr
+                        and f"; its train/ lacks {train_shards[0]}" in worker.stderr), worker.stderr[-3000:]
+                continue
             host_of = {("ps", 0): 1, ("worker", 0): 2, ("worker", 1): 3}
             for task, host in host_of.items():
                 cmd = _train(data, model_dir, "--strategy", "ps")
-                if task == ("worker", 1):  # this host's filesystem: `seen` at the data's path
-                    cmd = ["unshare", "--mount", "sh", "-c", f'mount --bind "{seen}" "{data}" && exec "$@"', "sh", *cmd]
+                if task == ("worker", 1):
+                    cmd = mounted(seen, cmd)
                 proc = hosts.popen(host, cmd, env=_env(cluster, *task), stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
                 hosts.wait_listening(host, PORT, proc=proc)

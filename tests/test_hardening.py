@@ -31,6 +31,7 @@ from features.config import ConfigError, load_config, parse_config
 from features.preprocessed import PreprocessedData
 from pipeline.options import BeamOptionsError
 from pipeline.preprocess import PreprocessError, run_preprocess
+from recpipe.localserver import free_port
 from serving.export import ExportError, SkewError, export_model
 from serving.server import ModelServer, ServeError, ServeOptions
 from trainers.errors import TrainError
@@ -294,7 +295,7 @@ def test_4_a_sigterm_the_moment_the_server_answers_stops_it_cleanly(exported):
     """`recpipe serve` answered REST before it caught SIGTERM (the handler came after the gRPC server had
     started), so a SIGTERM in between, as an orchestrator's rolling restart may send, killed it (exit -15)
     instead of stopping it; the chain test met it once in a few runs."""
-    from recpipe.localserver import free_port, wait_healthy
+    from recpipe.localserver import wait_healthy
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "serve", "--model-base", exported[0], "--model-name",
                              "small", "--rest-port", str(port), "--grpc-port", str(free_port())],
@@ -391,6 +392,14 @@ def test_5_a_partial_copy_of_the_preprocessed_data_is_named(tmp_path, preprocess
                 f"short or still going on, or an older run's shards left beside this one's?)")
     with pytest.raises(DataError, match=re.escape(expected)):
         train(TrainOptions(str(data), str(tmp_path / "model"), small_cfg_path, run=RunOptions(steps=5)), **QUIET)
+    # a PS worker reads its own host's copy, which the chief does not see: it checks it before it serves
+    cluster = {"chief": ["127.0.0.1:1"], "worker": [f"127.0.0.1:{free_port()}"], "ps": ["127.0.0.1:2"]}
+    env = dict(os.environ, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}}))
+    worker = subprocess.run([sys.executable, "-m", "recpipe.cli", "train", "--data", str(data), "--model-dir",
+                             str(tmp_path / "model"), "--config", small_cfg_path, "--strategy", "ps"], env=env,
+                            capture_output=True, text=True, timeout=300)  # serving, it would run until killed
+    assert worker.returncode != 0 and f"PS worker 0 ({cluster['worker'][0]}): {expected}" in worker.stderr, \
+        worker.stderr[-3000:]
 
 
 def test_5_invalid_utf8_and_separators_in_items_are_dead_lettered(tmp_path, small_log, small_cfg):

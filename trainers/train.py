@@ -18,7 +18,8 @@ from features.errors import RecpipeError
 from features.preprocessed import PreprocessedData
 from trainers.advisor import advise
 from trainers.allocator import loaded_allocator
-from trainers.data import SameCopyCheck, check_whole_copy, make_dataset, naming_bad_shards, synthetic_dataset
+from trainers.data import (DataError, SameCopyCheck, check_whole_copy, make_dataset, naming_bad_shards,
+                           synthetic_dataset)
 from trainers.errors import TrainError
 from trainers.health import check_loss
 from trainers.hvd import train_horovod
@@ -43,11 +44,25 @@ def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
         return _train(opts, say, hosts)
 
 
+def _check_worker_copy(data_dir: str, cluster: TFConfig) -> None:
+    """A PS worker reads the shards on its own host, at the chief's paths, and the chief checks only its own
+    copy: a worker whose copy was cut short at a record's end read fewer rows without a word (its graph checks
+    the shards' names, since a graph has no file-size op). So a worker checks its copy whole before it serves,
+    and one that cannot stops naming itself and the copy."""
+    try:
+        check_whole_copy(PreprocessedData(data_dir))
+    except DataError as e:
+        address = cluster.cluster.spec()[cluster.task_type][cluster.task_index]
+        raise DataError(f"PS {cluster.task_type} {cluster.task_index} ({address}): {e}") from None
+
+
 def _train(opts: TrainOptions, say: Callable[[str], None], hosts: Optional[HostJob]) -> TrainState:
     cluster = tf_config() if opts.run.strategy == "ps" else None
     if cluster is not None and cluster.task_type != "chief":  # a TFJob runs one command in every replica
         if cluster.task_type == "ps":
             _check_ps_task_memory(opts, len(cluster.cluster.ps), say)
+        elif not opts.synthetic_input:
+            _check_worker_copy(opts.data_dir, cluster)
         say(f"train: serving PS-cluster task {cluster.task_type} {cluster.task_index} until killed")
         serve_task(cluster.cluster.spec(), cluster.task_type, cluster.task_index, opts.run.ps_task_threads)
     model_dir, data = ModelDir(opts.model_dir), PreprocessedData(opts.data_dir)
