@@ -62,9 +62,9 @@ class RawBatch:
 
 class RawBatchCoder(beam.coders.Coder):
     """RawBatch's coder: pickled, as Beam's fallback coder would, but with a size estimate from the
-    buffers' sizes. A runner samples the encoded size of a PCollection's elements for its metrics, all of
-    its first ones: with the fallback, every batch of the read and of the validation (27 MB each at 64k
-    Criteo-shaped rows) was pickled once more just to be measured."""
+    buffers' sizes. A runner measures the encoded size of a sample of each PCollection's elements for its
+    metrics, every one of the first few dozen: with the fallback, each batch of the read and of the
+    validation (27 MB at 64k Criteo-shaped rows) was pickled once more just to be measured."""
 
     def encode(self, value: RawBatch) -> bytes:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
