@@ -11,7 +11,8 @@ from typing import Any
 import pyarrow.fs as pafs
 
 __all__ = ["resolve", "join", "makedirs", "exists", "write_text", "read_text", "write_bytes", "read_bytes",
-           "read_json", "write_json", "json_safe", "replace_bytes", "list_files", "remove", "SubPath"]
+           "read_json", "write_json", "json_safe", "replace_bytes", "list_files", "remove", "remove_dir",
+           "SubPath"]
 
 
 def resolve(path: str) -> tuple[pafs.FileSystem, str]:
@@ -99,6 +100,13 @@ def replace_bytes(path: str, data: bytes, *, only_if_changed: bool = False) -> b
 def remove(path: str) -> None:
     fs, p = resolve(path)
     fs.delete_file(p)
+
+
+def remove_dir(path: str) -> None:
+    """A folder and everything in it (nothing when it is not there)."""
+    fs, p = resolve(path)
+    if fs.get_file_info(p).type != pafs.FileType.NotFound:
+        fs.delete_dir(p)
 
 
 def file_sizes(directory: str, suffix: str = "") -> dict[str, int]:

@@ -70,6 +70,7 @@ class PreprocessedData:
     eval_sample_records = fsio.SubPath("eval_sample.tfrecord")
     row_counts_path = fsio.SubPath("_row_counts.json")  # the job's own count, moved into the artifact
     repeats_path = fsio.SubPath("_repeats.json")  # rows equal to earlier rows (pipeline.repeats), read and removed
+    row_hashes_dir = fsio.SubPath("_row_hashes")  # the repeated-rows check's staged hashes, removed with it
 
     def split_dir(self, split: str) -> str:
         if split not in SPLITS:

@@ -190,7 +190,8 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     _ = ((batches, {s: splits[s] for s in SPLITS}, validated.dead_letter, splits.time_range)
          | "CountRows" >> CountRows(out.row_counts_path, cfg))
     if _checks_repeats(cfg):
-        _ = batches | "FindRepeatedRows" >> FindRepeatedRows(out.repeats_path, [f.first_row for f in files], total)
+        _ = batches | "FindRepeatedRows" >> FindRepeatedRows(out.repeats_path, out.row_hashes_dir,
+                                                             [f.first_row for f in files], total)
 
 
 def _checks_repeats(cfg: Config) -> bool:
@@ -199,11 +200,12 @@ def _checks_repeats(cfg: Config) -> bool:
 
 
 def _repeats(staged: PreprocessedData, cfg: Config) -> Repeats | None:
-    """The FindRepeatedRows branch's findings (None when the run does not look), its file removed."""
+    """The FindRepeatedRows branch's findings (None when the run does not look), its files removed."""
     if not _checks_repeats(cfg):
         return None
     found = Repeats.from_json(fsio.read_json(staged.repeats_path))
     fsio.remove(staged.repeats_path)
+    fsio.remove_dir(staged.row_hashes_dir)
     return found
 
 

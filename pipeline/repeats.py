@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 
 from features.canonical import one_array
 
-__all__ = ["row_hashes", "bucketed", "find_repeats", "Repeats", "BUCKET_ROWS"]
+__all__ = ["row_hashes", "bucketed", "pairs_bytes", "pairs_from_bytes", "find_repeats", "Repeats", "BUCKET_ROWS"]
 
 BUCKET_ROWS = 4_000_000  # rows per bucket (at least 16 buckets): what one worker sorts at the end
 _EXAMPLES = 5
@@ -137,6 +137,22 @@ def row_hashes(table: pa.Table) -> np.ndarray:
         words = [_column_word(one_array(c)) for c in chunk.columns]
         parts.append(_combine(words, chunk.num_rows))
     return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+
+
+_PAIR = np.dtype([("hash", "<u8"), ("row", "<i8")])
+
+
+def pairs_bytes(hashes: np.ndarray, positions: np.ndarray) -> bytes:
+    """(row hash, global row number) pairs as 16 bytes each, for a staged bucket file."""
+    pairs = np.empty(len(hashes), _PAIR)
+    pairs["hash"], pairs["row"] = hashes, positions
+    return pairs.tobytes()
+
+
+def pairs_from_bytes(parts: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """The hashes and row numbers of staged pairs_bytes parts, concatenated."""
+    pairs = np.frombuffer(b"".join(parts), _PAIR)
+    return np.ascontiguousarray(pairs["hash"]), np.ascontiguousarray(pairs["row"])
 
 
 def bucketed(hashes: np.ndarray, positions: np.ndarray, buckets: int) -> list[tuple[int, tuple]]:

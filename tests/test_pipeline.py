@@ -399,6 +399,7 @@ def test_rows_repeated_within_files_are_named(tmp_path, small_log, small_cfg):
     assert TransformArtifact.read(str(tmp_path / "o2" / "transform")).row_counts["repeated_rows"] is None
     run_preprocess(small_cfg, small_log, str(tmp_path / "o3"), IN_MEMORY, say=lambda _: None)
     assert TransformArtifact.read(str(tmp_path / "o3" / "transform")).row_counts["repeated_rows"] == 0
+    assert not any(n.startswith("_") for n in os.listdir(tmp_path / "o3"))  # the staged hashes went with the check
 
 
 def test_a_day_of_far_fewer_or_more_rows_than_the_previous_run_is_named(tmp_path, small_log, small_cfg):

@@ -3,7 +3,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.repeats import Repeats, bucketed, find_repeats, row_hashes
+from pipeline.repeats import Repeats, bucketed, find_repeats, pairs_bytes, pairs_from_bytes, row_hashes
 
 LONG = "x" * 30
 
@@ -58,3 +58,13 @@ def test_repeats_are_found_across_buckets_and_files():
     assert found.pairs == {(0, 0): 1, (0, 1): 2} and found.repeats == 3
     assert found.examples == {(0, 0): [(2, 0)], (0, 1): [(3, 0), (5, 1)]}
     assert Repeats.from_json(found.to_json()) == found
+
+
+def test_a_buckets_staged_files_give_its_rows_back_whole():
+    """The check stages each bundle's (hash, row) pairs of a bucket in a file of its own; read back, the
+    files give the bucket's rows in their order, and a repeat whose rows sit in two files is found."""
+    hashes, rows = np.array([5, 7, 5, 2**64 - 1], np.uint64), np.array([0, 1, 2, 2**40])
+    back = pairs_from_bytes([pairs_bytes(hashes[:2], rows[:2]), b"", pairs_bytes(hashes[2:], rows[2:])])
+    assert back[0].dtype == np.uint64 and back[1].dtype == np.int64
+    assert back[0].tolist() == hashes.tolist() and back[1].tolist() == rows.tolist()
+    assert find_repeats(*back, np.array([0, 2])).pairs == {(0, 1): 1}
