@@ -195,15 +195,6 @@ def _why(key: str, found: dict) -> str:
                 f"backward pass still runs), which the model does not credit; longer, that the link's queueing or "
                 f"the CPU the transfers take grew with the slower link.")
     peers = found.get("preprocess", {}).get("peers")
-    if key == "preprocess_rss_10x_vs_1x" and peers and "beam_unchecked" in peers["peak_rss_mb"]:
-        rss, prss = found["preprocess"]["preprocess"]["peak_rss_mb"], peers["peak_rss_mb"]
-        return (f"peak RSS {rss['beam_1x']['median']:,.0f} MB at 1x and {rss['beam_10x']['median']:,.0f} MB at 10x. "
-                f"The transform's own state is set by the batch size and the vocabularies; what grows with the rows "
-                f"is the repeated-rows check (pipeline.repeats), which keeps a 64-bit hash and a row number for every "
-                f"row read until the end of the transform pass, held again, encoded, by the DirectRunner's "
-                f"group-by-key. On the {peers['rows']:,} Criteo-shaped rows of the DuckDB comparison in this run "
-                f"the job peaks at {prss['beam']['median']:,.0f} MB with the check and "
-                f"{prss['beam_unchecked']['median']:,.0f} MB without (`preprocess.max_repeated_row_fraction: 1`).")
     if key == "preprocess_beam_vs_duckdb" and peers:
         w = peers["wall_s"]
         return (f"on {peers['rows']:,} rows `recpipe preprocess` takes {w['beam']['median']:.1f} s and DuckDB "
