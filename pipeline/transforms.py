@@ -661,7 +661,8 @@ class _StageHashes(beam.DoFn):
     def process(self, b: RawBatch) -> None:
         for bucket, (hashes, positions) in bucketed(_hashes(b), b.positions, self._buckets):
             if bucket not in self._files:
-                fsio.makedirs(self._folder)
+                if not self._files:  # the bundle's first file
+                    fsio.makedirs(self._folder)
                 path = fsio.join(self._folder, f"{bucket:05d}-{self._tag}.pairs")
                 fs, local = fsio.resolve(path)
                 self._files[bucket] = (path, fs.open_output_stream(local))
