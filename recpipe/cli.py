@@ -255,7 +255,11 @@ def cmd_bench(a) -> None:
         return
     if a.paths:
         raise SystemExit(f"recpipe bench {a.suite}: unexpected arguments {a.paths} (only `compare` takes paths)")
-    from recpipe.bench.run import BenchOptions, run_bench
+    from recpipe.bench.run import BenchOptions, run_bench, suites_of
+    try:
+        suites_of(a.suite)
+    except ValueError as e:
+        raise SystemExit(f"recpipe {e}")
     run_bench(BenchOptions(suite=a.suite, quick=a.quick, reps=a.reps, rows=a.rows, steps=a.steps, out_dir=a.out,
                            workdir=a.workdir), say=_say)
 
@@ -435,8 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
     cl.set_defaults(fn=cmd_cluster)
 
     b = sub.add_parser("bench", help="benchmarks -> bench/results/<suite>.json + .md and REPORT.md with plots")
-    b.add_argument("suite", nargs="?", default="all", choices=[*SUITES, "all", "compare"],
-                   help="preprocess: Beam vs single-process baseline, peak RSS at 1x vs 10x rows, shard formats; "
+    b.add_argument("suite", nargs="?", default="all", metavar="{" + ",".join([*SUITES, "all", "compare"]) + "}",
+                   help="several suites joined by commas run in one go (e.g. preprocess,train); "
+                        "preprocess: Beam vs single-process baseline, peak RSS at 1x vs 10x rows, shard formats; "
                         "train: real vs synthetic input, bf16 vs fp32, every tuning knob, Horovod and PS scaling, "
                         "RSS vs table size, FLOP/s ceiling, Criteo AUC per strategy, scale-out model; "
                         "serve: QPS/latency at concurrency 1/8/32, batching off/on, against in-process calls; "

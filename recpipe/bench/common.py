@@ -94,11 +94,10 @@ def machine_info() -> dict:
 
 
 def save_result(out_dir: str, name: str, result: dict, md: str) -> None:
+    """<name>.json and <name>.md, each replaced whole (another run's report may be reading the folder)."""
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"{name}.json"), "w") as fh:
-        json.dump(result, fh, indent=1, sort_keys=True)
-    with open(os.path.join(out_dir, f"{name}.md"), "w") as fh:
-        fh.write(md)
+    fsio.replace_bytes(os.path.join(out_dir, f"{name}.json"), json.dumps(result, indent=1, sort_keys=True).encode())
+    fsio.replace_bytes(os.path.join(out_dir, f"{name}.md"), md.encode("utf-8"))
 
 
 GENERATED_SPEC = "_generate_spec.json"  # in a generated log's folder; a leading _ hides it from preprocess

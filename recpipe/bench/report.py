@@ -2,6 +2,7 @@
 ratio against its target, every missed target explained from the run's own figures."""
 from __future__ import annotations
 
+import io
 import os
 import sys
 
@@ -41,7 +42,8 @@ def _fmt(value: float) -> str:
 
 
 def write_report(out_dir: str) -> str:
-    """bench/results/REPORT.md (+ PNG plots) from the suite results in out_dir."""
+    """bench/results/REPORT.md (+ PNG plots) from the suite results in out_dir. Each file is replaced whole
+    (temp file + rename): runs of different suites writing into one folder at once never leave a torn one."""
     found = _load_results(out_dir)
     ratios: dict[str, float] = {}
     for r in found.values():
@@ -81,8 +83,7 @@ def write_report(out_dir: str) -> str:
               "Reproduce: `make bench` (all suites, over 2 hours on 2 cores) or `.venv/bin/recpipe bench SUITE`; "
               "`--quick` for the smoke run CI does.", ""]
     path = os.path.join(out_dir, "REPORT.md")
-    with open(path, "w") as fh:
-        fh.write("\n".join(lines))
+    fsio.replace_bytes(path, "\n".join(lines).encode("utf-8"))
     return path
 
 
@@ -332,7 +333,9 @@ def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
 
     def save(fig, name: str, title: str) -> None:
         fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, name), dpi=90)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=90)
+        fsio.replace_bytes(os.path.join(out_dir, name), png.getvalue())  # whole, whoever else writes the folder
         plt.close(fig)
         made.append((title, name))
 

@@ -1,5 +1,5 @@
-"""`recpipe bench [preprocess|train|serve|cluster|quality|export|lifecycle|all] [--quick]`: runs the suites,
-each ratio against its baseline measured in the same run, -> bench/results/<suite>.json + .md, then
+"""`recpipe bench [preprocess|train|serve|cluster|quality|export|lifecycle|SUITE,SUITE,...|all] [--quick]`:
+runs the suites, each ratio against its baseline measured in the same run, -> bench/results/<suite>.json + .md, then
 REPORT.md with PNG plots (recpipe.bench.report).
 
 Figures are the median of `reps` runs (min and max kept); ratios are only meaningful within one
@@ -32,7 +32,7 @@ from recpipe.bench.train import markdown as train_markdown
 from recpipe.netns import netns_available
 from recpipe.samples import find_criteo_sample, repo_configs
 
-__all__ = ["BenchOptions", "run_bench"]
+__all__ = ["BenchOptions", "run_bench", "suites_of"]
 
 
 @dataclass(frozen=True)
@@ -49,9 +49,19 @@ class BenchOptions:
         return self.reps or (1 if self.quick else 3)
 
 
+def suites_of(spec: str) -> tuple[str, ...]:
+    """The suites `spec` names ("all", one suite, or several joined by commas), in SUITES order: the
+    preprocess suite's data is reused by the train, serve and export suites of the same run."""
+    names = SUITES if spec == "all" else tuple(s.strip() for s in spec.split(","))
+    unknown = [s for s in names if s not in SUITES]
+    if unknown or not names:
+        raise ValueError(f"bench suite {', '.join(unknown) or spec!r}: use {', '.join(SUITES)}, several of them "
+                         f"joined by commas, or all")
+    return tuple(s for s in SUITES if s in names)
+
+
 def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
-    if opts.suite not in (*SUITES, "all"):
-        raise ValueError(f"bench suite {opts.suite!r}: use {', '.join(SUITES)} or all")
+    suites = suites_of(opts.suite)
     work = opts.workdir or tempfile.mkdtemp(prefix="recpipe-bench-")
     cfg_path = str(repo_configs() / "synthetic.yaml")
     reps, quick = opts.repetitions(), opts.quick
@@ -59,7 +69,7 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
     results = {}
     shared = None  # (raw log, preprocessed) of the preprocess suite, reused by the others in this run
     t0 = time.perf_counter()
-    for suite in (SUITES if opts.suite == "all" else (opts.suite,)):
+    for suite in suites:
         sw = os.path.join(work, suite)
         say(f"bench: {suite} ({'quick, ' if quick else ''}{reps} repetition{'s' * (reps > 1)}) in {sw}")
         if suite == "preprocess":
