@@ -168,17 +168,27 @@ def test_preprocess_outputs_and_accounting(preprocessed, small_cfg):
 
 def test_the_beam_job_never_loads_tensorflow(tmp_path, small_log, small_cfg_path):
     """`recpipe preprocess` (and the DoFns it runs) work without TensorFlow: hashing, dense transforms,
-    record encoding and the row check are Arrow/numpy/farmhash, so no worker pays TF's start-up."""
+    record encoding and the row check are Arrow/numpy/farmhash, so no worker pays TF's start-up; nor does
+    the daily DAG's preprocess task (`recpipe daily preprocess`)."""
     import subprocess
     import sys
-    code = ("import sys; from recpipe.cli import main; "
-            f"rc = main(['preprocess', '--config', {small_cfg_path!r}, '--input', {small_log!r}, "
-            f"'--output', {str(tmp_path / 'out')!r}]); "
-            "print('tensorflow loaded' if any(m.split('.')[0] == 'tensorflow' for m in sys.modules) else 'no tf'); "
-            "sys.exit(rc)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert "rows in = 6000" in proc.stdout and proc.stdout.strip().endswith("no tf"), proc.stdout
+
+    import yaml
+    day = sorted(d for d in os.listdir(small_log) if d.startswith("dt="))[0][3:]
+    project = tmp_path / "project.yaml"
+    project.write_text(yaml.safe_dump({"log_root": small_log, "work_root": str(tmp_path / "work"),
+                                       "model_base": str(tmp_path / "serving"), "config": small_cfg_path}))
+    for argv, said in ((['preprocess', '--config', small_cfg_path, '--input', small_log, '--output',
+                         str(tmp_path / 'out')], "rows in = 6000"),
+                       (['daily', 'preprocess', '--project', str(project), '--day', day], "rows in = ")):
+        code = ("import sys; from recpipe.cli import main; "
+                f"rc = main({argv!r}); "
+                "print('tensorflow loaded' if any(m.split('.')[0] == 'tensorflow' for m in sys.modules) else 'no tf'); "
+                "sys.exit(rc)")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert said in proc.stdout and proc.stdout.strip().endswith("no tf"), proc.stdout
+    assert (tmp_path / "work" / day / "preprocessed").is_dir()
 
 
 def test_direct_runner_runs_in_process_without_trying_prism(tmp_path, small_log, small_cfg_path):
