@@ -204,8 +204,17 @@ def test_a_ps_worker_reading_another_copy_of_the_data_is_named(tmp_path, preproc
                 f"chief's paths" in chief.stderr), chief.stderr[-3000:]
         assert ModelDir(model_dir).latest_step() == 0  # not one step on the other copy
     with VirtualHosts(4) as hosts:  # the partial copy: worker 1 checks its own copy whole before it serves
-        worker = hosts.run(3, mounted(partial, _train(data, str(tmp_path / "model_partial"), "--strategy", "ps")),
+        model_dir = str(tmp_path / "model_partial")
+        worker = hosts.run(3, mounted(partial, _train(data, model_dir, "--strategy", "ps")),
                            env=_env(cluster_of(hosts), "worker", 1), capture_output=True, text=True, timeout=300)
+        # the chief sees a worker that does not serve, and says where to look
+        chief = hosts.run(0, _train(data, model_dir, "--strategy", "ps", "--config", small_cfg_path, "--steps", "40",
+                                    "--cluster-wait-seconds", "3"),
+                          env=_env(cluster_of(hosts), "chief", 0), capture_output=True, text=True, timeout=300)
+    assert chief.returncode == 1 and (f"; worker 1 ({hosts.address(3)}:{PORT}: Connection refused)" in chief.stderr
+                                      and "not serving after 3 s (--cluster-wait-seconds)" in chief.stderr
+                                      and "A worker whose own copy of --data is not this run's stops before it "
+                                          "serves, naming why in its own log." in chief.stderr), chief.stderr[-2000:]
     assert worker.returncode == 1, worker.stderr[-2000:]
     assert (f"recpipe train: error: PS worker 1 ({hosts.address(3)}:{PORT}): {data} holds other shards than its "
             f"preprocess run wrote: its eval/ lacks " in worker.stderr

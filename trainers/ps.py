@@ -180,8 +180,11 @@ def wait_for_tasks(cluster: PSCluster, timeout: float, say: Callable[[str], None
                 say(f"train: every PS and worker task serves (after {waited:.0f} s)")
             return
         if waited >= timeout:
+            worker = any(job == "worker" for job, *_ in silent)
             raise TrainError(f"{task_names(silent)}: not serving after {timeout:g} s (--cluster-wait-seconds); is "
-                             f"`recpipe train` running there with that TF_CONFIG task, and can this host reach it?")
+                             f"`recpipe train` running there with that TF_CONFIG task, and can this host reach it?"
+                             + (" A worker whose own copy of --data is not this run's stops before it serves, "
+                                "naming why in its own log." if worker else ""))
         if said is None or time.monotonic() - said >= every:
             say(f"train: waiting for {task_names(silent)} to serve ({waited:.0f} s of {timeout:g})")
             said = time.monotonic()
