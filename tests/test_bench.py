@@ -1,10 +1,10 @@
 """`recpipe bench --quick`: the CI smoke run of every benchmark suite (figures are not asserted;
 that every suite runs end to end and reports every ratio key, plots included, is).
 
-The suites run as three `recpipe bench SUITE,SUITE --quick` processes at once into one results folder:
-one after another they took 11 to 17 minutes of CI, most of it processes starting TensorFlow and tracing
-one core at a time. Their figures are contended, which is why this test asserts none of them; a user's
-`recpipe bench` runs its suites one after another."""
+The suites run as three `recpipe bench SUITE,SUITE --quick` processes at once into one results folder,
+each followed by its reruns: one after another they took 11 to 17 minutes of CI, most of it processes
+starting TensorFlow and tracing on one core. Their figures are contended, which is why this test asserts
+none of them; a user's `recpipe bench` runs its suites one after another."""
 from __future__ import annotations
 
 import json
@@ -23,31 +23,53 @@ CLUSTER = netns_available()[0]
 RUN = [s for s in SUITES if CLUSTER or s != "cluster"]
 
 
-# Three streams of about equal length; preprocess first in its stream, whose data train, serve and export reuse.
-STREAMS = ("preprocess,train,serve,export", "cluster,quality" if CLUSTER else "quality", "lifecycle")
+# Three streams of about equal length, each a `recpipe bench A,B --quick` process and then its reruns, at
+# once. A rerun in the same workdir reuses its logs and preprocessed data but trains and exports afresh (the
+# suites that write model dirs and export versions; each failed with 'version 1 already exists'), and the
+# memory growth preprocesses and trains afresh. Train, serve and export reuse the preprocess suite's data
+# (run.py's shared path), and their reruns, each its own `recpipe bench SUITE`, generate their own (the
+# standalone path).
+STREAMS = {"preprocess,train,serve,export": ("serve", "export"),
+           ("cluster,quality" if CLUSTER else "quality"): (), "lifecycle": ("memory_growth",)}
 
 
-def _bench_at_once(streams, out, work, logs) -> None:
-    """`recpipe bench STREAM --quick` for every stream at once, all into `out` and `work`; each must end
-    well and say it wrote the report."""
-    logs.mkdir(exist_ok=True)
-    procs = {}
-    for i, suites in enumerate(streams):
-        with open(logs / f"{i}.log", "w") as log:
-            procs[suites] = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "bench", suites, "--quick", "--out",
-                                              str(out), "--workdir", str(work)], stdout=log, stderr=subprocess.STDOUT)
-    codes = {suites: p.wait() for suites, p in procs.items()}
-    for i, suites in enumerate(streams):
-        text = (logs / f"{i}.log").read_text()
-        assert codes[suites] == 0, f"bench {suites} exited {codes[suites]}:\n{text[-3000:]}"
-        assert f"bench: wrote {out}/REPORT.md" in text, text[-1000:]
+def _bench(suites: str, out, work, log) -> None:
+    """`recpipe bench SUITES --quick`: it must end well and say it wrote the report."""
+    log.parent.mkdir(exist_ok=True)
+    with open(log, "w") as fh:
+        code = subprocess.run([sys.executable, "-m", "recpipe.cli", "bench", suites, "--quick", "--out", str(out),
+                               "--workdir", str(work)], stdout=fh, stderr=subprocess.STDOUT).returncode
+    text = log.read_text()
+    assert code == 0, f"bench {suites} exited {code}:\n{text[-3000:]}"
+    assert f"bench: wrote {out}/REPORT.md" in text, text[-1000:]
+
+
+def _stream(suites: str, reruns: tuple, tmp_path):
+    """One stream: its suites, then its reruns at once; returns the memory growth rerun's result (None without)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from recpipe.bench.lifecycle_memory import bench_memory_growth
+    work = tmp_path / "work"
+    _bench(suites, tmp_path / "results", work, tmp_path / "logs" / f"{suites}.log")
+
+    def rerun(suite: str):
+        if suite == "memory_growth":
+            return bench_memory_growth(str(work / "lifecycle"), lambda _: None, quick=True)
+        return _bench(suite, tmp_path / "rerun", work, tmp_path / "logs" / f"rerun-{suite}.log")
+    with ThreadPoolExecutor(max(len(reruns), 1)) as pool:
+        done = [job.result() for job in [pool.submit(rerun, suite) for suite in reruns]]
+    return next((r for r in done if r is not None), None)
 
 
 def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
     from recpipe.bench.report import write_report
     out = tmp_path / "results"
     t0 = time.monotonic()
-    _bench_at_once(STREAMS, out, tmp_path / "work", tmp_path / "logs")
+    with ThreadPoolExecutor(len(STREAMS)) as pool:
+        started = [pool.submit(_stream, suites, reruns, tmp_path) for suites, reruns in STREAMS.items()]
+        again = next(r for r in [job.result() for job in started] if r is not None)
     elapsed = time.monotonic() - t0
     write_report(str(out))  # once more, with every suite's result there: the streams ended in any order
     ratios = {}
@@ -100,16 +122,7 @@ def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):
                                str(out)], check=True, capture_output=True, text=True).stdout
     assert "preprocess_beam_vs_duckdb" in compared and " same" in compared
     print(f"bench --quick took {elapsed:.0f} s")
-    # a rerun in the same workdir reuses its logs and preprocessed data but trains and exports afresh (the
-    # suites that write model dirs and export versions; each failed with 'version 1 already exists'), and the
-    # memory growth runs preprocess and train afresh; all three at once
-    from concurrent.futures import ThreadPoolExecutor
-
-    from recpipe.bench.lifecycle_memory import bench_memory_growth
-    with ThreadPoolExecutor(1) as pool:
-        again = pool.submit(bench_memory_growth, str(tmp_path / "work" / "lifecycle"), lambda _: None, quick=True)
-        _bench_at_once(("serve", "export"), tmp_path / "rerun", tmp_path / "work", tmp_path / "rerun_logs")
-        again = again.result()
+    # the memory growth rerun in the same workdir preprocessed and trained afresh, to the same tables
     assert [d["item_table_rows"] for d in again["runs"]["evict"]] == [d["item_table_rows"] for d in memory["evict"]]
 
 
@@ -122,6 +135,17 @@ def _check_cluster(out, tmp_path):
                              "--bandwidth-gbps", "0.1", "--calibration", str(out / "cluster.json")],
                             check=True, capture_output=True, text=True).stdout
     assert "+ measured overheads" in advice
+
+
+def test_bench_runs_the_suites_named_in_their_order_and_refuses_an_unknown_one():
+    from recpipe.bench.run import suites_of
+    assert suites_of("all") == SUITES
+    assert suites_of("serve, preprocess") == ("preprocess", "serve")  # preprocess first: the others reuse its data
+    with pytest.raises(ValueError, match="bench suite 'serv': use preprocess, train"):
+        suites_of("preprocess,serv")
+    proc = subprocess.run([sys.executable, "-m", "recpipe.cli", "bench", "train,,serve"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 1 and "recpipe bench suite" in proc.stderr and "joined by commas" in proc.stderr
 
 
 def test_bench_compare_flags_a_missed_target_as_regressed():
