@@ -12,6 +12,7 @@ import math
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -46,8 +47,6 @@ def _bench(suites: str, out, work, log) -> None:
 
 def _stream(suites: str, reruns: tuple, tmp_path):
     """One stream: its suites, then its reruns at once; returns the memory growth rerun's result (None without)."""
-    from concurrent.futures import ThreadPoolExecutor
-
     from recpipe.bench.lifecycle_memory import bench_memory_growth
     work = tmp_path / "work"
     _bench(suites, tmp_path / "results", work, tmp_path / "logs" / f"{suites}.log")
@@ -62,8 +61,6 @@ def _stream(suites: str, reruns: tuple, tmp_path):
 
 
 def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):
-    from concurrent.futures import ThreadPoolExecutor
-
     from recpipe.bench.report import write_report
     out = tmp_path / "results"
     t0 = time.monotonic()
@@ -121,7 +118,7 @@ def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):
     compared = subprocess.run([sys.executable, "-m", "recpipe.cli", "bench", "compare", str(out / "preprocess.json"),
                                str(out)], check=True, capture_output=True, text=True).stdout
     assert "preprocess_beam_vs_duckdb" in compared and " same" in compared
-    print(f"bench --quick took {elapsed:.0f} s")
+    print(f"the quick suites and their reruns took {elapsed:.0f} s")
     # the memory growth rerun in the same workdir preprocessed and trained afresh, to the same tables
     assert [d["item_table_rows"] for d in again["runs"]["evict"]] == [d["item_table_rows"] for d in memory["evict"]]
 
