@@ -304,7 +304,7 @@ def _step_function(cfg: Config, model: tf.keras.Model, optimizer) -> Callable:
                     out[i] = g
         return out
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=model.autograph)
     def step(iterator):
         batch = next(iterator)  # inside the function, as Keras' fit does: the batch's tensors never reach Python
         if accum > 1:  # accumulate locally over the micro-batches, then ONE exchange per step

@@ -25,7 +25,13 @@ __all__ = ["RankingModel", "RetrievalModel", "build_model", "compiled_model", "d
 
 class _Model(tfrs.Model):
     """tfrs.Model whose train_step accumulates over `grad_accum_steps` micro-batches and applies
-    loss scaling when the optimizer has it (fp16)."""
+    loss scaling when the optimizer has it (fp16).
+
+    `autograph`: whether the model's steps and functions are traced with AutoGraph. TFRS's Retrieval
+    task needs it (it takes len() of a tensor); a model whose branches and loops are all over Python
+    values (the config, the feature list) sets False and saves the conversion's tracing time."""
+
+    autograph = True
 
     def __init__(self, grad_accum_steps: int = 1, **kwargs):
         super().__init__(**kwargs)
@@ -72,6 +78,19 @@ class RankingModel(_Model):
             # SUM, divided by the batch size in compute_loss: strategies forbid the implicit mean.
             loss=tf.keras.losses.BinaryCrossentropy(from_logits=True, reduction=tf.keras.losses.Reduction.SUM),
             metrics=[tf.keras.metrics.AUC(from_logits=True, name="auc", num_thresholds=1000)])
+
+    # Traced without AutoGraph: about 1 s less CPU in each training process (9 % of a 24-step quick run)
+    # and 6 s in a 2-rank Horovod one. Keras layers called inside inherit the setting, so a layer of this
+    # model that needs tensor-dependent control flow must use tf.cond / tf.while_loop itself.
+    autograph = False
+
+    @tf.autograph.experimental.do_not_convert
+    def train_step(self, inputs):
+        return super().train_step(inputs)
+
+    @tf.autograph.experimental.do_not_convert
+    def test_step(self, inputs):
+        return super().test_step(inputs)
 
     def _dense(self, features: dict) -> tf.Tensor | None:
         if not self.dense_features:

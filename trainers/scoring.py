@@ -60,7 +60,8 @@ class Slicing:
 
 def ranking_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: str, batch_size: int = 4096,
                    slices: Slicing | None = None) -> dict:
-    predict = tf.function(lambda b: tf.sigmoid(model(b))[:, 0], reduce_retracing=True)
+    autograph = getattr(model, "autograph", True)  # trainers.models._Model; a peer's model (recpipe.bench) is converted
+    predict = tf.function(lambda b: tf.sigmoid(model(b))[:, 0], reduce_retracing=True, autograph=autograph)
     labels, probs = [], []
     kept: dict[str, list] = {f: [] for f in (slices.features() if slices else [])}
     for batch in make_dataset(cfg, data_dir, split, batch_size, training=False):
@@ -103,8 +104,8 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
     the rows whose query clicked something in those splits, and the cold-start rest."""
     candidates, clicks = clicks or retrieval_clicks(cfg, data_dir, split)
     multivalent = {n for n in cfg.model.candidate_features if cfg.sparse_by_name[n].multivalent}
-    cand_fn = tf.function(model.candidate_embedding, reduce_retracing=True)
-    query_fn = tf.function(model.query_embedding, reduce_retracing=True)
+    cand_fn = tf.function(model.candidate_embedding, reduce_retracing=True, autograph=model.autograph)
+    query_fn = tf.function(model.query_embedding, reduce_retracing=True, autograph=model.autograph)
     cand = np.concatenate([cand_fn(candidates.batch(c.start, c.stop, multivalent)).numpy()
                            for c in _chunks(len(candidates.ids), batch_size)])
     seen, scored = _seen(clicks, split), clicks[split]  # the split's clicked rows, in the order read below
