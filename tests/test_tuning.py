@@ -212,10 +212,16 @@ def test_train_runs_under_tcmalloc_by_default_and_the_system_allocator_when_aske
         cfg_path = tmp_path / f"{allocator}.yaml"
         cfg_path.write_text(yaml.safe_dump(d))
         model_dir = tmp_path / allocator
-        out = subprocess.run([sys.executable, "-m", "recpipe.cli", "train", "--data", preprocessed[0], "--model-dir",
+        # the re-exec says whether TensorFlow was loaded before it: then the process would import it twice
+        code = ("import os, sys; real = os.execve; "
+                "os.execve = lambda *a: (print('exec: tensorflow ' + ('loaded' if 'tensorflow' in sys.modules "
+                "else 'not loaded'), flush=True), real(*a)); "
+                "from recpipe.cli import main; sys.exit(main(sys.argv[1:]))")
+        out = subprocess.run([sys.executable, "-c", code, "train", "--data", preprocessed[0], "--model-dir",
                               str(model_dir), "--config", str(cfg_path), "--steps", "5"],
                              capture_output=True, text=True, check=True).stdout
         assert ("allocator tcmalloc" in out) == (allocator == "auto"), out
+        assert ("exec: tensorflow not loaded" in out) == (allocator == "auto") and "tensorflow loaded" not in out, out
         state = json.loads((model_dir / "train_state.json").read_text())
         assert state["steps_done"] == 5 and state["allocator"] == ("tcmalloc" if allocator == "auto" else "system")
 
