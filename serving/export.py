@@ -63,9 +63,10 @@ def _ranking_module(artifact: TransformArtifact, model: tf.keras.Model) -> tuple
 
     specs = request_spec(artifact)
 
-    # Every signature here is traced without AutoGraph (autograph=False): the transform, the request
-    # canonicalisation and the models branch and loop over Python values only (the config, the feature
-    # list), so AutoGraph's conversion was pure tracing cost: 1.8 s of an export's 8.9 s of CPU.
+    # Every export signature, here and in _retrieval_module, is traced without AutoGraph: the transform, the
+    # request canonicalisation and the models' forward passes branch and loop over Python values only (the
+    # config, the feature list), so AutoGraph's conversion was pure tracing cost: 1.8 s of an export's 8.9 s
+    # of CPU.
     # One graph of the transform and the model (saved once), over the request with integer ID columns as
     # the strings canonicalize_request makes of them anyway: both signatures call it, and a tf.Example
     # may leave an integer ID out ("", as a null in the log), which an int64 (uint64) input cannot say.

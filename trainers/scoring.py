@@ -104,8 +104,8 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
     the rows whose query clicked something in those splits, and the cold-start rest."""
     candidates, clicks = clicks or retrieval_clicks(cfg, data_dir, split)
     multivalent = {n for n in cfg.model.candidate_features if cfg.sparse_by_name[n].multivalent}
-    cand_fn = tf.function(model.candidate_embedding, reduce_retracing=True, autograph=model.autograph)
-    query_fn = tf.function(model.query_embedding, reduce_retracing=True, autograph=model.autograph)
+    cand_fn = tf.function(model.candidate_embedding, reduce_retracing=True)
+    query_fn = tf.function(model.query_embedding, reduce_retracing=True)
     cand = np.concatenate([cand_fn(candidates.batch(c.start, c.stop, multivalent)).numpy()
                            for c in _chunks(len(candidates.ids), batch_size)])
     seen, scored = _seen(clicks, split), clicks[split]  # the split's clicked rows, in the order read below
