@@ -159,6 +159,48 @@ def test_bench_compare_flags_a_missed_target_as_regressed():
     assert "REGRESSED" in format_comparison(list(rows.values()), "a", "b")
 
 
+def test_a_nan_figure_is_written_as_null_and_the_report_and_compare_name_it(tmp_path):
+    """A suite result with NaN in it (a slope over equal points, a recall over no rows) is valid JSON; the
+    report shows a null ratio as a missed target, plots around it, and `bench compare` calls it a regression."""
+    from recpipe.bench.common import save_result
+    from recpipe.bench.compare import compare_ratios, load_ratios
+    from recpipe.bench.report import NULL_FIGURE, NULL_RATIO, write_report
+    nan, machine = float("nan"), {"date": "2026-11-27", "cpus": 2}
+    day = {"auc": 0.71, "item_slots": 10}
+    save_result(str(tmp_path), "lifecycle", {
+        "machine": machine, "settings": {"max_size": 20},
+        "ratios": {"lifecycle_item_slots_vs_max_size": nan, "lifecycle_auc_gap_vs_no_drift": 0.02,
+                   "lifecycle_rss_mb_per_table_mb": float("inf")},
+        "runs": {"drift_evict": [{**day, "auc": nan}, day], "stable_evict": [day, day]}}, "# lifecycle\n")
+    no_rows = {"recall_at_10": 0.05, "new_recall_at_10": 0.01, "history_recall_at_10": nan}
+    save_result(str(tmp_path), "quality", {"machine": machine,
+                                           "ratios": {"quality_instacart_recall10_vs_popularity": 1.5},
+                                           "retrieval": {"instacart": {
+        "two_tower": {"recall_at_10_mean": 0.07, "recall_at_10_sd": 0.01, "new_recall_at_10_mean": 0.02,
+                      "history_recall_at_10_mean": nan, "history_recall_at_10_sd": nan},
+        "most_popular": no_rows, "cooccurrence": no_rows, "examples": 100, "new_examples": 40,
+        "history_examples": 0}}}, "# quality\n")
+
+    def refuse(constant):
+        raise AssertionError(f"bare {constant} in a bench JSON")
+    life = json.loads((tmp_path / "lifecycle.json").read_text(), parse_constant=refuse)
+    assert life["ratios"]["lifecycle_item_slots_vs_max_size"] is None and life["runs"]["drift_evict"][0]["auc"] is None
+    with open(write_report(str(tmp_path))) as fh:
+        report = fh.read()
+    assert "| lifecycle_item_slots_vs_max_size | null | <= 1 | **no**: see below |" in report
+    assert f"- **lifecycle_item_slots_vs_max_size** = null: {NULL_RATIO}" in report
+    assert f"- **lifecycle_auc_gap_vs_no_drift** = 0.0200: {NULL_FIGURE}" in report  # its explanation needs day 1's AUC
+    assert "| lifecycle_rss_mb_per_table_mb | null |" in report
+    insta = next(line for line in report.splitlines() if line.startswith("- **quality_instacart"))
+    assert "Only 0 of the 100 eval clicks" in insta and "On the users with history" not in insta
+    assert (tmp_path / "lifecycle.png").read_bytes()[:4] == b"\x89PNG"
+    new, _ = load_ratios(str(tmp_path))
+    rows = {r["ratio"]: r["verdict"] for r in compare_ratios(
+        {"lifecycle_item_slots_vs_max_size": 0.9, "lifecycle_rss_mb_per_table_mb": 1.6}, new)}
+    assert rows["lifecycle_item_slots_vs_max_size"] == "regressed"  # met before; null misses it
+    assert rows["lifecycle_rss_mb_per_table_mb"] == "null"  # no target
+
+
 def test_duckdb_peer_does_the_same_split_and_vocabularies(tmp_path):
     """The peer is a fair yardstick: same split, same vocabularies, same in-vocabulary IDs as ours."""
     import pyarrow.parquet as pq

@@ -292,6 +292,26 @@ def test_advisor_counts_the_tables_auto_allreduces_whole():
     assert t.dense_tables(n) == [True, False] and t.dense_tables(2, "allgather") == [False, False]
 
 
+def test_advise_refuses_a_calibration_with_a_null_overhead(tmp_path):
+    """A cluster bench that measured no finite overhead writes null (bench JSON has no NaN): `advise
+    --calibration` names the key, where it built its prediction on it."""
+    import json
+
+    from trainers.advisor import Overheads
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps({"calibration": {"overheads": {"allreduce_s": 0.012, "ps_s": 0.03}}}))
+    assert Overheads.from_calibration(str(path)) == Overheads(0.012, 0.03)
+    path.write_text(json.dumps({"calibration": {"overheads": {"allreduce_s": None, "ps_s": 0.03}}}))
+    out = subprocess.run([sys.executable, "-m", "recpipe.cli", "advise", "--data", str(tmp_path / "none"),
+                          "--calibration", str(path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and out.stderr.strip().splitlines()[-1] == (
+        f"recpipe advise: error: {path}: calibration.overheads.allreduce_s is null, not a finite number of seconds "
+        f">= 0 (null: the bench measured no finite value); rerun `recpipe bench cluster`")
+    path.write_text(json.dumps({"measured": {}}))
+    with pytest.raises(ValueError, match="no calibration.overheads.allreduce_s and .ps_s: not a `recpipe bench"):
+        Overheads.from_calibration(str(path))
+
+
 def test_advise_probe_and_cli(tmp_path, preprocessed, small_cfg, small_cfg_path):
     import json
 

@@ -18,13 +18,16 @@ one worker for allreduce; if it does not, PS is the only choice. Otherwise the l
 """
 from __future__ import annotations
 
+import json
+import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import tensorflow as tf
 
+from features import fsio
 from trainers.data import make_dataset
 from trainers.layers import ids_by_table
 from trainers.models import compiled_model
@@ -42,6 +45,24 @@ class Overheads:
     """Per-step seconds beyond compute and bytes/bandwidth, measured across hosts (0: unknown)."""
     allreduce_s: float = 0.0
     ps_s: float = 0.0
+
+    @classmethod
+    def from_calibration(cls, path: str) -> "Overheads":
+        """The overheads a `recpipe bench cluster` result (bench/results/cluster.json) measured. Each must be
+        a finite number of seconds >= 0: a null one (the bench measured no finite value) is an error naming
+        it, not a prediction built on it."""
+        try:
+            found = fsio.read_json(path)["calibration"]["overheads"]
+            values = {f.name: found[f.name] for f in fields(cls)}
+        except (KeyError, TypeError):
+            raise ValueError(f"{path}: no calibration.overheads.allreduce_s and .ps_s: not a `recpipe bench cluster` "
+                             f"result (bench/results/cluster.json)") from None
+        for name, v in values.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{path}: calibration.overheads.{name} is {json.dumps(v)}, not a finite number of "
+                                 f"seconds >= 0 (null: the bench measured no finite value); rerun "
+                                 f"`recpipe bench cluster`")
+        return cls(**{k: float(v) for k, v in values.items()})
 
 
 def allreduces_table(rows: int, dim: int, workers: int, batch_rows: int, sparse_gradients: str = "auto") -> bool:

@@ -94,9 +94,12 @@ def machine_info() -> dict:
 
 
 def save_result(out_dir: str, name: str, result: dict, md: str) -> None:
-    """<name>.json and <name>.md, each replaced whole (another run's report may be reading the folder)."""
+    """<name>.json and <name>.md, each replaced whole (another run's report may be reading the folder). A NaN
+    or infinite figure (a slope over equal points, a recall over no rows) is written as null: bare NaN is
+    not JSON, and jq or any parser outside Python refused the whole file. The report shows a null ratio as
+    a missed target."""
     os.makedirs(out_dir, exist_ok=True)
-    fsio.replace_bytes(os.path.join(out_dir, f"{name}.json"), json.dumps(result, indent=1, sort_keys=True).encode())
+    fsio.write_json(os.path.join(out_dir, f"{name}.json"), result)
     fsio.replace_bytes(os.path.join(out_dir, f"{name}.md"), md.encode("utf-8"))
 
 

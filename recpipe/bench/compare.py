@@ -27,28 +27,33 @@ def load_ratios(path: str) -> tuple[dict[str, float], str]:
     return ratios, ", ".join(sorted(c[:12] for c in commits))
 
 
-def _meets(key: str, value: float) -> bool | None:
-    if key not in TARGETS or value is None or not math.isfinite(value):
+def _meets(key: str, value: float | None) -> bool | None:
+    if key not in TARGETS:
         return None
+    if value is None or not math.isfinite(value):
+        return False
     op, target = TARGETS[key]
     return value >= target if op == ">=" else value <= target
 
 
 def compare_ratios(old: dict[str, float], new: dict[str, float]) -> list[dict]:
     """One row per ratio in either run: old, new, new/old, target, and the verdict: "regressed" when
-    a target met before is missed now, "fixed" the other way round, else "better"/"worse"/"same"
-    by the target's direction (5 % or more counts)."""
+    a target met before is missed now (a null ratio, NaN or infinite in its run, misses it), "fixed" the
+    other way round, "null" for a null ratio otherwise, else "better"/"worse"/"same" by the target's
+    direction (5 % or more counts)."""
     rows = []
     for key in sorted(set(old) | set(new)):
         o, n = old.get(key), new.get(key)
         change = n / o if o not in (None, 0) and n is not None else None
         before, after = _meets(key, o), _meets(key, n)
-        if before is True and after is False:
+        if key not in old or key not in new:
+            verdict = "new" if key not in old else "gone"
+        elif before is True and after is False:
             verdict = "regressed"
         elif before is False and after is True:
             verdict = "fixed"
-        elif change is None:
-            verdict = "new" if o is None else "gone"
+        elif change is None:  # a null ratio (NaN or infinite in its run), or an old value of 0
+            verdict = "null" if n is None or o is None else "changed"
         else:
             up_is_good = TARGETS.get(key, (">=",))[0] == ">="
             if abs(change - 1) < 0.05:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+from typing import Optional
 
 import matplotlib.pyplot as plt
 
@@ -31,21 +32,43 @@ def _isa(machine: dict) -> str:
     return ", " + ("AMX" if "amx_bf16" in f else "AVX-512" if "avx512f" in f else "AVX2" if "avx2" in f else "no AVX2")
 
 
-def _meets(key: str, value: float) -> bool:
+def _meets(key: str, value: Optional[float]) -> bool:
+    """Whether a ratio meets its target; a null one (NaN or infinite in the run: save_result) never does."""
+    if value is None:
+        return False
     op, target = TARGETS[key]
     return value >= target if op == ">=" else value <= target
 
 
-def _fmt(value: float) -> str:
+def _fmt(value: Optional[float]) -> str:
     """A ratio with four decimals below 1 (a gap of 0.0104 against a 0.01 target shows), three above."""
+    if value is None:
+        return "null"
     return f"{value:.4f}" if abs(value) < 1 else f"{value:.3f}"
+
+
+NULL_RATIO = ("the run measured no finite value (NaN or infinite, written as null): the suite report shows the "
+              "figures it came from.")
+NULL_FIGURE = ("see the suite report: a figure this explanation quotes is null (NaN or infinite in the run).")
+
+
+def _explain(key: str, value: Optional[float], found: dict) -> str:
+    """_why, for a ratio that is there; a null ratio, or a null figure its explanation quotes, says so."""
+    if value is None:
+        return NULL_RATIO
+    try:
+        return _why(key, found)
+    except TypeError as e:  # formatting None: a NaN figure written as null
+        if "NoneType" not in str(e):
+            raise
+        return NULL_FIGURE
 
 
 def write_report(out_dir: str) -> str:
     """bench/results/REPORT.md (+ PNG plots) from the suite results in out_dir. Each file is replaced whole
     (temp file + rename): runs of different suites writing into one folder at once never leave a torn one."""
     found = _load_results(out_dir)
-    ratios: dict[str, float] = {}
+    ratios: dict[str, Optional[float]] = {}
     for r in found.values():
         ratios.update(r.get("ratios", {}))
     plots = _plots(found, out_dir)
@@ -72,7 +95,7 @@ def write_report(out_dir: str) -> str:
     missed = [k for k in TARGETS if k in ratios and not _meets(k, ratios[k])]
     if missed:
         lines += ["", "## Targets missed, and why", ""]
-        lines += [f"- **{k}** = {_fmt(ratios[k])}: {_why(k, found)}" for k in missed]
+        lines += [f"- **{k}** = {_fmt(ratios[k])}: {_explain(k, ratios[k], found)}" for k in missed]
     other = {k: v for k, v in ratios.items() if k not in TARGETS}
     if other:
         lines += ["", "## Other ratios", "", "| ratio | value |", "|---|---|",
@@ -231,11 +254,12 @@ def _why(key: str, found: dict) -> str:
                 f"to the user, {t['new_recall_at_10_mean']:.4f} against {r['most_popular']['new_recall_at_10']:.4f}. "
                 + (f"Only {r['history_examples']:,} of the {r['examples']:,} eval clicks come from users who clicked "
                    f"anything before the eval split; the rest are users new to the model, whom the query tower knows "
-                   f"by their attributes{' and logged history' if logged else ' alone'}. On the users with history, "
-                   f"two towers reach "
-                   f"{t['history_recall_at_10_mean']:.4f} ± {t['history_recall_at_10_sd']:.4f} against popularity's "
-                   f"{r['most_popular']['history_recall_at_10']:.4f} and co-occurrence's "
-                   f"{r['cooccurrence']['history_recall_at_10']:.4f}."
+                   f"by their attributes{' and logged history' if logged else ' alone'}."
+                   + (f" On the users with history, two towers reach "
+                      f"{t['history_recall_at_10_mean']:.4f} ± {t['history_recall_at_10_sd']:.4f} against "
+                      f"popularity's {r['most_popular']['history_recall_at_10']:.4f} and co-occurrence's "
+                      f"{r['cooccurrence']['history_recall_at_10']:.4f}."
+                      if r["history_examples"] else "")  # none: their recall is NaN, null in the JSON
                    if "history_examples" in r else
                    "Where the eval clicks are new items of the moment (a time split) rather than repeats, what the "
                    "query tower learns from a user's history does not beat what is popular now."))
@@ -321,6 +345,11 @@ def _why(key: str, found: dict) -> str:
     return "see the suite report."
 
 
+def _num(value: Optional[float]) -> float:
+    """A plotted figure: null (NaN or infinite in the run) as NaN, which matplotlib leaves out; it refuses None."""
+    return float("nan") if value is None else value
+
+
 def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
     plt.switch_backend("Agg")  # files only, no display
     made = []
@@ -345,9 +374,8 @@ def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
         for job in ("beam", "baseline"):
             keys = sorted((k for k in p["rows_per_s"] if k.startswith(job)), key=lambda k: int(k.split("_")[1][:-1]))
             xs = [p["rows"] * int(k.split("_")[1][:-1]) for k in keys]
-            ax.errorbar(xs, [p["rows_per_s"][k]["median"] for k in keys], marker="o",
-                        yerr=[[p["rows_per_s"][k]["median"] - p["rows_per_s"][k]["min"] for k in keys],
-                              [p["rows_per_s"][k]["max"] - p["rows_per_s"][k]["median"] for k in keys]],
+            m, lo, hi = ([_num(p["rows_per_s"][k][q]) for k in keys] for q in ("median", "min", "max"))
+            ax.errorbar(xs, m, marker="o", yerr=[[a - b for a, b in zip(m, lo)], [b - a for a, b in zip(m, hi)]],
                         label={"beam": "Beam DirectRunner", "baseline": "single process, no Beam"}[job])
         ax.set_xscale("log")
         label(ax, "rows", "rows/s", "Preprocessing throughput vs rows")
@@ -355,9 +383,8 @@ def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
     if "train" in found:
         t = found["train"]
         names = [n for n in t["runs"] if not n.startswith(("rss_", "data_", "criteo_"))]
-        med = [t["runs"][n]["examples_per_s"]["median"] for n in names]
-        lo = [m - t["runs"][n]["examples_per_s"]["min"] for n, m in zip(names, med)]
-        hi = [t["runs"][n]["examples_per_s"]["max"] - m for n, m in zip(names, med)]
+        med, lo, hi = ([_num(t["runs"][n]["examples_per_s"][q]) for n in names] for q in ("median", "min", "max"))
+        lo, hi = [m - v for m, v in zip(med, lo)], [v - m for m, v in zip(med, hi)]
         fig, ax = plt.subplots(figsize=(8, 0.3 * len(names) + 1.5))
         ax.barh(names, med, xerr=[lo, hi], color="tab:blue")
         ax.invert_yaxis()
@@ -367,11 +394,12 @@ def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
         rss = t.get("rss_vs_table") or {}
         if rss.get("table_rows"):
             fig, ax = plt.subplots(figsize=(6, 3.5))
-            ax.plot(rss["table_rows"], rss["peak_rss_mb"], marker="o", label="peak RSS")
-            ax.plot(rss["table_rows"], [rss["peak_rss_mb"][0] - rss["table_mb"][0] + mb for mb in rss["table_mb"]],
+            peak, table = [_num(v) for v in rss["peak_rss_mb"]], [_num(v) for v in rss["table_mb"]]
+            ax.plot(rss["table_rows"], peak, marker="o", label="peak RSS")
+            ax.plot(rss["table_rows"], [peak[0] - table[0] + mb for mb in table],
                     linestyle="--", label="first point + table and Adagrad bytes")
             if "data_4x_peak_rss_mb" in rss:
-                ax.scatter([rss["table_rows"][0]], [rss["data_4x_peak_rss_mb"]], color="tab:red", zorder=3,
+                ax.scatter([rss["table_rows"][0]], [_num(rss["data_4x_peak_rss_mb"])], color="tab:red", zorder=3,
                            label="4x the data, smallest table")
             label(ax, "embedding-table rows", "MB", "Peak RSS vs embedding-table size")
             save(fig, "train_rss_vs_table.png", "peak RSS vs embedding-table size")
@@ -381,7 +409,7 @@ def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
         for mode, color in (("in_process", "tab:gray"), ("batching_off", "tab:orange"), ("batching_on", "tab:blue")):
             cs = sorted(s[mode], key=int)
             for pct, style in (("p50_ms", ":"), ("p99_ms", "-")):
-                ax.plot([int(c) for c in cs], [s[mode][c][pct] for c in cs], style, marker="o", color=color,
+                ax.plot([int(c) for c in cs], [_num(s[mode][c][pct]) for c in cs], style, marker="o", color=color,
                         label=f"{mode} {pct[:3]}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -393,8 +421,8 @@ def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
         for i, (name, days) in enumerate(life["runs"].items()):
             x, color = list(range(1, len(days) + 1)), f"C{i}"  # a run's colour is the same in both panels
             if days[0]["item_slots"] is not None:  # a hashed item table has no slots
-                slots.plot(x, [d["item_slots"] for d in days], marker="o", label=name, color=color)
-            auc.plot(x, [d["auc"] for d in days], marker="o", label=name, color=color)
+                slots.plot(x, [_num(d["item_slots"]) for d in days], marker="o", label=name, color=color)
+            auc.plot(x, [_num(d["auc"]) for d in days], marker="o", label=name, color=color)
         slots.axhline(life["settings"]["max_size"], color="gray", linestyle=":", label="max_size")
         label(slots, "day", "item table slots", "Item table size per day", 7)
         label(auc, "day", "eval AUC", "Eval AUC per day", 7)
@@ -404,8 +432,8 @@ def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
             fig, (tables, rss) = plt.subplots(1, 2, figsize=(9, 3.5))
             for name, days in memory["runs"].items():
                 x = list(range(1, len(days) + 1))
-                tables.plot(x, [d["table_mb"] for d in days], marker="o", label=name)
-                rss.plot(x, [d["train_peak_rss_mb"] for d in days], marker="o", label=name)
+                tables.plot(x, [_num(d["table_mb"]) for d in days], marker="o", label=name)
+                rss.plot(x, [_num(d["train_peak_rss_mb"]) for d in days], marker="o", label=name)
             label(tables, "day", "MB", "Embedding tables + Adagrad state", 7)
             label(rss, "day", "MB", "Peak trainer RSS", 7)
             save(fig, "lifecycle_memory.png", "table size and peak trainer RSS per day, with and without eviction")
