@@ -43,6 +43,14 @@ def _reexecs(args) -> bool:
     return args.command == "train" or (args.command == "daily" and args.step == "train")
 
 
+def _tensorflow_at_startup(args) -> bool:
+    """Whether main() imports TensorFlow (quietly) before the command runs: not for a command or `daily`
+    step that never uses it, nor for one that imports it once re-executed (_tensorflow_after_reexec)."""
+    if args.command in NO_TENSORFLOW or _reexecs(args):
+        return False
+    return not (args.command == "daily" and args.step in NO_TENSORFLOW_DAILY)
+
+
 def _tensorflow_after_reexec(a) -> None:
     """What quiet_startup does for every other TensorFlow command, once the process runs under its
     allocator."""
@@ -182,9 +190,9 @@ def cmd_advise(a) -> None:
     from trainers.advisor import advise
     from features import fsio
     from trainers.advisor import Overheads
+    overheads = Overheads.from_calibration(a.calibration) if a.calibration else Overheads()
     artifact = PreprocessedData(a.data).transform()
     cfg = load_config(a.config) if a.config else artifact.config
-    overheads = Overheads(**fsio.read_json(a.calibration)["calibration"]["overheads"]) if a.calibration else Overheads()
     advice = advise(cfg, artifact, a.data, a.workers, a.ps_tasks, a.bandwidth_gbps, overheads=overheads)
     _say(advice.table())
     if a.out:
@@ -527,8 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     debug = bool(os.environ.get("RECPIPE_DEBUG"))
-    quiet_startup(args.verbose or debug, args.command not in NO_TENSORFLOW and not _reexecs(args)
-                  and not (args.command == "daily" and args.step in NO_TENSORFLOW_DAILY))
+    quiet_startup(args.verbose or debug, _tensorflow_at_startup(args))
     if extra and not getattr(args, "beam", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     fn: Callable = args.fn
