@@ -166,14 +166,19 @@ def _run_options(a) -> RunOptions:
 
 def cmd_train(a) -> None:
     from trainers.allocator import reexec_with
-    reexec_with(_train_allocator(a), a.argv, _say)
-    _tensorflow_after_reexec(a)
-    if _ps_chief(a):  # after the re-exec, which would orphan the folder
-        _own_tempdir()
+    from trainers.hvd_job import launch_job, launches_ranks
     from trainers.options import TrainOptions
-    from trainers.train import train
-    r = train(TrainOptions(data_dir=a.data, model_dir=a.model_dir, config_path=a.config, run=_run_options(a),
-                           warm_start=a.warm_start, synthetic_input=a.synthetic_input), say=_say)
+    reexec_with(_train_allocator(a), a.argv, _say)
+    opts = TrainOptions(data_dir=a.data, model_dir=a.model_dir, config_path=a.config, run=_run_options(a),
+                        warm_start=a.warm_start, synthetic_input=a.synthetic_input)
+    if launches_ranks(opts.run):  # Horovod's launcher: its ranks import TensorFlow, it does not
+        r = launch_job(opts, say=_say)
+    else:
+        _tensorflow_after_reexec(a)
+        if _ps_chief(a):  # after the re-exec, which would orphan the folder
+            _own_tempdir()
+        from trainers.train import train
+        r = train(opts, say=_say)
     _say(f"train: {r.steps_done} steps done ({r.steps_this_run} this run, {r.examples_per_sec_last_run:,.0f} ex/s) "
          f"-> {a.model_dir}")
 

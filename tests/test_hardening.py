@@ -594,9 +594,10 @@ def test_9_criteo_converter_keeps_bad_rows_for_the_dead_letter(tmp_path):
 
 
 # ------------------------------------------------------------------ 11: a Horovod rank or a PS task dies
-def _last_line_after_killing(model_dir: str, train_args: list[str], victim) -> str:
+def _last_line_after_killing(model_dir: str, train_args: list[str], victim, before_kill=None) -> str:
     """Start `recpipe train TRAIN_ARGS --model-dir MODEL_DIR`, SIGKILL the first descendant process
-    victim(pid, cmdline) picks once a checkpoint is written, and return the run's last stderr line."""
+    victim(pid, cmdline) picks once a checkpoint is written (calling before_kill(train's pid, victim's pid)
+    first, if given), and return the run's last stderr line."""
     from test_strategies import _wait_for_checkpoint
     proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "train", "--model-dir", model_dir, *train_args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -607,6 +608,8 @@ def _last_line_after_killing(model_dir: str, train_args: list[str], victim) -> s
         while not found and time.monotonic() < deadline:
             found = [pid for pid, cmd in _descendants(proc.pid) if pid != proc.pid and victim(pid, cmd)]
             time.sleep(0.2)
+        if before_kill is not None:
+            before_kill(proc.pid, found[0])
         os.kill(found[0], signal.SIGKILL)
         _, err = proc.communicate(timeout=300)
     finally:
@@ -617,13 +620,23 @@ def _last_line_after_killing(model_dir: str, train_args: list[str], victim) -> s
 
 
 def test_11_a_dead_rank_is_named_with_its_signal_and_the_checkpoint(tmp_path, preprocessed, small_cfg_path):
+    """... by a launcher that runs without TensorFlow while its ranks train (trainers.hvd_job): it found
+    the last checkpoint for this message only once they had died."""
+    loaded = {}
     line = _last_line_after_killing(
         str(tmp_path / "hvd"), ["--data", preprocessed[0], "--config", small_cfg_path, "--strategy", "horovod",
                                 "--np", "2", "--steps", "3000"],
         lambda pid, cmd: cmd.split()[:1] == [sys.executable] and "-m recpipe.cli train" in cmd
-        and _env_of(pid).get("HOROVOD_RANK") == "1")
+        and _env_of(pid).get("HOROVOD_RANK") == "1",
+        lambda launcher, rank: loaded.update(launcher=_has_tensorflow(launcher), rank=_has_tensorflow(rank)))
     assert "horovod rank 1 died (killed by SIGKILL)" in line and "rerun the same command to resume" in line, line
     assert "the last checkpoint is step" in line
+    assert loaded == {"launcher": False, "rank": True}
+
+
+def _has_tensorflow(pid: int) -> bool:
+    """Whether TensorFlow's runtime library is mapped into the process."""
+    return "libtensorflow_framework" in Path(f"/proc/{pid}/maps").read_text()
 
 
 def test_11_a_dead_ps_task_is_named_with_its_signal_and_the_checkpoint(tmp_path, preprocessed, small_cfg_path):

@@ -9,10 +9,9 @@ from features.config import parse_config
 from pipeline.preprocess import run_preprocess
 from trainers.errors import TrainError
 from features.hostmem import GIB, _cgroup_headroom
-from trainers.memory import Holders, StateSize, memory_verdict
+from trainers.memory import Holders, StateSize, holders_on_this_host, memory_verdict
 from trainers.options import RunOptions, TrainOptions
-from trainers.ps import PSCluster, TFConfig
-from trainers.train import _check_ps_task_memory, _memory_holders, train
+from trainers.train import _check_ps_task_memory, train
 
 
 def test_the_verdict_weighs_the_state_of_every_process_against_what_is_available():
@@ -62,13 +61,13 @@ def test_the_tightest_memory_cgroup_up_the_hierarchy_counts_without_its_inactive
 
 
 def test_who_holds_the_tables_on_this_host():
-    assert _memory_holders(RunOptions(strategy="local"), None) == Holders()
-    assert _memory_holders(RunOptions(strategy="horovod", np=3), None).processes == 3
-    assert _memory_holders(RunOptions(strategy="horovod", hosts="a:2,b", host_index=1), None).processes == 1
-    assert _memory_holders(RunOptions(strategy="horovod", hosts="a:2,b", host_index=0), None).processes == 2
-    assert _memory_holders(RunOptions(strategy="ps", ps_servers=3), None) == Holders.local_ps(3)
-    chief = TFConfig(PSCluster("10.78.0.1:2222", ["10.78.0.2:2222"], ["10.78.0.3:2222"]), "chief", 0)
-    assert _memory_holders(RunOptions(strategy="ps"), chief) is None  # its PS tasks check their own hosts
+    assert holders_on_this_host(RunOptions(strategy="local"), False) == Holders()
+    assert holders_on_this_host(RunOptions(strategy="horovod", np=3), False).processes == 3
+    assert holders_on_this_host(RunOptions(strategy="horovod", hosts="a:2,b", host_index=1), False).processes == 1
+    assert holders_on_this_host(RunOptions(strategy="horovod", hosts="a:2,b", host_index=0), False).processes == 2
+    assert holders_on_this_host(RunOptions(strategy="ps", ps_servers=3), False) == Holders.local_ps(3)
+    assert holders_on_this_host(RunOptions(strategy="ps"), True) is None  # a TF_CONFIG chief: its PS tasks check
+                                                                           # their own hosts
 
 
 def test_train_refuses_tables_no_host_can_hold_naming_them(tmp_path, small_log):

@@ -10,16 +10,12 @@ import tensorflow as tf
 from features import fsio
 from features.canonical import LABEL_KEY
 from features.config import Config
-from features.errors import RecpipeError
 from features.preprocessed import SPLITS, PreprocessedData
 from features.records import parse_record
+from trainers.data_copy import DataError
 
-__all__ = ["DataError", "check_whole_copy", "shard_files", "make_dataset", "record_count", "synthetic_dataset",
+__all__ = ["DataError", "shard_files", "make_dataset", "record_count", "synthetic_dataset",
            "naming_bad_shards", "SameCopyCheck"]
-
-
-class DataError(RecpipeError, ValueError):
-    pass
 
 
 def shard_files(data_dir: str, split: str) -> list[str]:
@@ -28,18 +24,6 @@ def shard_files(data_dir: str, split: str) -> list[str]:
     if not files:
         raise DataError(f"{data.split_dir(split)}: no *.tfrecord shards (run `recpipe preprocess` first)")
     return files
-
-
-def check_whole_copy(data: PreprocessedData) -> None:
-    """The shards are the ones `recpipe preprocess` wrote, by name and size (the row counts' list; one
-    listing per split, no shard opened): a partial copy of the folder (a shard missing, one cut short at a
-    record's end) was read as fewer rows, and an older run's shards left beside this run's (a copy over an
-    old folder) as rows numbered by another vocabulary, without a word."""
-    differences = data.copy_differences()
-    if differences:
-        raise DataError(f"{data.root} holds other shards than its preprocess run wrote: {'; '.join(differences)} "
-                        f"(a copy cut short or still going on, or an older run's shards left beside this one's?); "
-                        f"copy the whole folder again, into an empty one")
 
 
 def record_count(files: list[str]) -> int:

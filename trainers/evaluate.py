@@ -6,7 +6,8 @@ import os
 from features import fsio
 from features.config import SliceSpec
 from features.preprocessed import PreprocessedData
-from trainers.data import check_whole_copy, naming_bad_shards
+from trainers.data import naming_bad_shards
+from trainers.data_copy import check_whole_copy
 from trainers.errors import TrainError
 from trainers.model_dir import ModelDir, check_data_matches, check_same_transform, load_trained
 from trainers.plots import reliability_png, slices_png

@@ -1,15 +1,16 @@
 """Horovod ring-allreduce training (Gloo on CPU): a custom loop on horovod.tensorflow.
 
-Launchers: `recpipe train --strategy horovod --np N` re-runs itself under `horovodrun -np N --gloo`
-on this host (trainers.hvd_launch); across hosts without ssh, every host runs `recpipe train --strategy
-horovod --hosts H1[:S],H2[:S] --host-index I` (trainers.hvd_hosts). Where ssh exists, `horovodrun -H ...
-recpipe train --strategy horovod` works too. Each rank reads its own part of the shards (InputContext),
-uses `batch_size` rows per step (the effective batch is N x batch_size, as in Horovod's examples), and
-averages gradients with Horovod's collectives, in train.gradient_groups grouped ones per step; initial
-state is broadcast from rank 0, and at the end every rank's weights are checked equal. Sparse embedding
-gradients are allgathered as IndexedSlices or densified and allreduced (train.sparse_gradients). Horovod's
-background thread cycles every train.horovod_cycle_time_ms (HOROVOD_CYCLE_TIME, when set, wins). Only rank 0
-writes checkpoints, TensorBoard events, train_state.json and the progress events the launcher shows.
+Launchers (trainers.hvd_job, without TensorFlow): `recpipe train --strategy horovod --np N` re-runs itself
+under `horovodrun -np N --gloo` on this host (trainers.hvd_launch); across hosts without ssh, every host
+runs `recpipe train --strategy horovod --hosts H1[:S],H2[:S] --host-index I` (trainers.hvd_hosts). Where
+ssh exists, `horovodrun -H ... recpipe train --strategy horovod` works too. Each rank reads its own part of
+the shards (InputContext), uses `batch_size` rows per step (the effective batch is N x batch_size, as in
+Horovod's examples), and averages gradients with Horovod's collectives, in train.gradient_groups grouped
+ones per step; initial state is broadcast from rank 0, and at the end every rank's weights are checked
+equal. Sparse embedding gradients are allgathered as IndexedSlices or densified and allreduced
+(train.sparse_gradients). Horovod's background thread cycles every train.horovod_cycle_time_ms
+(HOROVOD_CYCLE_TIME, when set, wins). Only rank 0 writes checkpoints, TensorBoard events,
+train_state.json and the progress events the launcher shows.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import contextlib
 import math
 import os
 import socket
-from typing import Callable, Optional
+from typing import Callable
 
 import tensorflow as tf
 
@@ -31,8 +32,6 @@ from trainers.data import make_dataset, synthetic_dataset
 from trainers.errors import TrainError
 from trainers.gradients import accumulated_gradients
 from trainers.health import check_loss
-from trainers.hvd_hosts import HostJob
-from trainers.hvd_launch import inside_horovod_job, launch
 from trainers.model_dir import ModelDir, TrainState
 from trainers.models import compiled_model
 from trainers.optim import optimizer_for, precision_policy
@@ -41,22 +40,7 @@ from trainers.progress import EVENTS_ENV, Reporter
 from trainers.validation import validator_for
 from trainers.warm_start import apply_warm_start
 
-__all__ = ["train_horovod", "run_rank", "horovod_cycle_time_ms"]
-
-
-def train_horovod(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int,
-                  say: Callable[[str], None], hosts: Optional[HostJob] = None) -> TrainState:
-    """Run this process as a rank (inside a job, or alone with --np 1), else launch the ranks: this host's
-    of a job over --hosts (`hosts`, trainers.hvd_hosts.host_job's), or --np on this host."""
-    if inside_horovod_job():
-        return run_rank(cfg, artifact, opts, total, say)
-    if opts.run.hosts:
-        if hosts is None:
-            raise TrainError("--hosts: run inside trainers.hvd_hosts.host_job (as trainers.train.train does)")
-        return hosts.launch(opts, total)
-    if opts.run.np == 1:  # one rank needs no launcher: hvd.init() alone gives size 1
-        return run_rank(cfg, artifact, opts, total, say)
-    return launch(opts, say)
+__all__ = ["run_rank", "horovod_cycle_time_ms"]
 
 
 def _leaf_differences(a, b, path: str = "") -> list[str]:
@@ -72,7 +56,7 @@ def _check_ranks_train_one_model(ranks: list[dict]) -> None:
     holding another copy of the data (a stale one at the same path, another day's) numbers the values otherwise,
     and the averaged gradients would train each row on values that differ by rank; a partial copy of the shards
     (missing files, one cut short) reads rows twice or never (each host checks its own copy against the list
-    the job wrote first, trainers.data.check_whole_copy; this also covers folders written before that list);
+    the job wrote first, trainers.data_copy.check_whole_copy; this also covers folders written before that list);
     another --config (a learning rate, a layer) or --steps would make the ranks step apart or wait on each
     other, without a word; and a host with another install (our packages, TensorFlow, Horovod) builds and
     steps the model with its own code."""

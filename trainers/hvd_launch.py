@@ -4,7 +4,7 @@ itself under `horovodrun -np N --gloo` on this host (trainers.hvd_hosts starts a
 failure line, or what its exit status and Gloo's own words say, becomes the launcher's error."""
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import os
 import re
 import shutil
@@ -30,16 +30,28 @@ def inside_horovod_job() -> bool:
 
 
 def horovodrun() -> str:
-    """The horovodrun of this environment, when Horovod is built for this TensorFlow; else a TrainError."""
+    """The horovodrun of this environment, when Horovod is built with its TensorFlow ops; else a TrainError.
+    Checked by the ops' library file, not by importing horovod.tensorflow: that imports TensorFlow, which
+    the launcher does not need. A library built for another TensorFlow fails each rank's import, and the
+    launcher names that rank's error (rank_death)."""
     found = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or shutil.which("horovodrun")
-    try:
-        importlib.import_module("horovod.tensorflow")  # built for this TensorFlow?
-    except ImportError:
+    if not _has_tensorflow_ops():
         found = None
     if not found:
         raise TrainError("--strategy horovod needs Horovod built for this TensorFlow: run `make horovod` "
                          "(builds 0.28.1 from source, about 10 minutes once, then cached)")
     return found
+
+
+def _has_tensorflow_ops() -> bool:
+    """Whether the installed Horovod holds its compiled TensorFlow ops (horovod/tensorflow/mpi_lib*.so); a
+    Horovod built without TensorFlow has none. Finding the package runs none of its code."""
+    spec = importlib.util.find_spec("horovod")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        ops = os.path.join(folder, "tensorflow")
+        if os.path.isdir(ops) and any(f.startswith("mpi_lib") and f.endswith(".so") for f in os.listdir(ops)):
+            return True
+    return False
 
 
 def rank_command(opts: TrainOptions) -> list[str]:

@@ -23,8 +23,10 @@ from features.artifact import TransformArtifact
 from features.config import Config, embedding_dim
 from features.hostmem import GIB, available_memory
 from trainers.errors import TrainError
+from trainers.hvd_launch import inside_horovod_job
+from trainers.options import RunOptions, host_list
 
-__all__ = ["StateSize", "Holders", "state_size", "memory_verdict", "check_memory"]
+__all__ = ["StateSize", "Holders", "state_size", "memory_verdict", "check_memory", "holders_on_this_host"]
 
 SLOTS = {"adagrad": 1, "adam": 2, "sgd": 0}
 PEAK_PER_STATE = 1.6      # peak RSS per byte of state (bench: rss_mb_per_table_mb 1.57)
@@ -75,6 +77,20 @@ class Holders:
     def local_ps(cls, num_ps: int) -> "Holders":
         return cls(1, 1.0, f"on this host (its {num_ps} PS tasks hold one copy between them)",
                    "run the PS tasks on other hosts (a TF_CONFIG cluster: README \"Running on a cluster\")")
+
+
+def holders_on_this_host(run: RunOptions, tf_config_cluster: bool) -> Optional[Holders]:
+    """Who this `recpipe train` has hold the embedding tables on this host (None: no one): one local process;
+    the Horovod ranks of this host, a copy each (checked once, by their launcher; a rank started with --np 1
+    holds its own); a local PS cluster's PS tasks, one copy between them; the chief of a TF_CONFIG cluster
+    none (each PS task checks its own host: trainers.train)."""
+    if run.strategy == "local":
+        return Holders()
+    if run.strategy == "horovod" and not inside_horovod_job():
+        return Holders(host_list(run.hosts)[run.host_index][1] if run.hosts else run.np)
+    if run.strategy == "ps" and not tf_config_cluster:
+        return Holders.local_ps(run.ps_servers)
+    return None
 
 
 def memory_verdict(state: StateSize, holders: Holders, available: int,

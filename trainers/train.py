@@ -18,18 +18,18 @@ from features.errors import RecpipeError
 from features.preprocessed import PreprocessedData
 from trainers.advisor import advise
 from trainers.allocator import loaded_allocator
-from trainers.data import (DataError, SameCopyCheck, check_whole_copy, make_dataset, naming_bad_shards,
-                           synthetic_dataset)
+from trainers.data import DataError, SameCopyCheck, make_dataset, naming_bad_shards, synthetic_dataset
+from trainers.data_copy import check_whole_copy
 from trainers.errors import TrainError
 from trainers.health import check_loss
-from trainers.hvd import train_horovod
-from trainers.hvd_hosts import HostJob, host_job
-from trainers.hvd_launch import inside_horovod_job
-from trainers.memory import Holders, check_memory
+from trainers.hvd import run_rank
+from trainers.hvd_job import launch_job, launch_ranks, launches_ranks
+from trainers.memory import Holders, check_memory, holders_on_this_host
 from trainers.model_dir import ModelDir, TrainState
 from trainers.models import compiled_model, table_shapes
 from trainers.optim import optimizer_for, precision_policy
-from trainers.options import RunOptions, TrainOptions, host_list
+from trainers.options import TrainOptions
+from trainers.prepare import prepare_run
 from trainers.progress import Reporter
 from trainers.ps import (LocalPSCluster, PSCluster, TFConfig, make_strategy, serve_task, silent_tasks, task_names,
                          tf_config, wait_for_tasks)
@@ -40,8 +40,10 @@ __all__ = ["TrainError", "TrainOptions", "TrainState", "train", "set_threads"]
 
 
 def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
-    with naming_bad_shards(opts.data_dir), host_job(opts.run, say) as hosts:
-        return _train(opts, say, hosts)
+    if launches_ranks(opts.run):  # `recpipe train` calls trainers.hvd_job itself, before importing TensorFlow
+        return launch_job(opts, say)
+    with naming_bad_shards(opts.data_dir):
+        return _train(opts, say)
 
 
 def _check_worker_copy(data_dir: str, cluster: TFConfig) -> None:
@@ -56,7 +58,7 @@ def _check_worker_copy(data_dir: str, cluster: TFConfig) -> None:
         raise DataError(f"PS {cluster.task_type} {cluster.task_index} ({address}): {e}") from None
 
 
-def _train(opts: TrainOptions, say: Callable[[str], None], hosts: Optional[HostJob]) -> TrainState:
+def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
     cluster = tf_config() if opts.run.strategy == "ps" else None
     if cluster is not None and cluster.task_type != "chief":  # a TFJob runs one command in every replica
         if cluster.task_type == "ps":
@@ -65,23 +67,22 @@ def _train(opts: TrainOptions, say: Callable[[str], None], hosts: Optional[HostJ
             _check_worker_copy(opts.data_dir, cluster)
         say(f"train: serving PS-cluster task {cluster.task_type} {cluster.task_index} until killed")
         serve_task(cluster.cluster.spec(), cluster.task_type, cluster.task_index, opts.run.ps_task_threads)
-    model_dir, data = ModelDir(opts.model_dir), PreprocessedData(opts.data_dir)
-    cfg, artifact = model_dir.prepare(data, opts.config_path)
-    if not opts.synthetic_input:
-        check_whole_copy(data)
+    prepared = prepare_run(opts)
+    cfg, artifact, total = prepared.cfg, prepared.artifact, prepared.total
     run = opts.run
     set_threads(run.threads or cfg.train.tuning.intra_op_threads, run.threads or cfg.train.tuning.inter_op_threads)
-    total = run.steps if run.steps is not None else cfg.train.steps
     if run.strategy == "auto":
         advice = advise(cfg, artifact, opts.data_dir, workers=run.np, ps_tasks=run.ps_servers)
         for line in advice.table().splitlines():
             say(line.replace("advise:", "train: advisor:", 1))
         opts = dataclasses.replace(opts, run=dataclasses.replace(run, strategy=advice.strategy))
-    holders = _memory_holders(opts.run, cluster)
+        if launches_ranks(opts.run):  # the advisor picked Horovod for --np ranks
+            return launch_ranks(opts, prepared, say, None)
+    holders = holders_on_this_host(opts.run, cluster is not None)
     if holders is not None:
         check_memory(cfg, artifact, holders, say)
-    if opts.run.strategy == "horovod":
-        return train_horovod(cfg, artifact, opts, total, say, hosts)
+    if opts.run.strategy == "horovod":  # a rank of a job, or one alone
+        return run_rank(cfg, artifact, opts, total, say)
     if opts.run.strategy == "local":
         return _fit(cfg, artifact, opts, total, tf.distribute.get_strategy(), say)
     if cluster is not None:
@@ -117,20 +118,6 @@ def _fit_on_ps(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, tot
         raise ModelDir(opts.model_dir).stopped(
             f"{task_names(lost)} {'died' if local is not None else 'does not answer'}",
             f"a PS task holds its share of the variables in memory and cannot rejoin; {restart}") from e
-
-
-def _memory_holders(run: RunOptions, cluster: Optional[TFConfig]) -> Optional[Holders]:
-    """Who this command has hold the embedding tables on this host (None: no one): one local process; the
-    Horovod ranks of this host, a copy each (checked once, by their launcher); a local PS cluster's PS
-    tasks, one copy between them; a TF_CONFIG cluster's chief none (each PS task checks its own host:
-    _check_ps_task_memory)."""
-    if run.strategy == "local":
-        return Holders()
-    if run.strategy == "horovod" and not inside_horovod_job():
-        return Holders(host_list(run.hosts)[run.host_index][1] if run.hosts else run.np)
-    if run.strategy == "ps" and cluster is None:
-        return Holders.local_ps(run.ps_servers)
-    return None
 
 
 def _check_ps_task_memory(opts: TrainOptions, num_ps: int, say: Callable[[str], None]) -> None:
