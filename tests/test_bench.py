@@ -199,6 +199,9 @@ def test_a_nan_figure_is_written_as_null_and_the_report_and_compare_name_it(tmp_
         {"lifecycle_item_slots_vs_max_size": 0.9, "lifecycle_rss_mb_per_table_mb": 1.6}, new)}
     assert rows["lifecycle_item_slots_vs_max_size"] == "regressed"  # met before; null misses it
     assert rows["lifecycle_rss_mb_per_table_mb"] == "null"  # no target
+    (tmp_path / "other.json").write_text('{"ratios": {"serve_p99_ms_c8": "12 ms"}}')
+    with pytest.raises(ValueError, match=r"other.json: ratio 'serve_p99_ms_c8' is \"12 ms\", not a number or null"):
+        load_ratios(str(tmp_path / "other.json"))
 
 
 def test_duckdb_peer_does_the_same_split_and_vocabularies(tmp_path):

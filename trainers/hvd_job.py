@@ -1,7 +1,7 @@
 """`recpipe train --strategy horovod` as the launcher of its ranks (--np N > 1 on this host, or this host's
 ranks of a job over --hosts). It prepares the model dir, checks this host's copy of the data and its memory,
 starts the ranks and reports how they ended, all without TensorFlow: each rank imports it, and the
-launcher's own import cost about 3 s of CPU and 500 MB of RSS, held while its ranks trained."""
+launcher's own import cost about 3 s of CPU and 550 MB of RSS, held while its ranks trained."""
 from __future__ import annotations
 
 from typing import Callable, Optional

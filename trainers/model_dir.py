@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 # TensorFlow is imported by the methods that read or write checkpoints, not here: a Horovod launcher prepares
 # the model dir and reports its ranks' end through this class without loading TensorFlow (about 3 s of CPU
-# and 500 MB of RSS, held while its ranks train).
+# and 550 MB of RSS, held while its ranks train).
 
 __all__ = ["TrainState", "ModelDir", "load_trained", "check_data_matches", "check_same_transform"]
 

@@ -2,6 +2,7 @@
 result folders), each ratio against its target, so a regression shows in one command."""
 from __future__ import annotations
 
+import json
 import math
 import os
 
@@ -20,7 +21,13 @@ def load_ratios(path: str) -> tuple[dict[str, float], str]:
         if not os.path.exists(f):
             continue
         result = fsio.read_json(f)
-        ratios.update(result.get("ratios", {}))
+        found = result.get("ratios", {}) if isinstance(result, dict) else None
+        if not isinstance(found, dict):
+            raise ValueError(f"{f}: not a bench result (a JSON object whose 'ratios' is an object)")
+        for key, value in found.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"{f}: ratio {key!r} is {json.dumps(value)[:60]}, not a number or null")
+        ratios.update(found)
         commits.add((result.get("machine") or {}).get("git_commit") or "unknown")
     if not ratios:
         raise ValueError(f"{path}: no bench ratios found (a bench/results/<suite>.json or its folder)")
