@@ -620,8 +620,8 @@ def _last_line_after_killing(model_dir: str, train_args: list[str], victim, befo
 
 
 def test_11_a_dead_rank_is_named_with_its_signal_and_the_checkpoint(tmp_path, preprocessed, small_cfg_path):
-    """... by a launcher that runs without TensorFlow while its ranks train (trainers.hvd_job): it found
-    the last checkpoint for this message only once they had died."""
+    """... by a launcher that runs without TensorFlow (trainers.hvd_job), its error included: it reads the
+    last checkpoint's step from the checkpoints' state file."""
     loaded = {}
     line = _last_line_after_killing(
         str(tmp_path / "hvd"), ["--data", preprocessed[0], "--config", small_cfg_path, "--strategy", "horovod",

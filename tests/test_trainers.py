@@ -100,6 +100,33 @@ def test_trained_model_learns(trained, preprocessed):
     assert os.listdir(os.path.join(trained, "logs"))  # TensorBoard events
 
 
+def test_the_model_dir_finds_the_latest_checkpoint_as_tensorflow_does(tmp_path):
+    """ModelDir.latest_checkpoint reads the checkpoints' state file without TensorFlow; it gives what
+    tf.train.latest_checkpoint gives: no state file, CheckpointManager's relative paths, an absolute path
+    with escaped characters, a checkpoint gone, a state file that names none."""
+    from trainers.model_dir import ModelDir
+    md = ModelDir(str(tmp_path / "m é"))
+    assert md.latest_checkpoint() is None and md.latest_step() == 0
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)), md.checkpoints_dir, max_to_keep=2)
+    for _ in range(3):
+        manager.save()
+    assert md.latest_checkpoint() == tf.train.latest_checkpoint(md.checkpoints_dir) == \
+        os.path.join(md.checkpoints_dir, "ckpt-3")
+    assert md.latest_step() == 3
+    state = Path(md.checkpoints_dir, "checkpoint")
+    odd = tmp_path / 'a "b" \\ é'
+    odd.mkdir()
+    for f in Path(md.checkpoints_dir).glob("ckpt-3.*"):
+        shutil.copy(f, odd / f.name)
+    tf.compat.v1.train.update_checkpoint_state(md.checkpoints_dir, str(odd / "ckpt-3"))
+    assert '\\"b\\"' in state.read_text()  # written escaped
+    assert md.latest_checkpoint() == str(odd / "ckpt-3")  # (TensorFlow's own globs the path: its \\ fails it)
+    state.write_text('model_checkpoint_path: "ckpt-7"\n')  # gone
+    assert md.latest_checkpoint() is None is tf.train.latest_checkpoint(md.checkpoints_dir)
+    state.write_text("not a checkpoint state\n")
+    assert md.latest_checkpoint() is None is tf.train.latest_checkpoint(md.checkpoints_dir)
+
+
 def test_resume_continues_from_checkpoint(tmp_path, preprocessed, small_cfg_path):
     model_dir = str(tmp_path / "m")
     first = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path,

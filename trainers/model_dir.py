@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,9 +31,9 @@ from trainers.errors import TrainError
 if TYPE_CHECKING:
     import tensorflow as tf
 
-# TensorFlow is imported by the methods that read or write checkpoints, not here: a Horovod launcher prepares
-# the model dir and reports its ranks' end through this class without loading TensorFlow (about 3 s of CPU
-# and 550 MB of RSS, held while its ranks train).
+# TensorFlow is imported by the methods that write or restore checkpoints, not here: a Horovod launcher
+# prepares the model dir and reports its ranks' end through this class without loading TensorFlow (about
+# 3 s of CPU and 550 MB of RSS, held while its ranks train).
 
 __all__ = ["TrainState", "ModelDir", "load_trained", "check_data_matches", "check_same_transform"]
 
@@ -94,6 +95,19 @@ def check_same_transform(model: TransformArtifact, data: TransformArtifact, mode
                          f"trained on, so its IDs stand for other values: {'; '.join(diffs)}. {advice}")
 
 
+_ESCAPED = {b"n": b"\n", b"r": b"\r", b"t": b"\t"}
+
+
+def _unquoted(text: bytes) -> bytes:
+    """A protobuf text-format string's bytes, its C escapes undone (\\" \\\\ \\n, octal \\NNN, hex \\xHH)."""
+    def one(m: re.Match) -> bytes:
+        e = m[1]
+        if e[:1].isdigit():
+            return bytes([int(e, 8) & 0xFF])
+        return bytes([int(e[1:], 16)]) if e[:1] == b"x" else _ESCAPED.get(e, e)
+    return re.sub(rb"\\([0-7]{1,3}|x[0-9a-fA-F]{2}|.)", one, text, flags=re.S)
+
+
 class ModelDir:
     def __init__(self, root: str):
         self.root = root
@@ -123,8 +137,19 @@ class ModelDir:
         return TransformArtifact.read(self.transform_dir)
 
     def latest_checkpoint(self) -> Optional[str]:
-        import tensorflow as tf
-        return tf.train.latest_checkpoint(self.checkpoints_dir)
+        """tf.train.latest_checkpoint(checkpoints_dir), read without TensorFlow (a Horovod launcher names the
+        last checkpoint when its ranks die): the newest prefix the checkpoints' state file names (the text
+        CheckpointState tf.train.CheckpointManager writes), if its index file exists."""
+        try:
+            text = Path(self.checkpoints_dir, "checkpoint").read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        found = re.search(rb'^model_checkpoint_path:\s*"((?:[^"\\]|\\.)*)"', text, re.M)
+        if not found:
+            return None
+        # relative, as CheckpointManager writes it (os.path.join keeps an absolute one whole)
+        prefix = os.path.join(self.checkpoints_dir, os.fsdecode(_unquoted(found[1])))
+        return prefix if os.path.exists(prefix + ".index") else None
 
     def best_weights(self) -> Optional[str]:
         """The weights kept by validation (a tf.train.Checkpoint prefix), if training kept any."""
