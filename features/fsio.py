@@ -58,7 +58,14 @@ def read_text(path: str) -> str:
 
 
 def read_json(path: str) -> Any:
-    return json.loads(read_text(path))
+    """The JSON `path` holds. A file that does not (cut short, hand-edited, another format) is a ValueError
+    naming it and where it breaks, where json's own error named neither the file nor its purpose."""
+    try:
+        return json.loads(read_text(path))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON: not UTF-8 text (byte {e.start})") from None
 
 
 def write_json(path: str, data: Any, *, indent: int = 1, sort_keys: bool = True, only_if_changed: bool = False) -> bool:

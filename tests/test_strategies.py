@@ -310,6 +310,13 @@ def test_advise_refuses_a_calibration_with_a_null_overhead(tmp_path):
     path.write_text(json.dumps({"measured": {}}))
     with pytest.raises(ValueError, match="no calibration.overheads.allreduce_s and .ps_s: not a `recpipe bench"):
         Overheads.from_calibration(str(path))
+    path.write_text('{"calibration": {"overheads": {"allreduce_s": 0.01,')  # cut short
+    with pytest.raises(ValueError, match=f"^{path}: not valid JSON: Expecting property name enclosed in double "
+                                         f"quotes at line 1 column 52$"):
+        Overheads.from_calibration(str(path))
+    path.write_bytes(b"\x89PNG\r\n")
+    with pytest.raises(ValueError, match=f"^{path}: not valid JSON: not UTF-8 text \\(byte 0\\)$"):
+        Overheads.from_calibration(str(path))
 
 
 def test_advise_probe_and_cli(tmp_path, preprocessed, small_cfg, small_cfg_path):

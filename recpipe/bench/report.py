@@ -49,7 +49,7 @@ def _fmt(value: Optional[float]) -> str:
 
 NULL_RATIO = ("the run measured no finite value (NaN or infinite, written as null): the suite report shows the "
               "figures it came from.")
-NULL_FIGURE = ("see the suite report: a figure this explanation quotes is null (NaN or infinite in the run).")
+NULL_FIGURE = "see the suite report: a figure this explanation quotes is null (NaN or infinite in the run)."
 
 
 def _explain(key: str, value: Optional[float], found: dict) -> str:
