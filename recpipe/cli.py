@@ -260,10 +260,11 @@ def cmd_daily(a, extra: list[str]) -> int:
     if extra and a.step != "preprocess":
         raise ValueError(f"unrecognized arguments: {' '.join(extra)} (only `daily preprocess` takes Beam options)")
     if a.step == "train":  # the allocator `recpipe train` would run under (train.tuning.allocator)
-        from recpipe.daily import train_allocator
+        from recpipe.daily import train_allocator, train_launches_ranks
         from trainers.allocator import reexec_with
         reexec_with(train_allocator(a.project), a.argv, _say)
-        _tensorflow_after_reexec(a)
+        if not train_launches_ranks(a.project):
+            _tensorflow_after_reexec(a)
     return run_step(a.step, a.project, a.day, say=_say, beam_args=extra)
 
 

@@ -133,13 +133,24 @@ def step_preprocess(dc: DailyConfig, day: str, say, beam_args: Optional[list[str
 
 
 def step_train(dc: DailyConfig, day: str, say) -> int:
-    from trainers.train import train
+    from trainers.hvd_job import launch_job, launches_ranks
     d = _day_dir(dc, day)
     prev = _previous_day(dc, day)
     warm = _day_dir(dc, prev).model_root if prev else None
-    train(TrainOptions(d.data.root, d.model_root, dc.config, run=dc.train,
-                       warm_start=warm if warm is not None and os.path.isdir(warm) else None), say=say)
+    opts = TrainOptions(d.data.root, d.model_root, dc.config, run=dc.train,
+                        warm_start=warm if warm is not None and os.path.isdir(warm) else None)
+    if launches_ranks(opts.run):  # a Horovod launcher: its ranks import TensorFlow, the task's process does not
+        launch_job(opts, say=say)
+    else:
+        from trainers.train import train
+        train(opts, say=say)
     return 0
+
+
+def train_launches_ranks(project: str) -> bool:
+    """Whether the project's train step only launches Horovod ranks (and so never imports TensorFlow)."""
+    from trainers.hvd_job import launches_ranks
+    return launches_ranks(load_daily_config(project).train)
 
 
 def train_allocator(project: str) -> str:

@@ -156,6 +156,25 @@ def test_a_model_no_better_than_the_click_rate_is_never_pushed_the_first_one_inc
         is None
     assert loses_to_baseline("ranking", {"logloss": 0.4, "baselines": {"constant_rate": {"logloss": 0.5}}}) is None
 
+def test_a_horovod_projects_train_step_launches_its_ranks_without_tensorflow(tmp_path, preprocessed):
+    """`recpipe daily train` (the DAG's train task) of a project that trains on 2 Horovod ranks: the task's
+    process only launches them, and never loads TensorFlow (about 550 MB it held while they trained)."""
+    import shutil
+    day = "2026-01-05"
+    shutil.copytree(preprocessed[0], tmp_path / "work" / day / "preprocessed")
+    cfg = small_config_dict(steps=4)
+    cfg["train"].update(checkpoint_every=4, tuning={"allocator": "system"})  # no re-exec: this process runs it
+    project = _project(tmp_path, "hvd", cfg, train={"strategy": "horovod", "np": 2})
+    code = ("import sys; from recpipe.cli import main; rc = main(sys.argv[1:]); "
+            "print('TensorFlow loaded:', 'tensorflow' in sys.modules); sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code, "daily", "train", "--project", project, "--day", day],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "train: horovodrun -np 2 --gloo on localhost" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "TensorFlow loaded: False"
+    assert json.loads((tmp_path / "work" / day / "model" / "train_state.json").read_text())["steps_done"] == 4
+
+
 def test_a_retrieval_model_is_blessed_against_the_served_one_on_the_same_eval_rows(tmp_path, small_log):
     """Retrieval bless compared the new model's recall@10 on its day's eval split with the number the served
     version recorded on ITS day's: two sets of rows, so a harder day held a better model back and an easier
