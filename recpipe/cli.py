@@ -39,7 +39,8 @@ NO_TENSORFLOW_DAILY = ("ready", "preprocess")
 def _reexecs(args) -> bool:
     """Whether the command may re-execute itself under its allocator (trainers.allocator.reexec_with)
     first: it imports TensorFlow after that, where importing it before was paid twice (2.3 s of CPU
-    and 2.4 s of wall more in each quick `recpipe train`)."""
+    and 2.4 s of wall more in each quick `recpipe train`), unless it only launches Horovod ranks
+    (trainers.hvd_job), which do."""
     return args.command == "train" or (args.command == "daily" and args.step == "train")
 
 
