@@ -33,7 +33,7 @@ def horovodrun() -> str:
     """The horovodrun of this environment, when Horovod is built with its TensorFlow ops; else a TrainError.
     Checked by the ops' library file, not by importing horovod.tensorflow: that imports TensorFlow, which
     the launcher does not need. A library built for another TensorFlow fails each rank's import, and the
-    launcher names that rank's error (rank_death)."""
+    launcher names that rank's error and says to rebuild it (rank_death)."""
     found = shutil.which("horovodrun", path=os.path.dirname(sys.executable)) or shutil.which("horovodrun")
     if not _has_tensorflow_ops():
         found = None
@@ -120,6 +120,7 @@ _NEVER_JOINED = re.compile(r"Wait timeout after (\d+) seconds for key\(s\): ([\d
 NEVER_JOINED = "which never joined"  # in _failure's message for such a line
 # Gloo's HTTP store giving up on the rendezvous server (horovodrun's, or the first host's over --hosts)
 _STORE_GONE = re.compile(r"HTTP (?:\w+ )?request failed too many times")
+_OPS_MISMATCH = re.compile(r"horovod/tensorflow/mpi_lib[^:\s]*\.so: undefined symbol")
 STORE_GONE = "Gloo's rendezvous store did not answer (HTTP requests to it failed)"
 
 
@@ -178,6 +179,8 @@ def rank_death(rank: int, code: int, where: str = "", output: list[str] = (),
     elif causes and causes[-1] == STORE_GONE and host_of:
         hint = (f"; it is served by `recpipe train ... --host-index 0` on {host_of[0][1]}: is that still running, "
                 f"or did it stop (its own output says why)?")
+    elif causes and _OPS_MISMATCH.search(causes[-1]):  # horovodrun() checks the ops' file, not that they load
+        hint = "; Horovod's TensorFlow ops were built for another TensorFlow: rebuild them with `make horovod`"
     # (_failure's own words for Gloo giving up, NEVER_JOINED's and STORE_GONE's, name Gloo too)
     symptom = bool(_SYMPTOM.search(causes[-1])) if causes else code in (-signal.SIGABRT, -signal.SIGTERM)
     return RankDeath(f"horovod rank {rank}{where} died ({how_it_ended(code)}{': ' + causes[-1] if causes else ''}"
