@@ -120,8 +120,9 @@ _NEVER_JOINED = re.compile(r"Wait timeout after (\d+) seconds for key\(s\): ([\d
 NEVER_JOINED = "which never joined"  # in _failure's message for such a line
 # Gloo's HTTP store giving up on the rendezvous server (horovodrun's, or the first host's over --hosts)
 _STORE_GONE = re.compile(r"HTTP (?:\w+ )?request failed too many times")
-_OPS_MISMATCH = re.compile(r"horovod/tensorflow/mpi_lib[^:\s]*\.so: undefined symbol")
 STORE_GONE = "Gloo's rendezvous store did not answer (HTTP requests to it failed)"
+# a rank's import of Horovod's TensorFlow ops, built for another TensorFlow, failing
+_OPS_MISMATCH = re.compile(r"horovod/tensorflow/mpi_lib[^:\s]*\.so: undefined symbol")
 
 
 def _failure(line: str) -> tuple[Optional[int], str] | None:
