@@ -85,6 +85,7 @@ def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):
             } <= set(ratios)  # reported without a target
     assert ratios["export_prune_weight_bytes_vs_fp32"] < 1  # a pruned table is smaller
     assert "preprocess_repeats_check_vs_unchecked" in ratios  # what finding rows read twice costs
+    assert "train_vs_tfrs_fit_dense_bound" in ratios  # the most any implementation could lead the TFRS peer by
     memory = json.loads((out / "lifecycle.json").read_text())["memory_growth"]["runs"]
     assert memory["no_evict"][-1]["item_table_rows"] > memory["evict"][-1]["item_table_rows"]
     assert all(d["train_peak_rss_mb"] > 100 for r in memory.values() for d in r)  # a TF process's own peak

@@ -193,20 +193,25 @@ def _why(key: str, found: dict) -> str:
                            f"{share['deep_layers']:.0%}, and the embedding lookups, loss and sparse Adagrad updates "
                            f"{share['embeddings_loss_optimizer']:.0%}: those are memory-bound gathers and "
                            f"scatters, which no matmul unit speeds up.")
-        bound = ours / max(f, 1e-9) / peer
         if "real_bf16" in runs and "tfrs_fit_bf16" in runs:
             faster = "bf16" if med("tfrs_fit_bf16") >= peer else "fp32"
             head += (f"In bf16 ours makes {med('real_bf16'):,.0f} ex/s against the peer's {med('tfrs_fit_bf16'):,.0f} "
                      f"({med('real_bf16') / med('tfrs_fit_bf16'):.2f}x; the peer's faster precision here is "
-                     f"{faster}): TFRS 0.7.7's Cross layer computes in float32 under mixed_bfloat16, which the peer "
-                     f"keeps and ours (trainers.layers.Cross) does not. ")
-        return head + (f"The default's cross and deep layers, the same matmuls in both, alone take {f:.0%} of our "
-                       f"step at this CPU's measured fp32 matmul ceiling ({c['fp32']['median']:,.0f} GFLOP/s): with "
-                       f"every other cost (lookups, optimizer, input) at zero, ours would reach {bound:.2f}x the "
-                       f"peer. " + ("A 1.5x lead is out of reach for a step this matmul-bound on this CPU."
-                                    if bound < TARGETS[key][1] else
-                                    "The lead has to come from the embedding lookups, their sparse updates and the "
-                                    "input, where both still spend the same time."))
+                     f"{faster}): " + ("this CPU has no bf16 units (neither AMX nor AVX512-BF16), so neither gains "
+                                       "from bf16. " if no_bf16_units else
+                                       "TFRS 0.7.7's Cross layer computes in float32 under mixed_bfloat16, which the "
+                                       "peer keeps and ours (trainers.layers.Cross) does not. "))
+        p = t["step_parts"]
+        ms, bound = p["step_ms"], p["bound_vs_peer"]
+        return head + (f"Timed round-robin in one process on in-memory batches, the peer's compiled step takes "
+                       f"{ms['peer']:.1f} ms and the model's cross and deep layers alone, forward and backward on "
+                       f"the model's own input with no lookups, optimizer or input, {ms['dense_layers']:.1f} ms "
+                       f"(ours {ms['full']:.1f}): every implementation of this model computes at least those, so "
+                       f"with every other cost at zero ours would reach {bound:.2f}x the peer. "
+                       + (f"A {TARGETS[key][1]}x lead at the same precision is out of reach on this CPU."
+                          if bound < TARGETS[key][1] else
+                          "The lead has to come from the embedding lookups, their sparse updates and the "
+                          "input, where both still spend the same time."))
     if key.startswith("cluster_") and "cluster" in found:
         strategy, link = key[len("cluster_"):].split("_prediction_error_")
         p = found["cluster"]["predictions"][f"{strategy}_{link}"]

@@ -12,7 +12,8 @@ checkpoint interval, from train_state.json; peak RSS of the process), repeated `
     dense gradients); PS 2 workers + 2 PS vs local with the same threads;
   - peak RSS vs embedding-table rows (and vs data size at a fixed table);
   - the matmul FLOP/s ceiling of this CPU, and the fraction each configuration reaches;
-  - where the default model's step goes: cross layers, deep layers, the rest (recpipe.bench.step_parts);
+  - where the default model's step goes: cross layers, deep layers, the rest, and the most any implementation
+    could lead the TFRS-tutorial peer by: its step over the cross and deep layers alone (recpipe.bench.step_parts);
   - eval AUC on the shared Criteo sample: local/PS/Horovod DCN-v2 and logistic regression;
   - the scale-out model (recpipe.bench.scaleout) fed with these figures.
 """
@@ -138,8 +139,8 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
     if "local_threads2" not in runs.results:
         runs.results["local_threads2"] = runs.results["real_fp32"]
 
-    say("bench train: step parts of the default model (cross layers, deep layers, the rest)")
-    parts = _module_json("recpipe.bench.step_parts", pre, default, str(8 if o.quick else 30))
+    say("bench train: step parts of the default model (cross layers, deep layers, the rest; the peer's step)")
+    parts = _module_json("recpipe.bench.step_parts", pre, default, str(8 if o.quick else 30), str(o.reps))
     rss = _rss_vs_table(o, work, base, runs, say)
     say("bench train: matmul ceiling (fp32, bf16)")
     ceiling = _ceiling(o.reps, 0.5 if o.quick else 1.5)
@@ -159,6 +160,9 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
         "train_real_vs_synthetic_input": runs.median("real_fp32") / runs.median("synthetic_fp32"),
         "train_vs_tfrs_fit": runs.median("real_fp32") / runs.median("tfrs_fit_fp32"),
         "train_vs_tfrs_fit_auc": runs.median("real_fp32", "eval_auc") / runs.median("tfrs_fit_fp32", "eval_auc"),
+        # the most any implementation of the model could lead the peer by: the peer's compiled step over the
+        # model's cross and deep layers alone, forward and backward (recpipe.bench.step_parts)
+        "train_vs_tfrs_fit_dense_bound": parts["bound_vs_peer"],
         "train_default_roofline_fraction": fraction["real_fp32"],
         "train_bf16_vs_fp32": runs.median("dense_bf16") / runs.median("dense_fp32"),
         "train_horovod_scaling_2": runs.median("horovod_np2") / (2 * runs.median("horovod_np1")),
@@ -281,7 +285,12 @@ def markdown(r: dict) -> str:
               "variant; the input pipeline's cost is real_fp32 against synthetic_fp32 above.", "",
               "| part | ms per step | share |", "|---|---|---|",
               *[f"| {k.replace('_', ' ')} | {v:.1f} | {p['parts_share'][k]:.0%} |" for k, v in p["parts_ms"].items()],
-              f"| whole step | {p['step_ms']['full']:.1f} | 100% |", ""]
+              f"| whole step | {p['step_ms']['full']:.1f} | 100% |", "",
+              f"Timed round-robin with them: the TFRS-tutorial peer's whole step {p['step_ms']['peer']:.1f} ms, and "
+              f"the cross and deep layers and logit alone, forward and backward on the model's own input (no "
+              f"lookups, optimizer or input) {p['step_ms']['dense_layers']:.1f} ms. Every implementation of this "
+              f"model computes at least those, so none can lead the peer by more than {p['bound_vs_peer']:.2f}x "
+              f"(`train_vs_tfrs_fit_dense_bound`).", ""]
     t = r["rss_vs_table"]
     lines += ["## Peak RSS vs embedding-table rows (one 32-wide hashed table, same data)", "",
               "| table rows | table + Adagrad MB | peak RSS MB |", "|---|---|---|",
