@@ -31,7 +31,6 @@ from features.config import Config, parse_config
 from features.preprocessed import PreprocessedData
 from recpipe.bench.tfrs_peer import TutorialDCN, check_supported
 from trainers.data import make_dataset
-from trainers.layers import CrossStack, mlp
 from trainers.models import build_model
 from trainers.optim import optimizer_for
 
@@ -54,29 +53,29 @@ def _peer_step(cfg: Config, data_dir: str) -> Callable:
     return tf.function(peer.train_step)
 
 
-def _dense_layers_step(cfg: Config, model: tf.keras.Model, batch: dict) -> Callable:
-    """The model's cross stack, deep layers and logit, forward and backward, on the x0 `model` builds from
-    `batch` (its embeddings and dense features): the gradients of every weight and of x0 are all returned
-    (summed to one number), so none is pruned from the graph."""
-    by_name, dense = model.embeddings(batch), model._dense(batch)
+def _dense_layers_step(model: tf.keras.Model, batch: dict) -> Callable:
+    """`model`'s own cross stack, deep layers and logit, forward and backward, on the x0 its interaction
+    concatenates from `batch` (its embeddings, then its dense features), held as one variable: the gradients
+    of every weight and of x0 are all returned (summed to one number), so none is pruned from the graph."""
+    model(batch)  # builds every layer: a layer not built yet has no weights, and their gradients would be pruned
+    by_name = model.embeddings(batch)
     x0 = tf.Variable(tf.concat([by_name[f["name"]] for f in model.embeddings.feature_specs]
-                               + ([dense] if dense is not None else []), axis=1))
-    m = cfg.model
-    layers = [CrossStack(m.cross_layers, m.low_rank), *mlp(m.deep_layers, "deep"), tf.keras.layers.Dense(1)]
-
-    def forward():
-        x = layers[0]([x0])
-        for layer in layers[1:]:
-            x = layer(x)
-        return tf.reduce_sum(x)
-
-    forward()  # builds the layers' weights
+                               + [tf.cast(batch[n], tf.float32)[:, None] for n in model.dense_features], axis=1))
+    layers = [model.interaction, *model.deep, model.logit]
     weights = [w for layer in layers for w in layer.trainable_weights]
+    tables = {v.ref() for v in model.embeddings.trainable_variables}
+    dense_weights = {v.ref() for v in model.trainable_variables} - tables
+    if {w.ref() for w in weights} != dense_weights:  # each left out would have its gradient pruned from the step
+        raise ValueError(f"step_parts: {len(weights)} weights in the dense layers, not the model's "
+                         f"{len(dense_weights)}")
 
     @tf.function
     def step(_batch):
         with tf.GradientTape() as tape:
-            y = forward()
+            x = model.interaction([x0])
+            for layer in layers[1:]:
+                x = layer(x)
+            y = tf.reduce_sum(tf.square(x))  # depends on the logits, as a loss does: their matmul is kept too
         grads = tape.gradient(y, [x0, *weights])
         return {"loss": tf.add_n([tf.reduce_sum(g) for g in grads])}
     return step
@@ -105,7 +104,7 @@ def step_parts(data_dir: str, cfg_dict: dict, steps: int = 30, rounds: int = 3) 
         c["model"] = {**c["model"], **model_keys}
         model, fns[name] = _model_step(parse_config(c), data_dir)
         if name == "full":
-            fns["dense_layers"] = _dense_layers_step(cfg, model, batches[0])
+            fns["dense_layers"] = _dense_layers_step(model, batches[0])
     fns["peer"] = _peer_step(cfg, data_dir)
     for step in fns.values():  # trace and warm up
         for b in batches:
