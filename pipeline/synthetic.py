@@ -14,9 +14,14 @@ Logistic regression on one-hot features sees only the additive part; embeddings 
 DCN-v2's cross layers, two towers) can learn the rest.
 
 Item drift (`item_drift` > 0): the catalogue holds num_items + item_drift * (days - 1) items and day d
-draws its items (and histories) from the window of num_items starting at d * item_drift, Zipf-ranked
-from the window's start: every day the item_drift oldest items stop, item_drift new ones appear at the
-tail, and popularity moves on to items that were rarer the day before.
+draws its items (and histories) from the window of num_items starting at d * item_drift: every day the
+item_drift oldest items stop and item_drift new ones appear. How popular an item is (`item_popularity`):
+- "window": Zipf-ranked from the window's start, so the stopping items are the day's most clicked, new
+  ones appear at the tail, and popularity moves on to items that were rarer the day before;
+- "lifelong": each item keeps one Zipf rank from its first day to its last (the first num_items items'
+  ranks a seeded permutation; a new item takes the rank of the one it replaces), so the items that stop
+  take a random share of the clicks (item_drift / num_items of them on average). Without drift this is
+  the "window" log's items relabelled; with or without drift, day 1 is the same log.
 
 `truth_column`: each row also carries p_click, the probability its label was drawn with, so a
 benchmark can score the hidden model itself (the best AUC any model can reach on those rows). No
@@ -33,7 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-__all__ = ["GenerateSpec", "generate_log", "NUM_CATEGORICAL", "NUM_DENSE", "TRUTH_COLUMN", "SUCCESS_MARKER"]
+__all__ = ["GenerateSpec", "generate_log", "NUM_CATEGORICAL", "NUM_DENSE", "TRUTH_COLUMN", "SUCCESS_MARKER",
+           "ITEM_POPULARITY"]
 
 NUM_CATEGORICAL = 26
 NUM_DENSE = 13
@@ -42,6 +48,7 @@ AFFINITY = 1.0
 SUCCESS_MARKER = "_SUCCESS"  # written into each day's partition after its files, as Hadoop's committers do
 TRUTH_COLUMN = "p_click"  # GenerateSpec.truth_column: the hidden model's probability, for oracle metrics
 LATENT_DIMS = 4
+ITEM_POPULARITY = ("window", "lifelong")
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class GenerateSpec:
     rows_per_file: int = 1_000_000
     item_drift: int = 0        # items per day the active item window moves on (module docstring)
     truth_column: bool = False  # also write p_click, each row's click probability under the hidden model
+    item_popularity: str = "window"  # "window" | "lifelong": how an item's popularity moves (module docstring)
 
     def catalogue_items(self) -> int:
         return self.num_items + self.item_drift * (self.days - 1)
@@ -66,6 +74,17 @@ def _zipf_index(rng: np.random.Generator, n: int, cardinality: int, exponent: fl
     cdf = np.cumsum(weights / weights.sum())
     idx = np.searchsorted(cdf, rng.random(n), side="right")
     return np.minimum(idx, cardinality - 1)
+
+
+def _items_of_ranks(spec: GenerateSpec, ranks: np.ndarray, window_start: int) -> np.ndarray:
+    """The catalogue indices of the items holding these Zipf ranks on the day whose active window starts at
+    window_start. "lifelong": item j's rank is rank_of[j % num_items] (each index of the window leaves a
+    different remainder, so the window holds every rank once), whatever the day."""
+    if spec.item_popularity == "window":
+        return window_start + ranks
+    rank_of = np.random.default_rng(spec.seed + 3_000_017).permutation(spec.num_items)
+    remainder = np.argsort(rank_of)[ranks]
+    return window_start + (remainder - window_start) % spec.num_items
 
 
 def _dictionary(prefix: str, cardinality: int, rng: np.random.Generator) -> pa.Array:
@@ -80,7 +99,7 @@ def _columns(spec: GenerateSpec, n: int, rng: np.random.Generator, hidden: dict,
     logit = np.full(n, hidden["bias"])
 
     user = _zipf_index(rng, n, spec.num_users, 0.9)
-    item = item_offset + _zipf_index(rng, n, spec.num_items, 1.05)
+    item = _items_of_ranks(spec, _zipf_index(rng, n, spec.num_items, 1.05), item_offset)
     cols["user_id"] = pc.take(hidden["users"], pa.array(user))
     cols["item_id"] = pc.take(hidden["items"], pa.array(item))
     logit += hidden["w_user"][user] + hidden["w_item"][item]
@@ -107,7 +126,7 @@ def _columns(spec: GenerateSpec, n: int, rng: np.random.Generator, hidden: dict,
         cols[f"I{j + 1}"] = pa.array(val, pa.int64(), mask=missing)
 
     lengths = rng.integers(0, spec.max_history + 1, size=n)
-    hist = item_offset + _zipf_index(rng, int(lengths.sum()), spec.num_items, 1.05)
+    hist = _items_of_ranks(spec, _zipf_index(rng, int(lengths.sum()), spec.num_items, 1.05), item_offset)
     # Users who saw an item of the same "genre" (item index mod 7) click it more often.
     same = (hist % 7) == np.repeat(item % 7, lengths)
     row_of = np.repeat(np.arange(n), lengths)
@@ -161,6 +180,8 @@ def generate_log(spec: GenerateSpec, out_dir: str, say=None) -> list[str]:
     after its files; return the Parquet files written (sorted)."""
     if spec.rows <= 0 or spec.days <= 0:
         raise ValueError(f"rows and days must be positive (got rows={spec.rows}, days={spec.days})")
+    if spec.item_popularity not in ITEM_POPULARITY:
+        raise ValueError(f"item_popularity must be one of {', '.join(ITEM_POPULARITY)} (got {spec.item_popularity!r})")
     hidden = _with_drift_items(spec, _hidden_model(spec))
     rng = np.random.default_rng(spec.seed)
     per_day = np.full(spec.days, spec.rows // spec.days)

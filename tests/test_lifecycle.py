@@ -308,3 +308,31 @@ def test_the_truth_column_changes_nothing_else_and_scores_each_days_eval_rows(tm
     cutoff = np.sort(ts)[len(ts) - int(0.2 * len(ts)) - 1]  # the key leaving 80 % of the rows at or before it
     assert aucs[1] == pytest.approx(roc_auc(label[ts > cutoff].astype(float), p[ts > cutoff]))
     assert all(0.7 < a < 1 for a in aucs), aucs  # the hidden model itself: what a trained model aims at
+
+
+def test_lifelong_popularity_keeps_each_items_rank_and_day_one_of_the_drift_free_log(tmp_path):
+    """pipeline.synthetic's item_popularity="lifelong": every day's window holds every Zipf rank once, an item
+    keeps its rank from its first day to its last (the stopping items take random ranks, not the top ones as
+    with "window"), and the drifting log's first day is the drift-free log's."""
+    from pipeline.synthetic import GenerateSpec, _items_of_ranks, generate_log
+    n, drift, days = 50, 10, 4
+    spec = GenerateSpec(rows=1, days=days, seed=3, num_items=n, item_drift=drift, item_popularity="lifelong")
+    held = [_items_of_ranks(spec, np.arange(n), d * drift) for d in range(days)]  # held[d][rank] = item
+    for d, items in enumerate(held):
+        assert sorted(items.tolist()) == list(range(d * drift, d * drift + n))
+    for d in range(days - 1):
+        rank_today = {int(item): r for r, item in enumerate(held[d])}
+        rank_next = {int(item): r for r, item in enumerate(held[d + 1])}
+        assert all(rank_next[i] == r for i, r in rank_today.items() if i in rank_next)
+        stopping = sorted(r for i, r in rank_today.items() if i not in rank_next)
+        assert len(stopping) == drift and stopping != list(range(drift))  # "window" stops ranks 0..drift-1
+        assert sorted(rank_next[i] for i in rank_next if i not in rank_today) == stopping  # new items take them
+    small = dict(rows=4_000, days=2, seed=3, num_users=100, num_items=n, item_popularity="lifelong")
+    generate_log(GenerateSpec(**small, item_drift=drift), str(tmp_path / "drift"))
+    generate_log(GenerateSpec(**small), str(tmp_path / "stable"))
+    first = [pq.read_table(tmp_path / name / "dt=2026-01-01") for name in ("drift", "stable")]
+    assert first[0].equals(first[1])
+    second = [pq.read_table(tmp_path / name / "dt=2026-01-02") for name in ("drift", "stable")]
+    assert not second[0].column("item_id").equals(second[1].column("item_id"))
+    with pytest.raises(ValueError, match="item_popularity must be one of window, lifelong .got 'rising'."):
+        generate_log(GenerateSpec(rows=10, item_popularity="rising"), str(tmp_path / "bad"))
