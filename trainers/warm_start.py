@@ -93,9 +93,8 @@ def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, 
         elif is_table and src.shape[1:] == w.shape[1:]:
             table = table_match.group(1)
             today, earlier = _row_map(cfg, prev_art, artifact, table, int(src.shape[0]), int(w.shape[0]))
-            fresh = np.array(w.numpy())
-            fresh[today] = src.numpy()[earlier]
-            w.assign(fresh)
+            if len(today):  # in place: the kept rows only (a copy of the whole table, assigned, took 3 of it)
+                w.scatter_update(tf.IndexedSlices(tf.gather(src, earlier), tf.constant(today)))
             report["copied"] += 1
             report["rows_copied"][table] = int(len(today))
         else:
