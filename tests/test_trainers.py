@@ -208,6 +208,10 @@ def test_warm_start_from_previous_day(tmp_path, small_log, small_cfg, small_cfg_
     assert report["rows_copied"]["item_id"] == known and report["rows_copied"]["user_id"] == 1000
     emb = lambda m: next(w for w in m.weights if "emb_item_id" in w.name).numpy()  # noqa: E731
     np.testing.assert_array_equal(emb(model2)[:known], emb(model1)[:known])
+    dense = lambda m: [w.numpy() for w in m.weights if "/emb_" not in w.name]  # noqa: E731
+    assert len(dense(model2)) == len(dense(model1)) > 2  # every cross, deep and logit weight, copied as it was
+    for got, want in zip(dense(model2), dense(model1)):
+        np.testing.assert_array_equal(got, want)
     assert emb(model2).shape[0] > emb(model1).shape[0]  # today's vocabulary grew
     said = []
     r = train(TrainOptions(d2, str(tmp_path / "m2"), small_cfg_path, warm_start=m1,

@@ -155,6 +155,14 @@ class ModelDir:
         """The weights kept by validation (a tf.train.Checkpoint prefix), if training kept any."""
         return self.best_prefix if os.path.exists(self.best_prefix + ".index") else None
 
+    def trained_weights(self) -> str:
+        """The checkpoint prefix evaluation, export and warm start read: the best weights on validation, else
+        the latest checkpoint."""
+        latest = self.latest_checkpoint()
+        if latest is None:
+            raise self.no_checkpoint_error()
+        return self.best_weights() or latest
+
     def resume_hint(self) -> str:
         """What a rerun of the same command does after a job died: resume from the last checkpoint, or start over."""
         step = self.latest_step()
@@ -275,16 +283,13 @@ class ModelDir:
         from trainers.models import build_model, dummy_batch
         cfg = self.config()
         artifact = self.transform()
-        latest = self.latest_checkpoint()
-        if latest is None:
-            raise self.no_checkpoint_error()
+        chosen = self.trained_weights()
         built = cfg
         if serving:
             built = dataclasses.replace(cfg, train=dataclasses.replace(
                 cfg.train, tuning=dataclasses.replace(cfg.train.tuning, dedup_ids=False)))
         model = build_model(built, artifact)
         model(dummy_batch(cfg))
-        chosen = self.best_weights() or latest
         tf.train.Checkpoint(model=model).restore(chosen).expect_partial().assert_existing_objects_matched()
         return cfg, artifact, model
 

@@ -8,6 +8,7 @@ is unchanged; the optimizer starts fresh.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import re
 from typing import Callable
@@ -18,7 +19,7 @@ import tensorflow as tf
 from features.artifact import TransformArtifact
 from features.config import Config
 from features.errors import RecpipeError
-from trainers.model_dir import load_trained
+from trainers.model_dir import ModelDir
 
 __all__ = ["WarmStartError", "warm_start", "apply_warm_start", "features_difference"]
 
@@ -27,6 +28,9 @@ class WarmStartError(RecpipeError, ValueError):
     pass
 
 
+# Rows a table's warm start copies at once: it holds yesterday's table (read from the checkpoint) and this many
+# of its rows beside today's, never a second copy of either table.
+ROWS_AT_ONCE = 65_536
 _TABLE_WEIGHT = re.compile(r"/emb_([A-Za-z][A-Za-z0-9_]*)/")  # SparseEmbeddings names its tables emb_<owner>
 
 
@@ -64,9 +68,31 @@ def features_difference(before: Config, now: Config) -> str | None:
     return None
 
 
+def _checkpoint_keys(model: tf.keras.Model) -> dict[int, str]:
+    """id of each of the model's variables -> its key in a checkpoint of tf.train.Checkpoint(model=...) of the same
+    network: the object path breadth first from the model, as the checkpoint names it (the first path wins)."""
+    view, keys, seen = tf.train.TrackableView(model), {}, {id(model)}
+    queue = collections.deque([("model", model)])
+    while queue:
+        path, obj = queue.popleft()
+        for name, child in view.children(obj).items():
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            child_path = f"{path}/{name.replace('.', '..').replace('/', '.S')}"  # escaped as the checkpoint does
+            if isinstance(child, tf.Variable):
+                keys[id(child)] = f"{child_path}/.ATTRIBUTES/VARIABLE_VALUE"
+            else:
+                queue.append((child_path, child))
+    return keys
+
+
 def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, previous_dir: str) -> dict:
-    """Copy weights of previous_dir's latest checkpoint into `model` (built); return what was copied."""
-    prev_cfg, prev_art, prev_model = load_trained(previous_dir)
+    """Copy weights of previous_dir's trained weights into `model` (built); return what was copied. The weights
+    are read from the checkpoint one at a time (no second model is built: for a large table that held the
+    previous model's weights beside today's, and its graph)."""
+    previous = ModelDir(previous_dir)
+    prev_cfg, prev_art = previous.config(), previous.transform()
     if prev_cfg.model != cfg.model:
         raise WarmStartError(f"{previous_dir}: its model section differs; warm start needs the same network")
     changed = features_difference(prev_cfg, cfg)
@@ -80,25 +106,32 @@ def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, 
                 and prev_art.table_sizes()[table] != new_rows:
             raise WarmStartError(f"{previous_dir}: hashed table {table!r} changed size "
                                  f"({prev_art.table_sizes()[table]} -> {new_rows}); IDs would not match")
-    # Same network config => same weight order (auto-numbered layer names differ between processes).
-    if len(model.weights) != len(prev_model.weights):
-        raise WarmStartError(f"{previous_dir}: {len(prev_model.weights)} weights there, {len(model.weights)} here")
+    prefix = previous.trained_weights()
+    reader = tf.train.load_checkpoint(prefix)
+    shapes, keys = reader.get_variable_to_shape_map(), _checkpoint_keys(model)
     report = {"copied": 0, "rows_copied": {}, "skipped": []}
-    for w, src in zip(model.weights, prev_model.weights):
+    for w in model.weights:
+        key = keys.get(id(w))
+        if key not in shapes:  # a weight of a table sharded over PS tasks has no key of its own
+            report["skipped"].append(f"{w.name}: not in {prefix}" if key else f"{w.name}: no checkpoint path")
+            continue
+        shape = tuple(shapes[key])
         table_match = _TABLE_WEIGHT.search(w.name)  # a deep or a wide (one-wide) embedding table
-        is_table = table_match is not None
-        if src.shape == w.shape and not is_table:
-            w.assign(src)
+        if table_match is None and shape == tuple(w.shape):
+            w.assign(reader.get_tensor(key))
             report["copied"] += 1
-        elif is_table and src.shape[1:] == w.shape[1:]:
+        elif table_match is not None and shape[1:] == tuple(w.shape[1:]):
             table = table_match.group(1)
-            today, earlier = _row_map(cfg, prev_art, artifact, table, int(src.shape[0]), int(w.shape[0]))
-            if len(today):  # in place: the kept rows only (a copy of the whole table, assigned, took 3 of it)
-                w.scatter_update(tf.IndexedSlices(tf.gather(src, earlier), tf.constant(today)))
+            today, earlier = _row_map(cfg, prev_art, artifact, table, shape[0], int(w.shape[0]))
+            rows = reader.get_tensor(key)
+            for lo in range(0, len(today), ROWS_AT_ONCE):  # in place, a slice of the kept rows at a time
+                part = slice(lo, lo + ROWS_AT_ONCE)
+                w.scatter_update(tf.IndexedSlices(tf.constant(rows[earlier[part]]), tf.constant(today[part])))
+            del rows
             report["copied"] += 1
             report["rows_copied"][table] = int(len(today))
         else:
-            report["skipped"].append(f"{w.name} {tuple(src.shape)} -> {tuple(w.shape)}")
+            report["skipped"].append(f"{w.name} {shape} -> {tuple(w.shape)}")
     if report["skipped"]:
         raise WarmStartError(f"{previous_dir}: weights that do not fit this model: {report['skipped'][:5]}")
     return report
