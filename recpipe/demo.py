@@ -17,7 +17,7 @@ from features.config import load_config
 from pipeline.criteo import criteo_csv_to_parquet
 from pipeline.preprocess import run_preprocess
 from pipeline.synthetic import GenerateSpec, generate_log
-from recpipe.localserver import free_port, post_json, rest_rows, start_server, stop_server, wait_healthy
+from recpipe.localserver import free_ports, post_json, rest_rows, start_server, stop_server, wait_healthy
 from recpipe.samples import find_criteo_sample, repo_configs
 from serving.export import export_model
 from serving.version import ExportBase
@@ -99,7 +99,7 @@ def run_demo(opts: DemoOptions, say: Callable[[str], None] = print) -> dict:
     stage("export", t0)
 
     t0 = time.perf_counter()
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_ports(2)
     say(f"demo: 6/7 starting `recpipe serve` on 127.0.0.1:{port} (REST) / {grpc_port} (gRPC)")
     proc = start_server(str(work / "export"), cfg.name, port, grpc_port)
     try:

@@ -3,7 +3,6 @@ raw log rows as TF Serving 'instances'. Used by the demo, the serving benchmark 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -12,13 +11,13 @@ import urllib.request
 
 import pyarrow.parquet as pq
 
-__all__ = ["free_port", "start_server", "wait_healthy", "stop_server", "post_json", "rest_rows"]
+from features.ports import free_ports
+
+__all__ = ["free_port", "free_ports", "start_server", "wait_healthy", "stop_server", "post_json", "rest_rows"]
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def start_server(model_base: str, model_name: str, rest_port: int, grpc_port: int, *extra: str,

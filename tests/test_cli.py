@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 
 from conftest import CONFIGS, SHARED_DATA
-from recpipe.localserver import free_port, rest_rows, wait_healthy
+from recpipe.localserver import free_ports, rest_rows, wait_healthy
 
 COMMANDS = ["generate", "criteo-to-parquet", "preprocess", "train", "advise", "evaluate", "export", "serve", "demo",
             "bench"]
@@ -58,7 +58,7 @@ def test_whole_chain_through_the_cli(tmp_path):
     assert metrics["examples"] == 2000 and metrics["auc"] > 0.6, metrics
     out = recpipe("export", "--model-dir", model, "--export-base", export).stdout
     version = out.strip().split("/")[-1]
-    port, gport = free_port(), free_port()
+    port, gport = free_ports(2)
     server = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "serve", "--model-base", export, "--model-name",
                                "synthetic_ctr", "--rest-port", str(port), "--grpc-port", str(gport)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -31,7 +31,7 @@ from features.config import ConfigError, load_config, parse_config
 from features.preprocessed import PreprocessedData
 from pipeline.options import BeamOptionsError
 from pipeline.preprocess import PreprocessError, run_preprocess
-from recpipe.localserver import free_port
+from recpipe.localserver import free_port, free_ports
 from serving.export import ExportError, SkewError, export_model
 from serving.server import ModelServer, ServeError, ServeOptions
 from trainers.errors import TrainError
@@ -296,9 +296,9 @@ def test_4_a_sigterm_the_moment_the_server_answers_stops_it_cleanly(exported):
     started), so a SIGTERM in between, as an orchestrator's rolling restart may send, killed it (exit -15)
     instead of stopping it; the chain test met it once in a few runs."""
     from recpipe.localserver import wait_healthy
-    port = free_port()
+    port, grpc_port = free_ports(2)
     proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "serve", "--model-base", exported[0], "--model-name",
-                             "small", "--rest-port", str(port), "--grpc-port", str(free_port())],
+                             "small", "--rest-port", str(port), "--grpc-port", str(grpc_port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_healthy(port, proc, poll_s=0.005)

@@ -30,6 +30,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
+from features.ports import free_ports
 from trainers.errors import TrainError, how_it_ended
 
 __all__ = ["PSCluster", "TFConfig", "LocalPSCluster", "TablePartitioner", "make_strategy", "serve_task",
@@ -191,24 +192,12 @@ def wait_for_tasks(cluster: PSCluster, timeout: float, say: Callable[[str], None
         time.sleep(0.5)
 
 
-def _free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
-
-
 class LocalPSCluster:
     """N worker + M PS task processes on 127.0.0.1; a dead worker is restarted on its port."""
 
     def __init__(self, workers: int = 2, ps: int = 2, threads_per_task: int = 0,
                  say: Callable[[str], None] = print):
-        ports = _free_ports(1 + workers + ps)
+        ports = free_ports(1 + workers + ps)
         self.cluster = PSCluster(f"127.0.0.1:{ports[0]}", [f"127.0.0.1:{p}" for p in ports[1:1 + workers]],
                                  [f"127.0.0.1:{p}" for p in ports[1 + workers:]])
         self.threads = threads_per_task

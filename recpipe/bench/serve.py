@@ -32,7 +32,7 @@ from pipeline.preprocess import run_preprocess
 from pipeline.synthetic import GenerateSpec, generate_log
 from recpipe.bench.common import summary
 from recpipe.bench.targets import TARGETS
-from recpipe.localserver import free_port, rest_rows, start_server, stop_server, wait_healthy
+from recpipe.localserver import free_ports, rest_rows, start_server, stop_server, wait_healthy
 from serving.export import export_model
 from serving.metrics import STAGES
 from serving.registry import load_version
@@ -195,10 +195,11 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
     body = json.dumps({"instances": [rows[0]]}).encode()
     servers: dict[str, tuple] = {}
     try:
+        ports = iter(free_ports(2 * len(SERVER_MODES)))  # all at once: none starts on another's port
         for mode, extra in SERVER_MODES.items():
-            port = free_port()
+            port, grpc_port = next(ports), next(ports)
             args = [*extra, str(batch_timeout_ms)] if extra else []
-            servers[mode] = (port, start_server(export_base, model_name, port, free_port(), *args, quiet=True))
+            servers[mode] = (port, start_server(export_base, model_name, port, grpc_port, *args, quiet=True))
         for port, proc in servers.values():
             wait_healthy(port, proc)
         calls = {"in_process": lambda: lv.fn(**tensors[next(counter) % len(tensors)]),
