@@ -11,6 +11,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from features import fsio
@@ -19,8 +20,8 @@ from features.preprocessed import PreprocessedData
 from pipeline.synthetic import GenerateSpec, generate_log
 from recpipe.bench.baseline import baseline_preprocess
 
-__all__ = ["CLI", "summary", "run_measured", "git_commit", "machine_info", "save_result", "generate_once",
-           "preprocess_once"]
+__all__ = ["CLI", "summary", "run_measured", "evaluate_model", "git_commit", "machine_info", "save_result",
+           "generate_once", "preprocess_once"]
 
 CLI = [sys.executable, "-m", "recpipe.cli"]
 
@@ -47,6 +48,18 @@ def run_measured(cmd: list[str]) -> tuple[float, float, str]:
             raise RuntimeError(f"{' '.join(cmd[:6])}... failed: {stderr.strip().splitlines()[-3:]}")
         peak = fsio.read_json(usage.name)["peak_rss_mb"]
     return wall, peak, stdout
+
+
+_EVALUATING = threading.Lock()
+
+
+def evaluate_model(model_dir: str, data: str) -> dict:
+    """The metrics `recpipe evaluate --model-dir MODEL_DIR --data DATA` prints (trainers.evaluate), computed in
+    this process: the same numbers without a TensorFlow start-up per model. One evaluation at a time: the
+    threads of a suite share this process's Keras and matplotlib state."""
+    from trainers.evaluate import evaluate
+    with _EVALUATING:
+        return evaluate(model_dir, data)
 
 
 def git_commit() -> dict:

@@ -10,7 +10,8 @@ and int8 (serving.quantize; "int8_embeddings": int8 tables, float32 Dense kernel
   weights (the export's skew check proves the served graph scores exactly like it).
 
 Ratio keys: export_{bf16,int8}_bytes_vs_fp32, export_{bf16,int8}_weight_bytes_vs_fp32,
-export_{bf16,int8}_qps_vs_fp32, export_{bf16,int8}_auc_delta_abs: the worst of the two logs.
+export_{bf16,int8}_qps_vs_fp32, export_{bf16,int8}_auc_delta_abs: the worst of the two logs (the quick run:
+the synthetic log alone).
 """
 from __future__ import annotations
 
@@ -92,9 +93,9 @@ def _one_log(work: str, name: str, cfg_path: str, data: str, steps: Optional[int
 def bench_export(work: str, say: Callable[[str], None], quick: bool = False, reps: int = 3,
                  synthetic: Optional[tuple[str, str]] = None) -> dict:
     """synthetic: (raw log, preprocessed) of the preprocess suite to reuse, else a log of 100k rows (5k
-    quick) is generated. Quick: fewer steps, no int8_embeddings option."""
+    quick) is generated. Quick: the synthetic log only, fewer steps, no int8_embeddings option."""
     configs = repo_configs()
-    criteo = find_criteo_sample()
+    criteo = None if quick else find_criteo_sample()
     logs = {}
     if criteo is not None:
         parquet = os.path.join(work, "criteo_parquet")
@@ -102,8 +103,7 @@ def bench_export(work: str, say: Callable[[str], None], quick: bool = False, rep
             subprocess.run([*CLI, "criteo-to-parquet", "--csv", str(criteo), "--out", parquet], check=True,
                            capture_output=True)
         cfg = str(configs / "criteo.yaml")
-        logs["criteo"] = (cfg, preprocess_once(cfg, parquet, os.path.join(work, "criteo_pre")),
-                          100 if quick else None)
+        logs["criteo"] = (cfg, preprocess_once(cfg, parquet, os.path.join(work, "criteo_pre")), None)
     cfg = str(configs / "synthetic.yaml")
     if synthetic is None:
         log = generate_once(5_000 if quick else 100_000, os.path.join(work, "synthetic_log"))

@@ -37,7 +37,10 @@ the lifecycle itself loses or gains against the drift-free run, the logs' own di
 (reported, no target).
 
 Memory growth (recpipe.bench.lifecycle_memory): peak trainer RSS against table size over 10 days
-(3 quick), with and without eviction, measured while the DAG runs go (peak RSS is per process).
+(2 quick), with and without eviction, measured while the DAG runs go (peak RSS is per process).
+
+The quick run (CI's smoke run) goes over 2 days, and the drift-free and hashed runs over the first alone:
+the ratios compare the days both runs have, and only the evicting drifting run's second day has values to prune.
 """
 from __future__ import annotations
 
@@ -183,7 +186,8 @@ def oracle_aucs(log: str, days: list[str], eval_fraction: float) -> list[float]:
 
 def auc_gap_ratios(results: dict[str, list[dict]]) -> dict[str, float]:
     """The largest |per-day difference| of the evicting drifting run's eval AUC from the drift-free run's
-    and from the hashed (no lifecycle) run's, and from the drift-free run's beyond the oracles' own gap."""
+    and from the hashed (no lifecycle) run's, and from the drift-free run's beyond the oracles' own gap, over
+    the days both runs have."""
     def per_day(other: str, key: str = "auc") -> list[float]:
         return [a[key] - b[key] for a, b in zip(results["drift_evict"], results[other])]
     gaps, truth = per_day("stable_evict"), per_day("stable_evict", "oracle_auc")
@@ -204,8 +208,11 @@ def bench_lifecycle(work: str, say: Callable[[str], None], quick: bool = False, 
     per_day, eval_fraction = (3_000, 0.2) if quick else (100_000, 0.8)
     num_items, drift = (300, 60) if quick else (2_000, 400)
     max_size = int(num_items * 1.25)
-    steps = 30 if quick else 300
+    steps = 10 if quick else 300
     days = [(START + dt.timedelta(days=i)).isoformat() for i in range(n_days)]
+    # quick: the runs the evicting drifting run is compared with go over its first day only (the ratios compare
+    # the days both ran); its own second day is the one whose export has values to prune
+    compared = days[:1] if quick else days
     kinds = [("drift", drift, "window"), ("stable", 0, "window")]
     if not quick:  # and the same pair of logs whose items keep one popularity for life (pipeline.synthetic)
         kinds += [("drift_lifelong", drift, "lifelong"), ("stable_lifelong", 0, "lifelong")]
@@ -214,29 +221,32 @@ def bench_lifecycle(work: str, say: Callable[[str], None], quick: bool = False, 
                                 truth_column=True, item_popularity=popularity)
             for name, item_drift, popularity in kinds}
     evicting = lifecycle_config(steps, max_size, evict=True, eval_fraction=eval_fraction)
-    runs = {"drift_evict": (logs["drift"], evicting), "stable_evict": (logs["stable"], copy.deepcopy(evicting)),
+    runs = {"drift_evict": (logs["drift"], evicting, days),
+            "stable_evict": (logs["stable"], copy.deepcopy(evicting), compared),
             "drift_hashed": (logs["drift"], lifecycle_config(steps, max_size, evict=False, eval_fraction=eval_fraction,
-                                                             hashed_items=HASHED_ITEM_ROWS))}
+                                                             hashed_items=HASHED_ITEM_ROWS), compared)}
     if not quick:
         runs["drift_no_evict"] = (logs["drift"], lifecycle_config(steps, max_size, evict=False,
-                                                                  eval_fraction=eval_fraction))
+                                                                  eval_fraction=eval_fraction), days)
         for name in ("drift", "stable"):
-            runs[f"{name}_evict_lifelong"] = (logs[f"{name}_lifelong"], copy.deepcopy(evicting))
+            runs[f"{name}_evict_lifelong"] = (logs[f"{name}_lifelong"], copy.deepcopy(evicting), days)
     # the runs at once, and the memory growth runs beside them: they share nothing but the (read-only)
     # logs, and what they report is table sizes, AUCs, skew checks and each process's own peak RSS, not
     # speed; one after another they were most of the suite's time. The pruned exports' QPS is measured
     # after all of them, alone.
     with ThreadPoolExecutor(len(runs) + 1) as pool:
         growth = pool.submit(bench_memory_growth, work, say, quick)
-        started = {name: pool.submit(_run, work, name, log, cfg, days, say) for name, (log, cfg) in runs.items()}
+        started = {name: pool.submit(_run, work, name, log, cfg, run_days, say)
+                   for name, (log, cfg, run_days) in runs.items()}
         results = {name: job.result() for name, job in started.items()}
         memory = growth.result()
     oracle = {log: oracle_aucs(log, days, eval_fraction) for log in logs.values()}
-    for name, (log, _) in runs.items():
+    for name, (log, _, _) in runs.items():
         for d, auc in zip(results[name], oracle[log]):
             d["oracle_auc"] = auc
+    # every run over all the days with item values (a hashed table has none)
     pruned = {name: _pruned_export(os.path.join(work, name), days[-1], reps, 0.3 if quick else 2.0, say)
-              for name in results if results[name][-1]["item_slots"] is not None}  # a hashed table has no values
+              for name in results if results[name][-1]["item_slots"] is not None and len(results[name]) == n_days}
     ratios = {"lifecycle_item_slots_vs_max_size": max(d["item_slots"] for d in results["drift_evict"]) / max_size,
               **auc_gap_ratios(results),
               "lifecycle_skew_checks_passed": sum(d["skew_passed"] for r in results.values() for d in r)

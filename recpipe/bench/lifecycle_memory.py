@@ -2,9 +2,9 @@
 drifting log (pipeline.synthetic `item_drift`), with the item vocabulary evicting unseen items and
 without (it then only grows).
 
-Each day: `recpipe preprocess` of the day's partition extending the previous day's transform, then
-`recpipe train` warm-started from the previous day's model, run under recpipe.bench.measure so its
-peak RSS is its own. The two runs (with and without eviction) go at once, beside the lifecycle
+Each chain: `recpipe preprocess` of each day's partition extending the previous day's transform, then
+each day's `recpipe train` warm-started from the previous day's model, run under recpipe.bench.measure so
+its peak RSS is its own. The two runs (with and without eviction) go at once, beside the lifecycle
 suite's DAG runs: each process's peak RSS is its own whatever runs beside it, and this reports
 memory, not speed (`train_wall_s` is each day's wall time with the others beside it). Table MB:
 every embedding table's rows × width × 4 bytes × 2 (float32 weights and the Adagrad accumulator).
@@ -18,6 +18,7 @@ import datetime as dt
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -28,17 +29,19 @@ from features.config import parse_config
 from recpipe.bench.common import CLI, generate_once, run_measured
 from trainers.memory import state_size
 
-__all__ = ["bench_memory_growth", "memory_config", "table_mb", "markdown"]
+__all__ = ["MemorySettings", "bench_memory_growth", "memory_config", "memory_settings", "preprocess_chain",
+           "item_table_rows", "table_mb", "markdown"]
 
 START = dt.date(2026, 5, 1)
 ITEM_DIM = 64
+CHAINS = {True: "evict", False: "no_evict"}  # evict -> the chain's name
 
 
-def memory_config(steps: int, max_size: int, evict: bool) -> dict:
+def memory_config(steps: int, max_size: int, evict: bool, evict_unseen_days: int = 2) -> dict:
     """Item IDs admitted at their first row (min_count 1), ITEM_DIM wide: the item table is most of the state."""
     item_vocab: dict = {"min_count": 1, "oov_buckets": 4}
     if evict:
-        item_vocab.update(evict_unseen_days=2, max_size=max_size)
+        item_vocab.update(evict_unseen_days=evict_unseen_days, max_size=max_size)
     return {
         "name": "memory_growth", "input": {"timestamp": "ts"}, "split": {"eval_fraction": 0.1},
         "label": {"column": "label"},
@@ -61,45 +64,93 @@ def table_mb(artifact: TransformArtifact) -> float:
     return state_size(artifact.config, artifact).total / 2 ** 20
 
 
-def _run(work: str, name: str, log: str, cfg: dict, days: list[str], say: Callable[[str], None]) -> list[dict]:
-    root = os.path.join(work, name)
-    shutil.rmtree(root, ignore_errors=True)  # a rerun in the same workdir preprocesses and trains afresh
+@dataclass(frozen=True)
+class MemorySettings:
+    """What the suite runs: a log of `days` (rows_per_day a day over items_per_day active items, item_drift new
+    ones a day), the evicting chain's evict_unseen_days, and the trainings' steps a day."""
+    days: tuple[str, ...]
+    rows_per_day: int
+    items_per_day: int
+    item_drift: int
+    evict_unseen_days: int
+    steps_per_day: int
+
+    @property
+    def max_size(self) -> int:
+        return int(self.items_per_day * 1.25)
+
+
+def memory_settings(quick: bool) -> MemorySettings:
+    """10 days, or quick 2 whose evicting chain evicts the items unseen on the day (1 day), so that it holds
+    fewer item rows than the other chain from day 2 on."""
+    n_days = 2 if quick else 10
+    days = tuple((START + dt.timedelta(days=i)).isoformat() for i in range(n_days))
+    if quick:
+        return MemorySettings(days, rows_per_day=4_000, items_per_day=2_000, item_drift=1_000, evict_unseen_days=1,
+                              steps_per_day=20)
+    return MemorySettings(days, rows_per_day=150_000, items_per_day=100_000, item_drift=50_000, evict_unseen_days=2,
+                          steps_per_day=100)
+
+
+def _memory_log(work: str, s: MemorySettings) -> str:
+    """The drifting log of the settings' days in WORK/memory_log, written once (common.generate_once)."""
+    return generate_once(s.rows_per_day * len(s.days), os.path.join(work, "memory_log"), seed=9, days=len(s.days),
+                         start_date=START, num_users=2_000, num_items=s.items_per_day, item_drift=s.item_drift)
+
+
+def preprocess_chain(work: str, evict: bool, quick: bool, say: Callable[[str], None]) -> list[str]:
+    """The chain's preprocessing, afresh in WORK/memory_evict or WORK/memory_no_evict (a rerun in the same workdir
+    starts over): `recpipe preprocess` of each day's partition of the suite's log (generated once in WORK),
+    extending the previous day's transform. Returns the days' preprocessed dirs."""
+    s = memory_settings(quick)
+    log = _memory_log(work, s)
+    root = os.path.join(work, f"memory_{CHAINS[evict]}")
+    shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
+    cfg = memory_config(s.steps_per_day, s.max_size, evict, s.evict_unseen_days)
+    parse_config(cfg)  # fail here, not in the first subprocess
     cfg_path = os.path.join(root, "config.yaml")
     with open(cfg_path, "w") as fh:
         yaml.safe_dump(cfg, fh)
-    parse_config(cfg)  # fail here, not in the first subprocess
+    out: list[str] = []
+    for day in s.days:
+        say(f"bench lifecycle memory: {CHAINS[evict]}: preprocessing {day}")
+        data = os.path.join(root, day, "preprocessed")
+        previous = ["--previous-transform", out[-1]] if out else []
+        run_measured([*CLI, "preprocess", "--config", cfg_path, "--input", os.path.join(log, f"dt={day}"),
+                      "--output", data, *previous])
+        out.append(data)
+    return out
+
+
+def item_table_rows(data: str) -> int:
+    """The item table's rows of a preprocessed dir."""
+    return TransformArtifact.read(os.path.join(data, "transform")).table_sizes()["item_id"]
+
+
+def _run(work: str, evict: bool, quick: bool, say: Callable[[str], None]) -> list[dict]:
+    """One chain: its preprocessing (preprocess_chain), then each day's `recpipe train` warm-started from the
+    previous day's model, its peak RSS measured."""
     out, previous = [], None
-    for day in days:
-        say(f"bench lifecycle memory: {name}: {day}")
-        data, model = os.path.join(root, day, "preprocessed"), os.path.join(root, day, "model")
-        pre = [*CLI, "preprocess", "--config", cfg_path, "--input", os.path.join(log, f"dt={day}"), "--output", data]
-        train = [*CLI, "train", "--data", data, "--model-dir", model]
-        if previous is not None:
-            pre += ["--previous-transform", os.path.join(previous, "preprocessed")]
-            train += ["--warm-start", os.path.join(previous, "model")]
-        run_measured(pre)
-        wall, peak, _ = run_measured(train)
+    for data in preprocess_chain(work, evict, quick, say):
+        day_dir = os.path.dirname(data)
+        say(f"bench lifecycle memory: {CHAINS[evict]}: training {os.path.basename(day_dir)}")
+        model = os.path.join(day_dir, "model")
+        warm = ["--warm-start", previous] if previous else []
+        wall, peak, _ = run_measured([*CLI, "train", "--data", data, "--model-dir", model, *warm])
         art = TransformArtifact.read(os.path.join(data, "transform"))
-        out.append({"day": day, "item_table_rows": art.table_sizes()["item_id"],
+        out.append({"day": os.path.basename(day_dir), "item_table_rows": item_table_rows(data),
                     "table_rows": sum(art.table_sizes().values()), "table_mb": table_mb(art),
                     "train_peak_rss_mb": peak, "train_wall_s": wall})
-        previous = os.path.join(root, day)
+        previous = model
     return out
 
 
 def bench_memory_growth(work: str, say: Callable[[str], None], quick: bool = False) -> dict:
-    n_days = 3 if quick else 10
-    per_day, num_items, drift = (4_000, 2_000, 1_000) if quick else (150_000, 100_000, 50_000)
-    steps = 20 if quick else 100
-    days = [(START + dt.timedelta(days=i)).isoformat() for i in range(n_days)]
-    log = os.path.join(work, "memory_log")
-    generate_once(per_day * n_days, log, seed=9, days=n_days, start_date=START, num_users=2_000, num_items=num_items,
-                  item_drift=drift)
-    max_size = int(num_items * 1.25)
+    s = memory_settings(quick)
+    _memory_log(work, s)  # before the chains' threads, which only read it
     with ThreadPoolExecutor(2) as pool:
-        started = {name: pool.submit(_run, work, f"memory_{name}", log, memory_config(steps, max_size, evict),
-                                     days, say) for name, evict in (("evict", True), ("no_evict", False))}
+        started = {name: pool.submit(_run, work, evict, quick, say) for evict, name in CHAINS.items()}
         runs = {name: job.result() for name, job in started.items()}
     points = [(d["table_mb"], d["train_peak_rss_mb"]) for r in runs.values() for d in r]
     x, y = (np.array(v, dtype=np.float64) for v in zip(*points))
@@ -108,14 +159,16 @@ def bench_memory_growth(work: str, say: Callable[[str], None], quick: bool = Fal
               / runs["evict"][-1]["train_peak_rss_mb"],
               "lifecycle_rss_mb_per_table_mb": slope}
     return {"runs": runs, "ratios": ratios,
-            "settings": {"days": days, "rows_per_day": per_day, "items_per_day": num_items, "item_drift": drift,
-                         "max_size": max_size, "evict_unseen_days": 2, "steps_per_day": steps, "item_dim": ITEM_DIM}}
+            "settings": {"days": list(s.days), "rows_per_day": s.rows_per_day, "items_per_day": s.items_per_day,
+                         "item_drift": s.item_drift, "max_size": s.max_size, "evict_unseen_days": s.evict_unseen_days,
+                         "steps_per_day": s.steps_per_day, "item_dim": ITEM_DIM}}
 
 
 def markdown(r: dict) -> str:
     s = r["settings"]
     lines = [f"Memory growth over {len(s['days'])} days ({s['rows_per_day']:,} rows a day, {s['items_per_day']:,} "
-             f"active items, {s['item_drift']:,} new a day; items admitted at their first row, {s['item_dim']} wide; "
+             f"active items, {s['item_drift']:,} new a day; items admitted at their first row, {s['item_dim']} wide, "
+             f"the evicting chain's evicted after {s['evict_unseen_days']} day(s) unseen; "
              f"{s['steps_per_day']} warm-started steps a day). Table MB: weights + Adagrad state of every table.", "",
              "| day | item rows, evicting | table MB | peak train RSS MB | item rows, not evicting | table MB | "
              "peak train RSS MB |", "|---|---|---|---|---|---|---|"]

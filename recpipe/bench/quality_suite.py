@@ -20,6 +20,7 @@ removed. Ratio keys: the two towers' recall@10 over popularity's.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import os
@@ -31,19 +32,22 @@ from typing import Callable
 import yaml
 
 from features.config import load_config
-from recpipe.bench.common import CLI, preprocess_once
-from recpipe.bench.sklearn_peer import sklearn_logistic
+from recpipe.bench.common import CLI, evaluate_model, preprocess_once
+from recpipe.bench.sklearn_peer import C_GRID, sklearn_logistic
 from recpipe.samples import find_criteo_sample, repo_configs
 
 __all__ = ["bench_quality", "markdown"]
 
+# quick: the C values the logs' validation splits chose (criteo 0.1, movielens 0.3) and one more
+QUICK_C_GRID = (0.1, 0.3, 1.0)
 MIN_SPREAD = 1e-3  # a margin is never judged against less than this (one seed, or identical runs)
 # retrieval baselines (trainers.scoring.baselines); history co-occurrence only with a history feature
 BASELINES = ("most_popular", "cooccurrence", "history_cooccurrence")
 
 
 def _train_and_evaluate(work: str, name: str, cfg: dict, data: str, seed: int, steps: int | None) -> dict:
-    """Train and evaluate one seed: the eval metrics (and their baselines) and the validation history."""
+    """Train one seed (`recpipe train`, its own process) and evaluate it as `recpipe evaluate` does: the eval
+    metrics (and their baselines) and the validation history."""
     cfg = copy.deepcopy(cfg)
     cfg["train"]["seed"] = seed
     model_dir = os.path.join(work, "models", f"{name}-{seed}")
@@ -55,9 +59,7 @@ def _train_and_evaluate(work: str, name: str, cfg: dict, data: str, seed: int, s
     flags = ["--steps", str(steps)] if steps else []
     subprocess.run([*CLI, "train", "--data", data, "--model-dir", model_dir, "--config", path, *flags], check=True,
                    capture_output=True)
-    out = subprocess.run([*CLI, "evaluate", "--model-dir", model_dir, "--data", data], check=True,
-                         capture_output=True, text=True).stdout
-    metrics = json.loads(out.strip().splitlines()[-1])
+    metrics = evaluate_model(model_dir, data)
     with open(os.path.join(model_dir, "validation.json")) as fh:
         validation = json.load(fh)
     return {**metrics, "best_step": validation["best_step"], "validation_best": validation["best"],
@@ -83,8 +85,9 @@ def _margin_over_spread(a: dict, b: dict) -> float:
 
 
 def _ranking(work: str, say: Callable[[str], None], name: str, cfg_path: str, log: str, seed_list: list[int],
-             steps: int | None) -> dict:
-    """The config's model and our logistic model over seeds, scikit-learn's on the same split."""
+             steps: int | None, grid: tuple[float, ...] = C_GRID) -> dict:
+    """The config's model and our logistic model over seeds, scikit-learn's on the same split (C chosen from
+    `grid` on validation)."""
     with open(cfg_path) as fh:
         base = yaml.safe_load(fh)
     data = preprocess_once(cfg_path, log, os.path.join(work, f"{name}_pre"))
@@ -96,7 +99,7 @@ def _ranking(work: str, say: Callable[[str], None], name: str, cfg_path: str, lo
         models[label] = _summary(runs)
         say(f"bench quality: {name} {label} ({cfg['model']['type']}): eval AUC {models[label]['auc_mean']:.4f} ± "
             f"{models[label]['auc_sd']:.4f} over {len(runs)} seed(s)")
-    sk = sklearn_logistic(load_config(cfg_path), data)
+    sk = sklearn_logistic(load_config(cfg_path), data, grid)
     models["sklearn_logistic"] = {"auc_mean": sk["auc"], "auc_sd": 0.0, "logloss_mean": sk["logloss"], "fit": sk}
     say(f"bench quality: {name} scikit-learn LogisticRegression (C={sk['C']} on validation): eval AUC {sk['auc']:.4f}")
     return models
@@ -162,7 +165,8 @@ def bench_quality(work: str, say: Callable[[str], None], quick: bool = False, se
     seed_list = list(range(1, 2 if quick else seeds + 1))
     # the four datasets two at a time: their runs are separate processes that report AUC and recall, not
     # speed, and one after another they left a core idle through each process's start-up
-    jobs = {"criteo": (_ranking, "criteo"), "movielens": (_ranking, "movielens"),
+    ranking = functools.partial(_ranking, grid=QUICK_C_GRID if quick else C_GRID)
+    jobs = {"criteo": (ranking, "criteo"), "movielens": (ranking, "movielens"),
             "instacart": (_retrieval, "instacart"), "movielens_retrieval": (_retrieval, "movielens")}
     with ThreadPoolExecutor(2) as pool:
         started = {name: pool.submit(fn, work, say, name, str(configs / f"{name}.yaml"), logs[log], seed_list, steps)

@@ -76,7 +76,7 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
             rows = opts.rows or (3_000 if quick else 500_000)
             pre = bench_preprocess(rows, sw, cfg_path, say, scale=10, reps=reps, quick=quick)
             shards = bench_shard_formats(os.path.join(sw, "beam_1x"), say)
-            peers = bench_peers(20_000 if quick else 2_000_000, sw, str(repo_configs() / "criteo.yaml"), say,
+            peers = bench_peers(5_000 if quick else 2_000_000, sw, str(repo_configs() / "criteo.yaml"), say,
                                 reps=reps)
             result = {"suite": suite, "quick": quick, "machine": info, "config": {"rows_1x": rows, "scale": 10},
                       "preprocess": pre, "shards": shards, "peers": peers,
@@ -87,7 +87,7 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
         elif suite == "train":
             criteo = find_criteo_sample()
             o = TrainBenchOptions(rows=opts.rows or (10_000 if quick else 200_000),
-                                  steps=opts.steps or (24 if quick else 300), reps=reps, quick=quick,
+                                  steps=opts.steps or (8 if quick else 300), reps=reps, quick=quick,
                                   criteo_csv=str(criteo) if criteo and not quick else None,
                                   data_dir=shared[1] if shared and not opts.rows else None)
             result = bench_train(o, sw, cfg_path, say)
@@ -99,7 +99,7 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
                 say(f"bench: cluster skipped: {why}")
                 continue
             o = ClusterBenchOptions(rows=opts.rows or (20_000 if quick else 100_000),
-                                    steps=opts.steps or (16 if quick else 60), reps=reps, quick=quick,
+                                    steps=opts.steps or (6 if quick else 60), reps=reps, quick=quick,
                                     rates=(None, "100mbit") if quick else (None, "1gbit", "100mbit"))
             result = bench_cluster(o, sw, cfg_path, say)
             result["machine"] = info
@@ -117,7 +117,7 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
             result["machine"] = info
             save_result(opts.out_dir, suite, result, export_markdown(result))
         elif suite == "lifecycle":
-            result = bench_lifecycle(sw, say, quick=quick)
+            result = bench_lifecycle(sw, say, quick=quick, reps=reps)
             result["machine"] = info
             save_result(opts.out_dir, suite, result, lifecycle_markdown(result))
         else:

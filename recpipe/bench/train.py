@@ -140,7 +140,7 @@ def bench_train(o: TrainBenchOptions, work: str, cfg_path: str, say: Callable[[s
         runs.results["local_threads2"] = runs.results["real_fp32"]
 
     say("bench train: step parts of the default model (cross layers, deep layers, the rest; the peer's step)")
-    parts = _module_json("recpipe.bench.step_parts", pre, default, str(8 if o.quick else 30), str(o.reps))
+    parts = _module_json("recpipe.bench.step_parts", pre, default, str(4 if o.quick else 30), str(o.reps))
     rss = _rss_vs_table(o, work, base, runs, say)
     say("bench train: matmul ceiling (fp32, bf16)")
     ceiling = _ceiling(o.reps, 0.5 if o.quick else 1.5)
@@ -203,19 +203,19 @@ def _rss_vs_table(o: TrainBenchOptions, work: str, base: dict, runs: TrainRuns, 
     """Peak RSS of local training with one hashed table of growing size (same data), and at a fixed
     table with 4x the data: memory should follow the table, not the data."""
     sizes = (100_000, 1_000_000) if o.quick else (100_000, 1_000_000, 4_000_000)
-    rows = 5_000 if o.quick else 50_000
+    rows, steps = (5_000, 20) if o.quick else (50_000, 100)
     small = generate_once(rows, os.path.join(work, "rss_log"), seed=11)
     cfg = {**base, "features": {"sparse": [{"name": "user_id", "column": "user_id", "hash_buckets": 0,
                                            "embedding_dim": 32}],
                                 "dense": base["features"]["dense"][:2]},
            "model": {"task": "ranking", "type": "dcn_v2", "cross_layers": 1, "deep_layers": [64]},
-           "train": {**base["train"], "checkpoint_every": 50}}
+           "train": {**base["train"], "checkpoint_every": steps // 2}}
     out: dict = {"table_rows": [], "peak_rss_mb": [], "table_mb": []}
     for n in sizes:
         cfg["features"]["sparse"][0]["hash_buckets"] = n
         path = runs.config(f"rss_{n}", cfg)
         data = preprocess_once(path, small, os.path.join(work, f"rss_pre_{n}"), beam=not o.quick)
-        r = runs.run(f"rss_{n}", data, path, 100, reps=1)
+        r = runs.run(f"rss_{n}", data, path, steps, reps=1)
         out["table_rows"].append(n)
         out["peak_rss_mb"].append(r["peak_rss_mb"]["median"])
         out["table_mb"].append(n * 32 * 4 * 2 / 2**20)  # weights + Adagrad accumulator, float32
@@ -229,7 +229,7 @@ def _rss_vs_table(o: TrainBenchOptions, work: str, base: dict, runs: TrainRuns, 
     cfg["features"]["sparse"][0]["hash_buckets"] = sizes[0]
     path = runs.config("data_4x", cfg)
     data = preprocess_once(path, big, os.path.join(work, "rss_pre_4x"))
-    r = runs.run("data_4x", data, path, 100, reps=1)
+    r = runs.run("data_4x", data, path, steps, reps=1)
     out["data_4x_peak_rss_mb"] = r["peak_rss_mb"]["median"]
     out["ratios"] = {"train_rss_data_4x_vs_1x": out["data_4x_peak_rss_mb"] / out["peak_rss_mb"][0]}
     out["ratios"]["train_rss_table_40x_vs_1x"] = out["peak_rss_mb"][-1] / out["peak_rss_mb"][0]

@@ -7,7 +7,6 @@ import copy
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +14,7 @@ from typing import Callable, Optional
 
 import yaml
 
-from recpipe.bench.common import CLI, run_measured, summary
+from recpipe.bench.common import CLI, evaluate_model, run_measured, summary
 from trainers.model_dir import ModelDir
 
 __all__ = ["TrainRuns"]
@@ -44,16 +43,14 @@ class TrainRuns:
     def _once(self, name: str, data: str, cfg_path: str, steps: int, flags: tuple, keep: bool,
               auc: bool = False) -> dict:
         """One `recpipe train` in a fresh model dir: {"rate": steady ex/s, "rss": peak MB[, "auc": eval AUC
-        by `recpipe evaluate`]}."""
+        as `recpipe evaluate` scores it (common.evaluate_model)]}."""
         model_dir = os.path.join(self.work, "models", name)
         shutil.rmtree(model_dir, ignore_errors=True)
         _, peak, _ = run_measured([*CLI, "train", "--data", data, "--model-dir", model_dir, "--config", cfg_path,
                                    "--steps", str(steps), *flags])
         got = {"rate": ModelDir(model_dir).state().examples_per_sec_steady, "rss": peak}
         if auc:
-            out = subprocess.run([*CLI, "evaluate", "--model-dir", model_dir, "--data", data], check=True,
-                                 capture_output=True, text=True).stdout
-            got["auc"] = json.loads(out.strip().splitlines()[-1])["auc"]
+            got["auc"] = evaluate_model(model_dir, data)["auc"]
         if not keep:
             shutil.rmtree(model_dir, ignore_errors=True)
         return got
