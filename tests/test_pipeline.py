@@ -1,10 +1,16 @@
-"""The Beam job: stages under TestPipeline, and whole runs with exact row accounting and clear errors."""
+"""The Beam job: stages under TestPipeline, and whole runs with exact row accounting and clear errors.
+
+A whole run costs about 1.5 s, most of it Beam's own start-up, whatever its size: each family of behaviour
+has one (or a few) over small logs that hold every case of the family at once, and what is decided before
+any stage runs (listing, footers, the launch checks) or by pure functions over the job's figures (the
+anomaly messages: tests/test_anomalies.py) is tested without one."""
 import datetime
 import decimal
 import glob
 import json
-from pathlib import Path
 import os
+import shutil
+from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
@@ -18,20 +24,21 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from conftest import CONFIGS, IN_MEMORY, SHARED_DATA, small_config_dict
 from features.artifact import TransformArtifact
-from features.canonical import LABEL_KEY
+from features.canonical import DENSE_SUM_SCALE, LABEL_KEY, SchemaError, canonicalize, dense_prenorm, plain_columns
+from features.canonical import raw_kind, validate_batch
 from features.config import parse_config
 from features.preprocessed import SPLITS, PreprocessedData
 from features.records import parse_record
+from pipeline.analysis import (merge_count_tables, merge_dense_stats, select_vocabulary, select_vocabulary_table,
+                               split_cutoffs_by_row, split_cutoffs_from_histogram, split_sizes, token_count_tables)
+from pipeline.anomalies import dead_letter_warnings, feature_warnings, timestamp_warnings
+from pipeline.leakage import leak_warnings
 from pipeline.options import pipeline_runner
 from pipeline.preprocess import PreprocessError, run_preprocess
-from pipeline.sources import InputError, inspect_inputs, list_input_files
-from pipeline.analysis import (merge_count_tables, merge_dense_stats, select_vocabulary,
-                               select_vocabulary_table, split_cutoffs_by_row, split_cutoffs_from_histogram,
-                               token_count_tables)
 from pipeline.repeats import row_hashes
+from pipeline.sources import InputError, inspect_inputs, list_input_files
 from pipeline.transforms import (ComputeVocabularies, RawBatch, RawBatchCoder, ReadClickLogs, ValidateRows,
                                  _MergeCountTables)
-from features.canonical import SchemaError, canonicalize
 
 
 def _test_pipeline() -> BeamTestPipeline:
@@ -49,13 +56,47 @@ def _count_rows(out_dir, split, cfg):
     return n
 
 
+def _days(small_log) -> list[str]:
+    """The small log's dt= partition folders, in order."""
+    return sorted(glob.glob(os.path.join(small_log, "dt=*")))
+
+
+def _first_file(small_log) -> str:
+    return sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
+
+
+def _write(path, table, **kwargs):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pq.write_table(table, path, **kwargs)
+    return path
+
+
+def _with_columns(t: pa.Table, **columns) -> pa.Table:
+    for name, values in columns.items():
+        t = t.set_column(t.schema.get_field_index(name), name, values)
+    return t
+
+
+def _warnings(said: list[str]) -> list[str]:
+    return [s for s in said if "WARNING" in s]
+
+
+def _shard_bytes(out: Path, split: str) -> list[bytes]:
+    """The bytes of each shard file of one split of a preprocess output, in name order (none is an error)."""
+    files = sorted(glob.glob(str(Path(out) / split / "*")))
+    assert files, f"no {split} shards in {out}"
+    return [Path(f).read_bytes() for f in files]
+
+
 # ----------------------------------------------------------------------------- pure helpers
+@pytest.mark.unit
 def test_select_vocabulary_top_k_ties_deterministic():
     counts = [("b", 5), ("a", 5), ("c", 9), ("d", 1), ("e", 5)]
     assert select_vocabulary(counts, 2, None) == (["c", "a", "b", "e"], [9, 5, 5, 5])
     assert select_vocabulary(reversed(counts), 2, 2) == (["c", "a"], [9, 5])
 
 
+@pytest.mark.unit
 def test_count_tables_select_the_same_vocabulary_as_per_token_counting():
     """Per-batch Arrow count tables, merged whole (with compaction on the way), give exactly the
     vocabulary the per-token counts give: same values, counts, order (ties by value) and cut."""
@@ -88,6 +129,7 @@ def test_count_tables_select_the_same_vocabulary_as_per_token_counting():
     assert merge_count_tables([]).num_rows == 0
 
 
+@pytest.mark.unit
 def test_split_cutoffs():
     hist = {10: 50, 20: 30, 30: 20}
     assert split_cutoffs_from_histogram(hist, 0.2)[1] == 20  # rows with ts > 20 (20 rows) are eval
@@ -100,6 +142,7 @@ def test_split_cutoffs():
 
 
 # ----------------------------------------------------------------------------- stages on TestPipeline
+@pytest.mark.integration
 def test_validate_rows_routes_bad_rows_with_reasons():
     cfg = parse_config(small_config_dict())
     table = pa.table({"label": pa.array([1, None, 2, 0]), "ts": pa.array([1, 2, 3, None]),
@@ -110,13 +153,15 @@ def test_validate_rows_routes_bad_rows_with_reasons():
         out = (p | beam.Create([RawBatch("f.parquet", 10, np.arange(4), table)]) | ValidateRows(cfg_small))
         good_rows = out.good | "GoodRows" >> beam.FlatMap(lambda b: b.table.column("label").to_pylist())
         dead = out.dead_letter | "Dead" >> beam.FlatMap(
-            lambda t: list(zip(t.column("row").to_pylist(), t.column("reason").to_pylist(), t.column("source_file").to_pylist())))
+            lambda t: list(zip(t.column("row").to_pylist(), t.column("reason").to_pylist(),
+                               t.column("source_file").to_pylist())))
         assert_that(good_rows, equal_to([1]), label="good")
         assert_that(dead, equal_to([(11, "null_label", "f.parquet"), (12, "label_not_0_1", "f.parquet"),
                                     (13, "null_timestamp", "f.parquet")]), label="dead")
     del cfg
 
 
+@pytest.mark.unit
 def test_read_and_validated_batches_are_sized_without_being_encoded(small_log, small_cfg):
     """A runner samples the encoded size of every PCollection's first elements for its metrics. The read's
     and the validation's batches are RawBatches, whose coder estimates a size from the buffers (Beam's
@@ -138,12 +183,14 @@ def test_read_and_validated_batches_are_sized_without_being_encoded(small_log, s
     assert 0.5 < coder.estimate_size(batch) / len(encoded) < 2
 
 
+@pytest.mark.integration
 def test_compute_vocabularies_min_count_top_k_and_shared():
     cfg = parse_config({"name": "v", "features": {"sparse": [
         {"name": "item", "column": "item", "vocab": {"min_count": 2, "max_size": 2, "oov_buckets": 1}},
         {"name": "hist", "column": "hist", "multivalent": True, "share_embedding_with": "item"},
         {"name": "rare", "column": "rare", "vocab": {"min_count": 5}}]}})
-    t1 = pa.table({"label": [0, 1, 0], "item": ["x", "y", "z"], "hist": [["x"], ["y", "x"], []], "rare": ["a", "b", "c"]})
+    t1 = pa.table({"label": [0, 1, 0], "item": ["x", "y", "z"], "hist": [["x"], ["y", "x"], []],
+                   "rare": ["a", "b", "c"]})
     t2 = pa.table({"label": [0, 1], "item": ["z", "w"], "hist": [["y"], ["w"]], "rare": ["a", "a"]})
     with _test_pipeline() as p:
         vocabs = (p | beam.Create([canonicalize(t1, cfg), canonicalize(t2, cfg)]) | ComputeVocabularies(cfg))
@@ -153,73 +200,82 @@ def test_compute_vocabularies_min_count_top_k_and_shared():
 
 
 # ----------------------------------------------------------------------------- whole runs
+@pytest.mark.integration
 def test_preprocess_outputs_and_accounting(preprocessed, small_cfg):
+    """Every row is accounted for, in the result, the artifact and the shards on disk; the plain synthetic log
+    is named for nothing (no feature, file, leak or repeated row)."""
     out, result = preprocessed
     assert result.rows_in == 6000
     assert result.rows_in == result.rows_train + result.rows_eval + result.rows_dead
-    art = TransformArtifact.read(os.path.join(out, "transform"))
+    data = PreprocessedData(out)
+    art = data.transform()
     assert art.row_counts["in"] == 6000 and art.row_counts["train"] == result.rows_train
     assert _count_rows(out, "train", small_cfg) == result.rows_train
     assert _count_rows(out, "eval", small_cfg) == result.rows_eval
     assert result.rows_eval == pytest.approx(1200, abs=60)  # last 20% by timestamp
     assert len(art.vocabularies["item_id"]) <= 500 and art.dense_stats["I3"]["boundaries"]
     assert not [d for d in os.listdir(os.path.dirname(out)) if ".staging-" in d]
+    assert feature_warnings(small_cfg, art, result.split_counts()) == []
+    assert timestamp_warnings(result.time_ranges, "ts") == [] and len(result.time_ranges) == 2
+    assert leak_warnings(small_cfg, data.eval_sample_table()) == []
+    assert art.row_counts["repeated_rows"] == 0
+    assert not any(n.startswith("_") for n in os.listdir(out))  # the staged row hashes went with the check
 
 
-def test_the_beam_job_never_loads_tensorflow(tmp_path, small_log, small_cfg_path):
-    """`recpipe preprocess` (and the DoFns it runs) work without TensorFlow: hashing, dense transforms,
-    record encoding and the row check are Arrow/numpy/farmhash, so no worker pays TF's start-up; nor does
-    the daily DAG's preprocess task (`recpipe daily preprocess`)."""
+@pytest.mark.integration
+def test_split_is_by_time(preprocessed, small_log):
+    art = PreprocessedData(preprocessed[0]).transform()
+    assert art.split["kind"] == "timestamp"
+    # Every eval row is later than every train row: the newest file holds all eval rows.
+    files = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))
+    ts_first_day = pq.read_table(files[0], columns=["ts"]).column("ts").to_numpy()
+    assert art.row_counts["eval"] < pq.ParquetFile(files[-1]).metadata.num_rows
+    assert len(ts_first_day) <= art.row_counts["train"]
+
+
+@pytest.mark.system
+def test_the_cli_runs_the_job_in_process_without_tensorflow_or_prism(tmp_path, small_log, small_cfg_path):
+    """`recpipe preprocess` and the daily DAG's preprocess task (`recpipe daily preprocess`) run the job
+    without TensorFlow (hashing, dense transforms, record encoding and the row check are Arrow/numpy/farmhash,
+    so no worker pays TF's start-up), on DirectRunner's in-process FnApiRunner in both of its running modes:
+    DirectRunner itself tries every job on Prism first (it fetches Prism's binary from GitHub at run time;
+    where that works, the job runs on a runner never tested here, where not, it falls back) and leaves an
+    empty $TMPDIR/beam-temp* folder per run. `--runner=PrismRunner` still reaches Prism. Both commands run in
+    one process, so whatever either imported is in its sys.modules at the end."""
     import subprocess
     import sys
 
     import yaml
-    day = sorted(d for d in os.listdir(small_log) if d.startswith("dt="))[0][3:]
+    from apache_beam.options.pipeline_options import PipelineOptions
+    day = os.path.basename(_days(small_log)[0])[3:]
     project = tmp_path / "project.yaml"
     project.write_text(yaml.safe_dump({"log_root": small_log, "work_root": str(tmp_path / "work"),
                                        "model_base": str(tmp_path / "serving"), "config": small_cfg_path}))
-    for argv, said in ((['preprocess', '--config', small_cfg_path, '--input', small_log, '--output',
-                         str(tmp_path / 'out')], "rows in = 6000"),
-                       (['daily', 'preprocess', '--project', str(project), '--day', day], "rows in = ")):
-        code = ("import sys; from recpipe.cli import main; "
-                f"rc = main({argv!r}); "
-                "print('tensorflow loaded' if any(m.split('.')[0] == 'tensorflow' for m in sys.modules) else 'no tf'); "
-                "sys.exit(rc)")
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-        assert said in proc.stdout and proc.stdout.strip().endswith("no tf"), proc.stdout
-    assert (tmp_path / "work" / day / "preprocessed").is_dir()
-
-
-def test_direct_runner_runs_in_process_without_trying_prism(tmp_path, small_log, small_cfg_path):
-    """Beam's DirectRunner tries every job on Prism first: it fetches Prism's binary from GitHub at run
-    time (where that works, the job runs on a runner never tested here; where not, it falls back) and
-    leaves an empty $TMPDIR/beam-temp* folder per run. `recpipe preprocess` runs DirectRunner's in-process
-    FnApiRunner directly, in both of its running modes; `--runner=PrismRunner` still reaches Prism."""
-    import subprocess
-    import sys
-    from apache_beam.options.pipeline_options import PipelineOptions
     temp = tmp_path / "tmp"
     temp.mkdir()
+    in_memory = ["preprocess", "--config", small_cfg_path, "--input", small_log, "--output", str(tmp_path / "out")]
+    daily = ["daily", "preprocess", "--project", str(project), "--day", day,
+             "--direct_running_mode=multi_processing", "--direct_num_workers=2"]
     code = ("import sys; from apache_beam.runners.portability import prism_runner; "
             "prism_runner.PrismRunner.run_pipeline = lambda *a, **k: sys.exit('Prism was tried'); "
-            "from recpipe.cli import main; sys.exit(main(sys.argv[1:]))")
-    for i, mode in enumerate([[], ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]]):
-        proc = subprocess.run([sys.executable, "-c", code, "preprocess", "--config", small_cfg_path, "--input",
-                               small_log, "--output", str(tmp_path / f"out{i}"), *mode], capture_output=True,
-                              text=True, timeout=300, env={**os.environ, "TMPDIR": str(temp)})
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        assert "rows in = 6000" in proc.stdout
+            "from recpipe.cli import main; "
+            f"rc = main({in_memory!r}) or main({daily!r}); "
+            "print('tensorflow loaded' if any(m.split('.')[0] == 'tensorflow' for m in sys.modules) else 'no tf'); "
+            "sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TMPDIR": str(temp)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "rows in = 6000" in proc.stdout and "rows in = 3000" in proc.stdout, proc.stdout
+    assert proc.stdout.strip().endswith("no tf"), proc.stdout
+    assert (tmp_path / "work" / day / "preprocessed").is_dir()
     assert not list(temp.glob("beam-temp*"))
     assert pipeline_runner(PipelineOptions(["--runner=PrismRunner"])) is None
     assert pipeline_runner(PipelineOptions(["--runner=pipeline.dask_runner.DaskRunner"])) is None
 
 
+@pytest.mark.integration
 def test_written_files_must_hold_the_counted_rows(tmp_path, preprocessed):
     """The last check before publishing reads what is on disk: a lost shard fails the run, naming the split."""
-    import shutil
-
-    from features.preprocessed import PreprocessedData
     from pipeline.preprocess import _check_written
     out, result = preprocessed
     copy = shutil.copytree(out, tmp_path / "copy")
@@ -230,56 +286,51 @@ def test_written_files_must_hold_the_counted_rows(tmp_path, preprocessed):
         _check_written(PreprocessedData(str(copy)), result)
 
 
-def test_split_is_by_time(tmp_path, small_log, small_cfg):
-    out, _ = str(tmp_path / "o"), None
-    run_preprocess(small_cfg, small_log, out, IN_MEMORY, say=lambda _: None)
-    art = TransformArtifact.read(os.path.join(out, "transform"))
-    assert art.split["kind"] == "timestamp"
-    # Every eval row is later than every train row: the newest file holds all eval rows.
-    files = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))
-    ts_first_day = pq.read_table(files[0], columns=["ts"]).column("ts").to_numpy()
-    assert art.row_counts["eval"] < pq.ParquetFile(files[-1]).metadata.num_rows
-    assert len(ts_first_day) <= art.row_counts["train"]
-
-
-def _write(path, table):
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    pq.write_table(table, path)
-    return path
-
-
+@pytest.mark.integration
 def test_bad_rows_are_dead_lettered_exactly(tmp_path, small_log, small_cfg):
-    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
-    t = pq.read_table(src).slice(0, 400)
-    labels = t.column("label").to_pylist()
-    labels[3], labels[7], labels[11] = None, 5, None
+    """Every row that cannot be used is dead-lettered with its file, row, reason, field and content, and
+    counted by reason; the others are published. String-typed numbers are parsed per row (a label or dense
+    value that is no number is dead-lettered), and a binary column (Parquet BYTE_ARRAY without the UTF8
+    annotation, as Impala, Hive and older Spark SQL write strings) reads as strings, a value that is not
+    UTF-8 dead-lettered. 2 % dead-lettered is under max_dead_letter_fraction: no warning; nor for the rows
+    repeated within the file when max_repeated_row_fraction 1 turns that check off (the job then hashes no
+    rows, and the artifact says it did not count them)."""
+    t = pq.read_table(_first_file(small_log)).slice(0, 400)
+    t = pa.concat_tables([t, t.slice(100, 6)])  # 6 rows twice: 1.5 %, named with the check on
+    labels = [str(v) for v in t.column("label").to_pylist()]
+    labels[3], labels[5], labels[7], labels[11] = None, "clicked", "5", None
     ts = t.column("ts").to_pylist()
     ts[20] = None
-    i1 = t.column("I2").to_pylist()
-    t = t.set_column(t.schema.get_field_index("label"), "label", pa.array(labels, pa.int64()))
-    t = t.set_column(t.schema.get_field_index("ts"), "ts", pa.array(ts, pa.int64()))
-    t = t.set_column(t.schema.get_field_index("I2"), "I2", pa.array([float("inf") if i == 30 else v for i, v in enumerate(i1)], pa.float64()))
+    i1 = ["" if v is None else str(v) for v in t.column("I1").to_pylist()]
+    i1[9] = "12abc"
+    i2 = [float("inf") if i == 30 else v for i, v in enumerate(t.column("I2").to_pylist())]
+    items = [None if v is None else v.encode() for v in t.column("item_id").to_pylist()]
+    items[40] = b"\xff\xfe item"
+    t = _with_columns(t, label=pa.array(labels), ts=pa.array(ts, pa.int64()), I1=pa.array(i1),
+                      I2=pa.array(i2, pa.float64()), item_id=pa.array(items, pa.binary()))
     log = _write(str(tmp_path / "log" / "dt=2026-01-01" / "part-0.parquet"), t)
     out = str(tmp_path / "out")
     said = []
-    res = run_preprocess(small_cfg, log, out, IN_MEMORY, say=said.append)
-    assert res.dead_letter == {"null_label": 2, "label_not_0_1": 1, "null_timestamp": 1, "dense_infinite": 1}
-    assert not [s for s in said if "WARNING" in s]  # 1.2 % dead-lettered: under max_dead_letter_fraction
-    assert res.rows_in == 400 and res.rows_train + res.rows_eval == 395
-    dead = pq.read_table(glob.glob(os.path.join(out, "dead_letter", "*.parquet"))).to_pylist()
-    assert sorted(d["row"] for d in dead) == [3, 7, 11, 20, 30]
+    cfg = parse_config({**small_config_dict(), "preprocess": {"max_repeated_row_fraction": 1}})
+    res = run_preprocess(cfg, log, out, IN_MEMORY, say=said.append)
+    assert res.dead_letter == {"null_label": 2, "label_unparsable": 1, "label_not_0_1": 1, "dense_unparsable": 1,
+                               "null_timestamp": 1, "dense_infinite": 1, "invalid_utf8": 1}
+    assert not _warnings(said)  # 2.0 % dead-lettered: under max_dead_letter_fraction
+    assert res.rows_in == 406 and res.rows_train + res.rows_eval == 398
+    dead = pq.read_table(PreprocessedData(out).dead_letter_files()).to_pylist()
+    assert sorted((d["row"], d["reason"], d["field"]) for d in dead) == [
+        (3, "null_label", "label"), (5, "label_unparsable", "label"), (7, "label_not_0_1", "label"),
+        (9, "dense_unparsable", "I1"), (11, "null_label", "label"), (20, "null_timestamp", "ts"),
+        (30, "dense_infinite", "I2"), (40, "invalid_utf8", "item_id")]
     assert {d["source_file"] for d in dead} == {os.path.abspath(log)}
-    assert json.loads(next(d for d in dead if d["row"] == 7)["row_json"])["label"] == 5
-    assert "row accounting" not in res.summary() and "dead-lettered 5" in res.summary()
-    strict = small_config_dict()
-    strict["preprocess"] = {"max_dead_letter_fraction": 0.01, "on_anomaly": "fail"}
-    with pytest.raises(PreprocessError, match=r"^5 of the 400 rows read \(1\.2%\) were dead-lettered, over preprocess"
-                                              r"\.max_dead_letter_fraction \(0\.01\): null_label 2, dense_infinite 1, "
-                                              r"label_not_0_1 1, null_timestamp 1; each row's file, row and field are "
-                                              r"in .*strict/dead_letter"):
-        run_preprocess(parse_config(strict), log, str(tmp_path / "strict"), IN_MEMORY, say=lambda _: None)
+    assert json.loads(next(d for d in dead if d["row"] == 7)["row_json"])["label"] == "5"
+    assert "row accounting" not in res.summary() and "dead-lettered 8" in res.summary()
+    art = PreprocessedData(out).transform()
+    assert (art.raw_schema["label"], art.raw_schema["I1"], art.raw_schema["item_id"]) == ("string",) * 3
+    assert art.row_counts["repeated_rows"] is None and not any(n.startswith("_") for n in os.listdir(out))
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("case, message", [
     ("missing_column", "column 'C3' required by the config is missing"),
     ("not_parquet", "not a readable Parquet file"),
@@ -293,8 +344,9 @@ def test_bad_rows_are_dead_lettered_exactly(tmp_path, small_log, small_cfg):
     ("duplicate_column", "column 'I1' required by the config appears 2 times"),
 ])
 def test_bad_inputs_fail_naming_the_file(tmp_path, small_log, small_cfg, case, message):
-    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
-    t = pq.read_table(src).slice(0, 50)
+    """Each fails at launch, from listings and footers, before any Beam stage runs (a unit test may run none)
+    and before the output is created."""
+    t = pq.read_table(_first_file(small_log)).slice(0, 50)
     d = tmp_path / "in"
     bad_file = str(d / "b.parquet")
     if case == "missing_column":
@@ -315,7 +367,7 @@ def test_bad_inputs_fail_naming_the_file(tmp_path, small_log, small_cfg, case, m
         bad_file = str(d / "nothing")
     elif case == "type_drift":
         _write(str(d / "a.parquet"), t)
-        _write(bad_file, t.set_column(t.schema.get_field_index("I1"), "I1", pa.array(t.column("I1").to_pylist(), pa.float64())))
+        _write(bad_file, _with_columns(t, I1=pa.array(t.column("I1").to_pylist(), pa.float64())))
     elif case == "timestamp_drift":  # was "is float but int": a timestamp column is no float to its writer
         _write(str(d / "a.parquet"), t)
         ms = pa.array([v * 1000 for v in t.column("ts").to_pylist()], pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
@@ -333,6 +385,7 @@ def test_bad_inputs_fail_naming_the_file(tmp_path, small_log, small_cfg, case, m
     assert not os.path.exists(tmp_path / "out")
 
 
+@pytest.mark.unit
 def test_output_must_be_new(tmp_path, small_log, small_cfg):
     out = tmp_path / "out"
     out.mkdir()
@@ -342,6 +395,7 @@ def test_output_must_be_new(tmp_path, small_log, small_cfg):
     assert (out / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.unit
 def test_listing_and_offsets(small_log, small_cfg):
     files = list_input_files(small_log)
     assert files == sorted(files) and all("dt=" in f for f in files)
@@ -350,14 +404,17 @@ def test_listing_and_offsets(small_log, small_cfg):
     assert inputs[1].first_row == inputs[0].num_rows
 
 
-def test_a_file_written_twice_upstream_is_named(tmp_path, small_log, small_cfg):
+@pytest.mark.integration
+def test_files_and_rows_read_twice_are_named(tmp_path, small_log, small_cfg):
     """A partition holding the same file twice (a retried task's output kept beside the first, a backfill
-    re-run) was read whole twice with no word: every row weighed double, and counted as two rows in."""
-    import shutil
-    days = sorted(glob.glob(os.path.join(small_log, "*")))
+    re-run) was read whole twice with no word: every row weighed double, and counted as two rows in. The
+    copy of the same bytes is named at launch (refused there under on_anomaly: fail, before any Beam stage
+    runs); the job finds the same rows written again in other bytes (shuffled, other row groups), and rows
+    repeated within a file (a join upstream that fanned out on a key that is not unique) over
+    preprocess.max_repeated_row_fraction, with an example."""
     log = tmp_path / "log"
-    for d in days:
-        shutil.copytree(d, log / os.path.basename(d))
+    day1, day2 = _days(small_log)
+    shutil.copytree(day1, log / os.path.basename(day1))
     first = sorted(glob.glob(str(log / "*" / "*.parquet")))[0]
     copy = first.replace(".parquet", "-attempt2.parquet")
     shutil.copyfile(first, copy)
@@ -365,19 +422,28 @@ def test_a_file_written_twice_upstream_is_named(tmp_path, small_log, small_cfg):
     shorter = first.replace(".parquet", "-shorter.parquet")
     pq.write_table(other.slice(1).take(np.random.default_rng(0).permutation(other.num_rows - 1)), shorter,
                    row_group_size=100)
+    t2 = pq.read_table(day2)
+    fanned = _write(str(log / os.path.basename(day2) / "part-00000.parquet"),
+                    pa.concat_tables([t2, t2.slice(10, 200)]))  # 200 rows twice
     rows = pq.ParquetFile(first).metadata.num_rows
+    read = 3 * rows - 1 + t2.num_rows + 200
     said = []
     res = run_preprocess(small_cfg, str(log), str(tmp_path / "out"), IN_MEMORY, say=said.append)
-    assert [s for s in said if "WARNING" in s] == [  # "-attempt2" sorts before ".parquet", before "-shorter"
+    assert _warnings(said) == [  # "-attempt2" sorts before ".parquet", before "-shorter"
         f"preprocess: WARNING: {copy} and {first} hold the same bytes ({rows:,} rows each): a file written 2 times "
         "upstream (a retried task, a re-run backfill beside the first run's output)? Each of its rows is read 2 "
         "times; remove the copies",
         # the job finds the shuffled, re-laid-out copy by its rows (the copy named at launch is not named again)
         f"preprocess: WARNING: {shorter}: each of its {rows - 1:,} rows repeats a row of {copy} in every column "
         "read (in other bytes: another order, layout or writer): were its rows written again as another file "
-        "upstream (a re-run's output beside the first run's)? Each is read twice; remove the copies"]
-    assert TransformArtifact.read(str(tmp_path / "out" / "transform")).row_counts["repeated_rows"] == 2 * rows - 1
-    assert res.rows_in == res.rows_out + res.rows_dead == sum(
+        "upstream (a re-run's output beside the first run's)? Each is read twice; remove the copies",
+        f"preprocess: WARNING: 200 of the {read:,} rows read ({200 / read:.1%}) repeat an earlier row in every "
+        f"column read, over preprocess.max_repeated_row_fraction (0.01): 200 within {fanned} (e.g. {fanned} row "
+        f"{t2.num_rows} repeats {fanned} row 10): did a join upstream fan out (a key that is not unique), or were "
+        f"rows appended twice? Each repeat is trained on as a row of its own, and in a time split a repeat of an "
+        f"eval row may sit in train too"]
+    assert PreprocessedData(str(tmp_path / "out")).transform().row_counts["repeated_rows"] == 2 * rows - 1 + 200
+    assert res.rows_in == res.rows_out + res.rows_dead == read == sum(
         pq.ParquetFile(f).metadata.num_rows for f in glob.glob(str(log / "*" / "*.parquet")))
     cfg = parse_config({**small_config_dict(), "preprocess": {"on_anomaly": "fail"}})
     with pytest.raises(PreprocessError, match="hold the same bytes"):  # at launch, before any Beam stage runs
@@ -385,75 +451,11 @@ def test_a_file_written_twice_upstream_is_named(tmp_path, small_log, small_cfg):
     assert not os.path.exists(tmp_path / "out2")
 
 
-def test_rows_repeated_within_files_are_named(tmp_path, small_log, small_cfg):
-    """Rows repeated within a file (a join upstream that fanned out on a key that is not unique) were each
-    trained on as rows of their own with no word; over preprocess.max_repeated_row_fraction they are named
-    with an example, and the check can be turned off."""
-    first, second = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[:2]
-    t = pq.read_table(first)
-    fanned = pa.concat_tables([t, t.slice(10, 120)])  # 120 rows twice: 2 % of the 6,120 rows read
-    log = tmp_path / "log"
-    _write(str(log / "dt=2026-01-01" / "part-00000.parquet"), fanned)
-    _write(str(log / "dt=2026-01-02" / "part-00000.parquet"), pq.read_table(second))
-    rows = fanned.num_rows + pq.read_metadata(second).num_rows
-    strict = parse_config({**small_config_dict(), "preprocess": {"on_anomaly": "fail"}})
-    path = log / "dt=2026-01-01" / "part-00000.parquet"
-    with pytest.raises(PreprocessError, match=(
-            rf"120 of the {rows:,} rows read \({120 / rows:.1%}\) repeat an earlier row in every column read, over "
-            rf"preprocess\.max_repeated_row_fraction \(0\.01\): 120 within {path} \(e\.g\. {path} row "
-            rf"{t.num_rows} repeats {path} row 10\): did a join upstream fan out")):
-        run_preprocess(strict, str(log), str(tmp_path / "o1"), IN_MEMORY, say=lambda _: None)
-    said = []
-    off = parse_config({**small_config_dict(), "preprocess": {"on_anomaly": "fail", "max_repeated_row_fraction": 1}})
-    run_preprocess(off, str(log), str(tmp_path / "o2"), IN_MEMORY, say=said.append)
-    assert TransformArtifact.read(str(tmp_path / "o2" / "transform")).row_counts["repeated_rows"] is None
-    run_preprocess(small_cfg, small_log, str(tmp_path / "o3"), IN_MEMORY, say=lambda _: None)
-    assert TransformArtifact.read(str(tmp_path / "o3" / "transform")).row_counts["repeated_rows"] == 0
-    assert not any(n.startswith("_") for n in os.listdir(tmp_path / "o3"))  # the staged hashes went with the check
-
-
-def test_a_day_of_far_fewer_or_more_rows_than_the_previous_run_is_named(tmp_path, small_log, small_cfg):
-    """A day's partition only partly written upstream (its marker set, files missing), or its rows in two
-    files of another layout (which the copied-file check cannot see), trained a model with no word. A day's
-    run compares its rows per dt= day with the run it extends (TFX's num_examples drift comparator)."""
-    day1, day2 = sorted(glob.glob(os.path.join(small_log, "dt=*")))
-    run_preprocess(small_cfg, day1, str(tmp_path / "d1"), IN_MEMORY, say=lambda _: None)
-    before = pq.read_table(day1).num_rows
-    t = pq.read_table(day2)
-    _write(str(tmp_path / "partial" / "dt=2026-01-02" / "part-00000.parquet"), t.slice(0, int(t.num_rows * 0.3)))
-    _write(str(tmp_path / "twice" / "dt=2026-01-02" / "part-00000.parquet"), t)
-    pq.write_table(t, str(tmp_path / "twice" / "dt=2026-01-02" / "part-00000-rerun.parquet"), row_group_size=1000)
-    strict = parse_config({**small_config_dict(), "preprocess": {"on_anomaly": "fail"}})
-    short = (rf"this run reads {int(t.num_rows * 0.3):,} rows \(dt=2026-01-02\) against {before:,} rows in the "
-             rf"previous run \(2026-01-01\): 0\.30 of them, below preprocess\.min_rows_vs_previous \(0\.5\): is a "
-             rf"partition only partly written upstream")
-    with pytest.raises(PreprocessError, match=short):  # at launch, before any Beam stage runs
-        run_preprocess(strict, str(tmp_path / "partial"), str(tmp_path / "o1"), IN_MEMORY, say=lambda _: None,
-                       previous_transform=str(tmp_path / "d1"))
-    with pytest.raises(PreprocessError, match=rf"reads {2 * t.num_rows:,} rows .*: 2\.00 times them, above "
-                                              rf"preprocess\.max_rows_vs_previous \(1\.75\): are rows in two files"):
-        run_preprocess(strict, str(tmp_path / "twice"), str(tmp_path / "o2"), IN_MEMORY, say=lambda _: None,
-                       previous_transform=str(tmp_path / "d1"))
-    assert not glob.glob(str(tmp_path / "o*"))
-    said = []  # warn (the default): named, and the day is published
-    run_preprocess(small_cfg, str(tmp_path / "partial"), str(tmp_path / "o3"), IN_MEMORY, say=said.append,
-                   previous_transform=str(tmp_path / "d1"))
-    assert [s for s in said if "WARNING" in s and "min_rows_vs_previous" in s]
-    # per day: a run over both days extended by one day of as many rows as each is not named
-    both = tmp_path / "both"
-    run_preprocess(small_cfg, small_log, str(both), IN_MEMORY, say=lambda _: None)
-    assert TransformArtifact.read(str(both / "transform")).row_counts["partition_days"] == 2
-    _write(str(tmp_path / "day3" / "dt=2026-01-03" / "part-00000.parquet"), t)
-    said = []
-    run_preprocess(small_cfg, str(tmp_path / "day3"), str(tmp_path / "o4"), IN_MEMORY, say=said.append,
-                   previous_transform=str(both))
-    assert not [s for s in said if "WARNING" in s], said
-
-
+@pytest.mark.unit
 def test_a_column_logged_as_int64_and_as_uint64_is_int(tmp_path, small_log, small_cfg):
     """Files that type one ID column uint64 and int64 read as the signed kind, as before uint64 had a kind
     (serving then takes int64); with a string file beside them the column's kinds are named."""
-    t = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]).slice(0, 50)
+    t = pq.read_table(_first_file(small_log)).slice(0, 50)
     users = pa.array(range(50), pa.int64())
     paths = [_write(str(tmp_path / f"{kind}.parquet"), t.set_column(t.schema.get_field_index("user_id"), "user_id",
                                                                      users.cast(kind)))
@@ -464,12 +466,9 @@ def test_a_column_logged_as_int64_and_as_uint64_is_int(tmp_path, small_log, smal
         inspect_inputs(paths, small_cfg)
 
 
-def test_a_tables_hidden_folders_and_markers_are_not_input(tmp_path, small_log, small_cfg):
-    """What Spark and Hive leave beside a table's data, an uncommitted task's `_temporary/` output, a
-    `.hive-staging_*` folder, `_SUCCESS`, is not read from a directory, local or by URL (a Parquet file
-    under `_temporary/` used to be read: its rows twice), nor a marker or checksum from a glob's `*`
-    (`dt=*/*` used to read `_SUCCESS` and fail on it as 'not a readable Parquet file')."""
-    import shutil
+def _littered_copy(tmp_path, small_log) -> Path:
+    """A copy of the small log with what Spark and Hive leave beside a table's data: an uncommitted task's
+    `_temporary/` output, a `.hive-staging_*` folder, `_SUCCESS`, a `.crc` checksum and `_common_metadata`."""
     log = tmp_path / "log"
     shutil.copytree(small_log, log)
     day = sorted(log.glob("dt=*"))[0]
@@ -479,12 +478,25 @@ def test_a_tables_hidden_folders_and_markers_are_not_input(tmp_path, small_log, 
                   day / ".part-00000.parquet.crc", day / "_common_metadata.parquet"):
         extra.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(part, extra)
-    want = list_input_files(small_log)
+    return log
+
+
+@pytest.mark.unit
+def test_a_tables_hidden_folders_and_markers_are_not_input(tmp_path, small_log, small_cfg):
+    """What Spark and Hive leave beside a table's data, an uncommitted task's `_temporary/` output, a
+    `.hive-staging_*` folder, `_SUCCESS`, is not read from a directory, local or by URL (a Parquet file
+    under `_temporary/` used to be read: its rows twice), nor a marker or checksum from a glob's `*`
+    (`dt=*/*` used to read `_SUCCESS` and fail on it as 'not a readable Parquet file'). preprocess reads
+    exactly what list_input_files lists (a run by URL: test_iso_8601_string_timestamps_read_as_epoch_seconds)."""
+    log = _littered_copy(tmp_path, small_log)
+    day = sorted(log.glob("dt=*"))[0]
+    part = os.path.basename(list_input_files(_days(small_log)[0])[0])
+    want = [os.path.relpath(f, small_log) for f in list_input_files(small_log)]
     files = list_input_files(str(log))
-    assert [os.path.relpath(f, log) for f in files] == [os.path.relpath(f, small_log) for f in want]
+    assert [os.path.relpath(f, log) for f in files] == want
     assert [f.split(str(log), 1)[1] for f in list_input_files("file://" + str(log))] == \
         [f.split(str(log), 1)[1] for f in files]
-    assert run_preprocess(small_cfg, str(log), str(tmp_path / "out"), IN_MEMORY, say=lambda _: None).rows_in == 6000
+    assert sum(f.num_rows for f in inspect_inputs(files, small_cfg)[1]) == 6000
 
     # a glob reads every file it matches, the same by URL as on disk: `*` stays within one path part (fnmatch's
     # crossed '/', so file://LOG/*/*.parquet also read _temporary/0/_temporary/attempt_0/part-00000.parquet)
@@ -494,14 +506,16 @@ def test_a_tables_hidden_folders_and_markers_are_not_input(tmp_path, small_log, 
             [f.split(str(log), 1)[1] for f in local], pattern
     # but not a writer's marker or checksum, unless the pattern names such files: a partition's `*` is its data
     names = [os.path.basename(f) for f in list_input_files(str(log / "dt=2026-01-0[1]" / "*"))]
-    assert names == [os.path.basename(part)] and "_SUCCESS" in os.listdir(day)
+    assert names == [part] and "_SUCCESS" in os.listdir(day)
     assert {os.path.basename(f) for f in list_input_files(str(log / "*" / "_*"))} == {"_SUCCESS",
                                                                                      "_common_metadata.parquet"}
-    assert run_preprocess(small_cfg, str(log / "dt=*" / "*"), str(tmp_path / "glob_out"), IN_MEMORY,
-                          say=lambda _: None).rows_in == 6000
+    every_day = list_input_files(str(log / "dt=*" / "*"))
+    assert [os.path.relpath(f, log) for f in every_day] == want
+    assert sum(f.num_rows for f in inspect_inputs(every_day, small_cfg)[1]) == 6000
 
 
 # ----------------------------------------------------------------------------- incremental days
+@pytest.mark.unit
 def test_incremental_vocabulary_keeps_ids():
     from features.config import VocabSpec
     from pipeline.lifecycle import VocabState, advance_vocabulary
@@ -512,6 +526,7 @@ def test_incremental_vocabulary_keeps_ids():
     assert (new.values, new.counts) == (["a", "z"], [1, 9])
 
 
+@pytest.mark.unit
 def test_merge_dense_stats_accumulates_moments():
     prev = {"x": {"mean": 1.0, "std": 0.0, "count": 2}, "b": {"boundaries": [1.0, 2.0]}}
     cur = {"x": {"mean": 3.0, "std": 0.0, "count": 2}, "b": {"boundaries": [5.0]}}
@@ -520,22 +535,94 @@ def test_merge_dense_stats_accumulates_moments():
     assert out["b"] == {"boundaries": [1.0, 2.0]}
 
 
-def test_previous_transform_keeps_known_ids(tmp_path, small_log, small_cfg):
-    days = sorted(glob.glob(os.path.join(small_log, "dt=*")))
-    day1, day2 = str(tmp_path / "d1"), str(tmp_path / "d2")
-    run_preprocess(small_cfg, days[0], day1, IN_MEMORY, say=lambda _: None)
-    run_preprocess(small_cfg, days[1], day2, IN_MEMORY, say=lambda _: None, previous_transform=day1)
-    a1 = TransformArtifact.read(os.path.join(day1, "transform"))
-    a2 = TransformArtifact.read(os.path.join(day2, "transform"))
+@pytest.fixture(scope="module")
+def day_one(tmp_path_factory, small_log, small_cfg):
+    """The small log's first day, preprocessed: the run the next day's extends."""
+    out = tmp_path_factory.mktemp("day_one") / "out"
+    run_preprocess(small_cfg, _days(small_log)[0], str(out), IN_MEMORY, say=lambda _: None)
+    return str(out)
+
+
+@pytest.mark.integration
+def test_previous_transform_keeps_known_ids_and_compares_the_day(tmp_path, small_log, small_cfg, day_one):
+    """A day's run extending the previous day's (--previous-transform): every kept value keeps its ID, new
+    values are appended, dense statistics accumulate and bucket boundaries stay. The day is compared with that
+    run, and still published (on_anomaly: warn): a partly written day (30 % of the rows, TFX's num_examples
+    drift), a feature filled far less often (I1) or in other units (I2 x1000) are named with the previous
+    run's day. Columns that hold only nulls (Arrow type null) in every file of the day (hist_items, C1: named,
+    for they have no value) are typed by the previous transform, and are an error without one."""
+    day2 = pq.read_table(_days(small_log)[1])
+    n = int(day2.num_rows * 0.3)
+    part = day2.slice(0, n)
+    keep = np.random.default_rng(1).random(n) < 0.3
+    part = _with_columns(
+        part, I1=pa.array([v if k else None for v, k in zip(part.column("I1").to_pylist(), keep)], pa.int64()),
+        I2=pa.array([None if v is None else v * 1000 for v in part.column("I2").to_pylist()], pa.int64()),
+        hist_items=pa.nulls(n), C1=pa.nulls(n))
+    log = tmp_path / "log"
+    _write(str(log / "dt=2026-01-02" / "part-00000.parquet"), part)
+    with pytest.raises(SchemaError, match=r"column\(s\) 'hist_items', 'C1' hold only nulls"):  # at launch
+        run_preprocess(small_cfg, str(log), str(tmp_path / "untyped"), IN_MEMORY, say=lambda _: None)
+    out = str(tmp_path / "d2")
+    said = []
+    run_preprocess(small_cfg, str(log), out, IN_MEMORY, say=said.append, previous_transform=day_one)
+    warnings = _warnings(said)
+    assert len(warnings) == 5, warnings
+    assert (f"this run reads {n:,} rows (dt=2026-01-02) against 3,000 rows in the previous run (2026-01-01): 0.30 "
+            f"of them, below preprocess.min_rows_vs_previous (0.5)") in warnings[0]  # at launch
+    named = {s.split("'")[1]: s for s in warnings[1:]}
+    assert set(named) == {"hist", "C1", "I1", "I2"}, warnings
+    assert "of this run's" in named["I1"] and "of the previous run's (2026-01-01)" in named["I1"]
+    assert "its values in this run's" in named["I2"] and "from the previous run's (2026-01-01)" in named["I2"]
+    assert "has no value in any of the" in named["hist"] and "has no value in any of the" in named["C1"]
+    a1, a2 = PreprocessedData(day_one).transform(), PreprocessedData(out).transform()
+    assert a2.raw_schema == a1.raw_schema  # the all-null columns typed as the previous day's
     for owner, values in a1.vocabularies.items():
         assert a2.vocabularies[owner][: len(values)] == values, owner
         assert all(c2 >= c1 for c1, c2 in zip(a1.vocab_counts[owner], a2.vocab_counts[owner]))
     assert any(len(a2.vocabularies[o]) > len(a1.vocabularies[o]) for o in a1.vocabularies)  # new values appended
     assert a2.dense_stats["I1"]["count"] == a1.dense_stats["I1"]["count"] + a2.row_counts["train"]
     assert a2.dense_stats["I3"]["boundaries"] == a1.dense_stats["I3"]["boundaries"]
-    assert a2.lineage == {"previous_transform": day1}
+    assert a2.lineage == {"previous_transform": day_one}
 
 
+@pytest.mark.integration
+def test_a_day_of_far_fewer_or_more_rows_than_the_previous_run_is_refused_at_launch(tmp_path, small_log, small_cfg,
+                                                                                     day_one, preprocessed):
+    """A day's partition only partly written upstream (its marker set, files missing), or its rows in two
+    files of another layout (which the copied-file check cannot see), trained a model with no word. A day's
+    run compares its rows per dt= day with the run it extends (TFX's num_examples drift comparator), at launch:
+    under on_anomaly: fail it is refused before any Beam stage runs (named and published under warn: see
+    test_previous_transform_keeps_known_ids_and_compares_the_day). A run over two days, extended by one day of
+    as many rows as each, passes the check (and meets the next launch check, an output that exists)."""
+    t = pq.read_table(_days(small_log)[1])
+    _write(str(tmp_path / "partial" / "dt=2026-01-02" / "part-00000.parquet"), t.slice(0, int(t.num_rows * 0.3)))
+    _write(str(tmp_path / "twice" / "dt=2026-01-02" / "part-00000.parquet"), t)
+    _write(str(tmp_path / "twice" / "dt=2026-01-02" / "part-00000-rerun.parquet"), t, row_group_size=1000)
+    strict = parse_config({**small_config_dict(), "preprocess": {"on_anomaly": "fail"}})
+    before = PreprocessedData(day_one).transform().row_counts["in"]
+    short = (rf"this run reads {int(t.num_rows * 0.3):,} rows \(dt=2026-01-02\) against {before:,} rows in the "
+             rf"previous run \(2026-01-01\): 0\.30 of them, below preprocess\.min_rows_vs_previous \(0\.5\): is a "
+             rf"partition only partly written upstream")
+    with pytest.raises(PreprocessError, match=short):
+        run_preprocess(strict, str(tmp_path / "partial"), str(tmp_path / "o1"), IN_MEMORY, say=lambda _: None,
+                       previous_transform=day_one)
+    with pytest.raises(PreprocessError, match=rf"reads {2 * t.num_rows:,} rows .*: 2\.00 times them, above "
+                                              rf"preprocess\.max_rows_vs_previous \(1\.75\): are rows in two files"):
+        run_preprocess(strict, str(tmp_path / "twice"), str(tmp_path / "o2"), IN_MEMORY, say=lambda _: None,
+                       previous_transform=day_one)
+    assert not glob.glob(str(tmp_path / "o*"))
+    # per day: the session's run over both days, extended by a third day of as many rows as each
+    assert PreprocessedData(preprocessed[0]).transform().row_counts["partition_days"] == 2
+    _write(str(tmp_path / "day3" / "dt=2026-01-03" / "part-00000.parquet"), t)
+    (tmp_path / "o4").mkdir()
+    (tmp_path / "o4" / "keep.txt").write_text("mine")
+    with pytest.raises(PreprocessError, match="exists and is not empty"):  # the launch check after the volume's
+        run_preprocess(strict, str(tmp_path / "day3"), str(tmp_path / "o4"), IN_MEMORY, say=lambda _: None,
+                       previous_transform=preprocessed[0])
+
+
+@pytest.mark.integration
 def test_previous_transform_must_have_same_features(tmp_path, small_log, small_cfg, preprocessed):
     d = small_config_dict()
     d["features"]["dense"] = d["features"]["dense"][:2]
@@ -544,228 +631,137 @@ def test_previous_transform_must_have_same_features(tmp_path, small_log, small_c
                        previous_transform=preprocessed[0])
 
 
-def test_string_typed_numbers_are_parsed_per_row(tmp_path, small_log, small_cfg):
-    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
-    t = pq.read_table(src).slice(0, 300)
-    labels = [str(v) for v in t.column("label").to_pylist()]
-    labels[5] = "clicked"
-    i1 = ["" if v is None else str(v) for v in t.column("I1").to_pylist()]
-    i1[9] = "12abc"
-    t = t.set_column(t.schema.get_field_index("label"), "label", pa.array(labels))
-    t = t.set_column(t.schema.get_field_index("I1"), "I1", pa.array(i1))
-    log = _write(str(tmp_path / "log" / "part-0.parquet"), t)
-    res = run_preprocess(small_cfg, log, str(tmp_path / "out"), IN_MEMORY, say=lambda _: None)
-    assert res.dead_letter == {"label_unparsable": 1, "dense_unparsable": 1}
-    assert res.rows_train + res.rows_eval == 298
-    art = TransformArtifact.read(str(tmp_path / "out" / "transform"))
-    assert art.raw_schema["label"] == "string" and art.raw_schema["I1"] == "string"
+# ----------------------------------------------------------------------------- Arrow and Parquet types
+SENTINEL = 253_402_214_400  # 9999-12-31T00:00:00Z, Hive's placeholder date
+SENTINEL_ROW = 160  # a train row of the second file, but for its sentinel timestamp
 
 
-def test_iso_8601_string_timestamps_read_as_epoch_seconds(tmp_path, small_log, small_cfg):
+@pytest.fixture(scope="module")
+def arrow_twins(tmp_path_factory, small_log, small_cfg):
+    """Three logs of the same 300 rows in two files, and the plain one preprocessed: `plain` (int64 epoch
+    seconds, plain strings and lists, float64 I2; its second file's I1 and C1 typed nulls and its lists of
+    exactly two items), `typed` (the same values in the types other writers give them: see
+    test_typed_columns_read_as_their_plain_values) and `iso` (timestamps as ISO 8601 strings). Row 7's
+    timestamp is null (not a date-time in `iso`); row SENTINEL_ROW's is 9999-12-31 in all three."""
+    root = tmp_path_factory.mktemp("arrow")
+    t = pq.read_table(_first_file(small_log)).slice(0, 300)
+    seconds = t.column("ts").to_pylist()
+    seconds[7], seconds[SENTINEL_ROW] = None, SENTINEL
+    two = [((h or []) + [None, None])[:2] for h in t.column("hist_items").to_pylist()]  # null items too
+    plain = _with_columns(t, ts=pa.array(seconds, pa.int64()), I2=pa.array(t.column("I2").to_pylist(), pa.float64()))
+    first, second = plain.slice(0, 150), plain.slice(150)
+    second = _with_columns(second, hist_items=pa.array(two[150:], pa.list_(pa.string())),
+                           I1=pa.nulls(150, pa.int64()), C1=pa.nulls(150, pa.string()))
+    decimals = {k: pa.array([None if v is None else decimal.Decimal(v) for v in x.column("I2").to_pylist()],
+                            pa.decimal128(14, 2)) for k, x in enumerate((first, second))}
+    typed_first = _with_columns(  # pandas: categoricals, datetimes in nanoseconds with a zone; views; a decimal
+        first, ts=pa.array([None if v is None else v * 10 ** 9 for v in seconds[:150]], pa.int64())
+        .cast(pa.timestamp("ns", tz="UTC")),
+        user_id=pc.dictionary_encode(first.column("user_id")), item_id=pc.dictionary_encode(first.column("item_id")),
+        C1=pc.dictionary_encode(first.column("C1")),
+        hist_items=pa.array(first.column("hist_items").to_pylist(), pa.list_(pa.dictionary(pa.int32(), pa.string()))),
+        C2=first.column("C2").cast(pa.string_view()), C3=first.column("C3").cast(pa.binary_view()),
+        C4=first.column("C4").cast(pa.large_binary()), I2=decimals[0])
+    typed_second = _with_columns(  # Hive, Impala, older Spark: INT96 timestamps, binary strings; numpy lists
+        second, ts=pa.array([v * 10 ** 6 for v in seconds[150:]], pa.int64()).cast(pa.timestamp("us")),
+        item_id=second.column("item_id").cast(pa.binary()), C4=second.column("C4").cast(pa.large_binary()),
+        C5=second.column("C5").cast(pa.binary()), hist_items=pa.array(two[150:], pa.list_(pa.binary(), 2)),
+        I1=pa.nulls(150), C1=pa.nulls(150), I2=decimals[1])  # I1, C1 of Arrow type null: pandas' all-None columns
+    forms = ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S+00:00", "%Y-%m-%dT%H:%M:%S.000")
+    iso = [None if v is None else datetime.datetime.fromtimestamp(v, datetime.timezone.utc).strftime(
+        forms[i % len(forms)]) for i, v in enumerate(seconds)]
+    iso[7] = "2026-13-01T00:00:00"
+    logs = {"plain": [first, second], "typed": [typed_first, typed_second],
+            "iso": [_with_columns(x, ts=pa.array(iso[k * 150:(k + 1) * 150])) for k, x in enumerate((first, second))]}
+    for name, tables in logs.items():
+        for k, table in enumerate(tables):
+            _write(str(root / name / f"part-{k}.parquet"), table,
+                   use_deprecated_int96_timestamps=(name, k) == ("typed", 1))
+    plain_out = root / "plain_out"
+    res = run_preprocess(small_cfg, str(root / "plain"), str(plain_out), IN_MEMORY, say=lambda _: None)
+    assert res.dead_letter == {"null_timestamp": 1} and res.rows_in == 300
+    return root, res
+
+
+@pytest.mark.integration
+def test_typed_columns_read_as_their_plain_values(arrow_twins, small_cfg):
+    """A log as other writers type its columns preprocesses to the same examples, byte for byte, and the same
+    vocabularies and split as its plain twin (each type was once 'unsupported type' or a wrong value):
+    pandas categoricals (dictionary-encoded strings, lists of them); datetimes in nanoseconds with a zone
+    (nanoseconds since 1970 used to fail a safe cast to float64, 'Integer value ... not in range'); Hive's,
+    Impala's and older Spark's INT96 timestamps, whose 9999-12-31 sentinel reads as 9999-12-31 (Arrow's
+    nanoseconds wrap it to a date in 1816 silently, which would put its row in train, not eval), and their
+    strings as BYTE_ARRAY without the UTF8 annotation (binary, large binary, list of binary); string_view and
+    binary_view (as pyarrow writes a string_view column back); a list of fixed size (pyarrow writes one from
+    numpy rows); decimals (SQL exports) as floats; and a file's all-null columns (Arrow type null) as
+    missing values of the kind the other file gives them. A null timestamp is dead-lettered as in int64."""
+    root, plain = arrow_twins
+    typed_files = sorted(glob.glob(str(root / "typed" / "*.parquet")))
+    assert [pq.ParquetFile(f).schema.column(pq.read_schema(f).get_field_index("ts")).physical_type
+            for f in typed_files] == ["INT64", "INT96"]
+    assert pq.read_schema(typed_files[0]).field("C2").type == pa.string_view()
+    assert pq.read_schema(typed_files[1]).field("hist_items").type.list_size == 2
+    assert pa.types.is_null(pq.read_schema(typed_files[1]).field("C1").type)
+    res = run_preprocess(small_cfg, str(root / "typed"), str(root / "typed_out"), IN_MEMORY, say=lambda _: None)
+    assert res.dead_letter == {"null_timestamp": 1}
+    assert (res.rows_train, res.rows_eval) == (plain.rows_train, plain.rows_eval)
+    typed = PreprocessedData(str(root / "typed_out"))
+    ours = PreprocessedData(str(root / "plain_out")).transform()
+    assert typed.transform().raw_schema == {**ours.raw_schema, "ts": "float"}
+    assert ours.raw_schema["I2"] == "float" and ours.raw_schema["hist_items"] == "list<string>"
+    assert typed.transform().vocabularies == ours.vocabularies
+    for split in ("train", "eval"):  # the same examples, byte for byte
+        assert _shard_bytes(root / "plain_out", split) == _shard_bytes(root / "typed_out", split), split
+    assert SENTINEL in typed.eval_sample_table().column("ts").to_pylist()  # read as 9999: an eval row
+
+
+@pytest.mark.integration
+def test_iso_8601_string_timestamps_read_as_epoch_seconds(arrow_twins, small_cfg):
     """A log whose timestamps are ISO 8601 strings (as JSON event logs and CSV exports carry them: 'Z', an
     offset, a space instead of 'T', no zone meaning UTC) preprocesses to the same examples, byte for
     byte, as its twin with int64 epoch seconds (every row used to be dead-lettered as
-    timestamp_unparsable); a string that is no date-time is dead-lettered, naming the column."""
-    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
-    plain = pq.read_table(src).slice(0, 300)
-    col = plain.schema.get_field_index("ts")
-    forms = ("%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S+00:00", "%Y-%m-%dT%H:%M:%S.000")
-    seconds = plain.column("ts").to_pylist()
-    iso = [datetime.datetime.fromtimestamp(v, datetime.timezone.utc).strftime(forms[i % len(forms)])
-           for i, v in enumerate(seconds)]
-    iso[5], seconds[5] = "2026-13-01T00:00:00", None
-    logs = {"plain": plain.set_column(col, "ts", pa.array(seconds, pa.int64())),
-            "iso": plain.set_column(col, "ts", pa.array(iso))}
-    for name, table in logs.items():
-        res = run_preprocess(small_cfg, _write(str(tmp_path / name / "part-0.parquet"), table),
-                             str(tmp_path / f"{name}_out"), IN_MEMORY, say=lambda _: None)
-        assert res.dead_letter == {"null_timestamp" if name == "plain" else "timestamp_unparsable": 1}, name
-    dead = pq.read_table(glob.glob(str(tmp_path / "iso_out" / "dead_letter" / "*.parquet"))[0])
-    assert dead.select(["row", "reason", "field"]).to_pylist() == [
-        {"row": 5, "reason": "timestamp_unparsable", "field": "ts"}]
-    for split in ("train", "eval"):
-        assert _shard_bytes(tmp_path / "iso_out", split) == _shard_bytes(tmp_path / "plain_out", split), split
-
-
-def test_categorical_columns_and_arrow_timestamps_read_as_their_plain_values(tmp_path, small_log, small_cfg):
-    """A log written from pandas categoricals (dictionary-encoded strings, lists of them) with an Arrow
-    timestamp (milliseconds, UTC) instead of epoch seconds preprocesses to the same rows, vocabularies
-    and split as the plain log; a null timestamp is dead-lettered as with int64."""
-    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
-    plain = pq.read_table(src).slice(0, 300)
-    t = plain
-    for name in ("user_id", "item_id", "C1"):
-        t = t.set_column(t.schema.get_field_index(name), name, pc.dictionary_encode(t.column(name)))
-    hist = pa.array(t.column("hist_items").to_pylist(), pa.list_(pa.dictionary(pa.int32(), pa.string())))
-    t = t.set_column(t.schema.get_field_index("hist_items"), "hist_items", hist)
-    millis = [v * 1000 for v in t.column("ts").to_pylist()]
-    millis[7] = None
-    t = t.set_column(t.schema.get_field_index("ts"), "ts",
-                     pa.array(millis, pa.int64()).cast(pa.timestamp("ms", tz="UTC")))
-    ts = plain.column("ts").to_pylist()
-    ts[7] = None
-    plain = plain.set_column(plain.schema.get_field_index("ts"), "ts", pa.array(ts, pa.int64()))
-    results = {}
-    for name, table in (("plain", plain), ("typed", t)):
-        res = run_preprocess(small_cfg, _write(str(tmp_path / name / "part-0.parquet"), table),
-                             str(tmp_path / f"{name}_out"), IN_MEMORY, say=lambda _: None)
-        assert res.dead_letter == {"null_timestamp": 1}
-        results[name] = (res.rows_train, res.rows_eval, TransformArtifact.read(str(tmp_path / f"{name}_out" /
-                                                                                   "transform")))
-    assert results["typed"][:2] == results["plain"][:2]
-    typed, ours = results["typed"][2], results["plain"][2]
-    assert typed.vocabularies == ours.vocabularies
-    assert typed.raw_schema["ts"] == "float" and typed.raw_schema["user_id"] == "string"
-    assert typed.raw_schema["hist_items"] == "list<string>"
-    for split in ("train", "eval"):  # the same examples, byte for byte
-        assert _shard_bytes(tmp_path / "plain_out", split) == _shard_bytes(tmp_path / "typed_out", split), split
-
-
-def test_nanosecond_and_int96_timestamps_read_as_epoch_seconds(tmp_path, small_log, small_cfg):
-    """pandas writes datetimes as Parquet TIMESTAMP(NANOS), and Hive, Impala and older Spark as INT96,
-    which Arrow reads in nanoseconds: both preprocess to the same examples, byte for byte, as the log
-    with int64 epoch seconds (nanoseconds since 1970 used to fail a safe cast to float64, 'Integer
-    value ... not in range', so such a log could not be read at all). Hive's 9999-12-31 sentinel in an
-    INT96 column reads as 9999-12-31 (Arrow's nanoseconds wrap it to a date in 1816 silently), so its
-    row is split as a year-9999 timestamp in int64 seconds is."""
-    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
-    plain = pq.read_table(src).slice(0, 300)
-    col = plain.schema.get_field_index("ts")
-    seconds = plain.column("ts").to_pylist()
-    sentinel = seconds[:7] + [253_402_214_400] + seconds[8:]  # 9999-12-31T00:00:00Z
-    logs = {
-        "plain": plain,
-        "nanos": plain.set_column(col, "ts", pa.array([v * 10 ** 9 for v in seconds], pa.int64())
-                                  .cast(pa.timestamp("ns"))),
-        "plain_9999": plain.set_column(col, "ts", pa.array(sentinel, pa.int64())),
-        "int96_9999": plain.set_column(col, "ts", pa.array([v * 10 ** 6 for v in sentinel], pa.int64())
-                                       .cast(pa.timestamp("us"))),
-    }
-    for name, table in logs.items():
-        path = str(tmp_path / name / "part-0.parquet")
-        os.makedirs(os.path.dirname(path))
-        pq.write_table(table, path, use_deprecated_int96_timestamps=name.startswith("int96"))
-        physical = pq.ParquetFile(path).schema.column(col).physical_type
-        assert physical == ("INT96" if name.startswith("int96") else "INT64"), (name, physical)
-        res = run_preprocess(small_cfg, path, str(tmp_path / f"{name}_out"), IN_MEMORY, say=lambda _: None)
-        assert res.rows_train + res.rows_eval == 300 and not res.dead_letter, name
-    for typed, twin in (("nanos", "plain"), ("int96_9999", "plain_9999")):
-        for split in ("train", "eval"):
-            assert _shard_bytes(tmp_path / f"{typed}_out", split) == _shard_bytes(tmp_path / f"{twin}_out", split), \
-                (typed, split)
-    # the sentinel moved row 7 from train to eval: the comparison above can tell a wrapped date apart
-    assert _shard_bytes(tmp_path / "plain_out", "eval") != _shard_bytes(tmp_path / "plain_9999_out", "eval")
-
-
-def test_fixed_size_list_columns_read_as_lists(tmp_path, small_log, small_cfg):
-    """A list column every row of which has the same length may be written as a fixed-size list (pyarrow
-    does so from numpy rows): it preprocesses to the same examples, byte for byte, as the same lists
-    written as a plain list column (it was 'unsupported type fixed_size_list')."""
-    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
-    plain = pq.read_table(src).slice(0, 300)
-    col = plain.schema.get_field_index("hist_items")
-    two = [((h or []) + [None, None])[:2] for h in plain.column("hist_items").to_pylist()]  # null items too
-    logs = {"plain": plain.set_column(col, "hist_items", pa.array(two, pa.list_(pa.string()))),
-            "fixed": plain.set_column(col, "hist_items", pa.array(two, pa.list_(pa.string(), 2)))}
-    for name, table in logs.items():
-        res = run_preprocess(small_cfg, _write(str(tmp_path / name / "part-0.parquet"), table),
-                             str(tmp_path / f"{name}_out"), IN_MEMORY, say=lambda _: None)
-        assert res.rows_train + res.rows_eval == 300, name
-    assert pq.read_schema(str(tmp_path / "fixed" / "part-0.parquet")).field("hist_items").type.list_size == 2
-    assert TransformArtifact.read(str(tmp_path / "fixed_out" / "transform")).raw_schema["hist_items"] == "list<string>"
-    for split in ("train", "eval"):
-        assert _shard_bytes(tmp_path / "fixed_out", split) == _shard_bytes(tmp_path / "plain_out", split), split
-
-
-def test_binary_and_view_columns_read_as_strings_and_non_utf8_rows_are_dead_lettered(tmp_path, small_log, small_cfg):
-    """Impala, Hive and older Spark SQL write strings as Parquet BYTE_ARRAY without the UTF8 annotation,
-    which Arrow reads as binary, and pyarrow reads a string_view column back as string_view (both were
-    'unsupported type'): binary, large binary, list-of-binary, string_view and binary_view columns
-    preprocess to the same examples, byte for byte, as their string twins, and a value that is not
-    UTF-8 is dead-lettered naming its row and column."""
-    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
-    plain = pq.read_table(src).slice(0, 300)
-    t = plain
-    for name, tp in (("item_id", pa.binary()), ("C1", pa.large_binary()), ("hist_items", pa.list_(pa.binary())),
-                     ("C2", pa.string_view()), ("C3", pa.binary_view())):
-        t = t.set_column(t.schema.get_field_index(name), name, t.column(name).cast(tp))
-    for name, table in (("plain", plain), ("binary", t)):
-        run_preprocess(small_cfg, _write(str(tmp_path / name / "part-0.parquet"), table), str(tmp_path / f"{name}_out"),
-                       IN_MEMORY, say=lambda _: None)
-    art = TransformArtifact.read(str(tmp_path / "binary_out" / "transform"))
-    assert pq.read_schema(str(tmp_path / "binary" / "part-0.parquet")).field("C2").type == pa.string_view()
-    assert art.raw_schema["item_id"] == art.raw_schema["C2"] == "string"
-    assert art.raw_schema["hist_items"] == "list<string>"
-    assert art.vocabularies == TransformArtifact.read(str(tmp_path / "plain_out" / "transform")).vocabularies
-    for split in ("train", "eval"):
-        assert _shard_bytes(tmp_path / "plain_out", split) == _shard_bytes(tmp_path / "binary_out", split), split
-
-    items = t.column("item_id").to_pylist()
-    items[5] = b"\xff\xfe item"
-    bad = t.set_column(t.schema.get_field_index("item_id"), "item_id", pa.array(items, pa.binary()))
-    res = run_preprocess(small_cfg, _write(str(tmp_path / "bad" / "part-0.parquet"), bad), str(tmp_path / "bad_out"),
-                         IN_MEMORY, say=lambda _: None)
-    assert res.dead_letter == {"invalid_utf8": 1} and res.rows_in == res.rows_out + 1
-    dead = pq.read_table(PreprocessedData(str(tmp_path / "bad_out")).dead_letter_files()).to_pylist()
-    assert [(d["row"], d["reason"], d["field"]) for d in dead] == [(5, "invalid_utf8", "item_id")]
-
-
-def _shard_bytes(out: Path, split: str) -> list[bytes]:
-    """The bytes of each shard file of one split of a preprocess output, in name order (none is an error)."""
-    files = sorted(glob.glob(str(out / split / "*")))
-    assert files, f"no {split} shards in {out}"
-    return [Path(f).read_bytes() for f in files]
-
-
-def test_columns_of_nulls_and_decimals_read_as_missing_values_and_floats(tmp_path, small_log, small_cfg):
-    """A day's file where a column holds only nulls (Arrow type null: pandas writes an all-None column
-    so) reads as missing values of the kind the other files give it, and a decimal dense column as
-    floats: the same examples, byte for byte, as the typed twin. A column null in every file is typed by
-    the previous transform, or else an error naming it."""
-    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
-    t = pq.read_table(src).slice(0, 300)
-    i2 = t.column("I2").to_pylist()
-    typed_second = t.slice(150)
-    untyped_second = typed_second
-    for name in ("I1", "C1", "hist_items"):
-        i = t.schema.get_field_index(name)
-        typed_second = typed_second.set_column(i, name, pa.nulls(150, t.schema.field(i).type))
-        untyped_second = untyped_second.set_column(i, name, pa.nulls(150))
-    twins = {"typed": [t.slice(0, 150), typed_second], "untyped": [t.slice(0, 150), untyped_second]}
-    dec = pa.array([None if v is None else decimal.Decimal(v) for v in i2], pa.decimal128(14, 2))
-    twins["untyped"] = [x.set_column(x.schema.get_field_index("I2"), "I2", dec.slice(k * 150, 150))
-                        for k, x in enumerate(twins["untyped"])]
-    twins["typed"] = [x.set_column(x.schema.get_field_index("I2"), "I2", pa.array(i2[k * 150:(k + 1) * 150],
-                                                                                   pa.float64()))
-                      for k, x in enumerate(twins["typed"])]
-    for name, tables in twins.items():
-        for k, table in enumerate(tables):
-            _write(str(tmp_path / name / f"part-{k}.parquet"), table)
-        res = run_preprocess(small_cfg, str(tmp_path / name), str(tmp_path / f"{name}_out"), IN_MEMORY,
-                             say=lambda _: None)
-        assert res.rows_in == 300 and not res.dead_letter
-    arts = [TransformArtifact.read(str(tmp_path / f"{n}_out" / "transform")) for n in ("typed", "untyped")]
-    assert arts[0].raw_schema == arts[1].raw_schema and arts[0].vocabularies == arts[1].vocabularies
-    for split in ("train", "eval"):
-        assert _shard_bytes(tmp_path / "typed_out", split) == _shard_bytes(tmp_path / "untyped_out", split), split
-    only_nulls = str(tmp_path / "only_nulls" / "part-0.parquet")
-    _write(only_nulls, twins["untyped"][1])
-    with pytest.raises(SchemaError, match="column\\(s\\) 'hist_items', 'C1', 'I1' hold only nulls"):
-        run_preprocess(small_cfg, only_nulls, str(tmp_path / "nulls_out"), IN_MEMORY, say=lambda _: None)
-    res = run_preprocess(small_cfg, only_nulls, str(tmp_path / "nulls_out"), IN_MEMORY, say=lambda _: None,
-                         previous_transform=str(tmp_path / "typed_out"))
-    assert res.rows_in == 150 and TransformArtifact.read(str(tmp_path / "nulls_out" / "transform")).raw_schema == \
-        arts[0].raw_schema
-
-
-def test_url_input_through_pyarrow_filesystems(tmp_path, small_log, small_cfg):
-    url = "file://" + os.path.abspath(small_log)
+    timestamp_unparsable); a string that is no date-time is dead-lettered, naming the column. The log is
+    given by URL (file:// here), so it is listed and read through pyarrow's filesystems."""
+    root, _ = arrow_twins
+    url = "file://" + str(root / "iso")
     files = list_input_files(url)
     assert len(files) == 2 and all(f.startswith("file://") for f in files)
-    res = run_preprocess(small_cfg, url, str(tmp_path / "out"), IN_MEMORY, say=lambda _: None)
-    assert res.rows_in == 6000 and res.rows_dead == 0
+    res = run_preprocess(small_cfg, url, str(root / "iso_out"), IN_MEMORY, say=lambda _: None)
+    assert res.dead_letter == {"timestamp_unparsable": 1}
+    iso = PreprocessedData(str(root / "iso_out"))
+    dead = pq.read_table(iso.dead_letter_files())
+    assert dead.select(["row", "reason", "field"]).to_pylist() == [
+        {"row": 7, "reason": "timestamp_unparsable", "field": "ts"}]
+    assert iso.transform().raw_schema["ts"] == "string"
+    for split in ("train", "eval"):
+        assert _shard_bytes(root / "iso_out", split) == _shard_bytes(root / "plain_out", split), split
 
 
+@pytest.mark.unit
+def test_arrow_timestamps_of_any_unit_or_zone_read_as_epoch_seconds():
+    """The reader's conversion of a timestamp column (every row of every file goes through plain_columns):
+    seconds, milliseconds (as an Arrow timestamp of pandas or Spark), microseconds or nanoseconds, with a
+    zone or none, read as float epoch seconds of the same instant, a kind every feature of a time can read;
+    a null stays null, so its row is dead-lettered as null_timestamp as in int64."""
+    seconds = [1_767_225_611, None, 1_767_300_000, SENTINEL]
+    cfg = parse_config({"name": "t", "input": {"timestamp": "ts"}, "label": {"column": "label"},
+                        "features": {"dense": [{"name": "x", "column": "x"}]}})
+    for unit, per in (("s", 1), ("ms", 10 ** 3), ("us", 10 ** 6), ("ns", 10 ** 9)):
+        for tz in (None, "UTC", "+02:00"):
+            values = [None if v is None else v * per for v in seconds]
+            if unit == "ns":
+                values[3] = None  # nanoseconds end in 2262
+            arr = pa.array(values, pa.int64()).cast(pa.timestamp(unit, tz=tz))
+            table = plain_columns(pa.table({"label": [1, 0, 1, 0], "ts": arr, "x": [1.0, 2.0, 3.0, 4.0]}))
+            assert raw_kind(arr.type) == "float" and table.column("ts").type == pa.float64()
+            assert table.column("ts").to_pylist() == [None if v is None else float(v // per) for v in values], \
+                (unit, tz)
+            good, bad = validate_batch(table, cfg)
+            assert list(bad.indices) == [1] + ([3] if unit == "ns" else []) and set(bad.reasons) == {"null_timestamp"}
+
+
+# ----------------------------------------------------------------------------- other logs and splits
+@pytest.mark.system
 @pytest.mark.skipif(not (SHARED_DATA / "criteo_10k.csv").is_file(), reason="../shared/data Criteo sample absent")
 def test_real_criteo_sample_end_to_end(tmp_path):
     """`recpipe criteo-to-parquet` + `recpipe preprocess` on the real 10k-row Criteo log."""
@@ -785,7 +781,23 @@ def test_real_criteo_sample_end_to_end(tmp_path):
     assert 0 < art.dense_stats["I1"]["count"] == 8100  # train rows only
 
 
-def test_a_new_log_schema_needs_only_a_config(tmp_path):
+SHOP_CONFIG = {
+    "name": "shop_ctr", "input": {"timestamp": "event_time"},
+    "split": {"eval_fraction": 0.25, "validation_fraction": 0.2}, "label": {"column": "clicked"},
+    "features": {
+        "sparse": [{"name": "shop", "column": "shop", "vocab": {"min_count": 1, "oov_buckets": 1}},
+                   {"name": "terms", "column": "query_terms", "multivalent": True, "separator": ";",
+                    "vocab": {"min_count": 1, "max_size": 10, "oov_buckets": 2}, "combiner": "sum"},
+                   {"name": "block", "column": "block", "vocab": {"min_count": 1, "oov_buckets": 1}}],
+        "dense": [{"name": "price", "column": "price", "transform": "log_zscore"},
+                  {"name": "rating", "column": "rating", "transform": "bucketize", "num_buckets": 4}]},
+    "train": {"batch_size": 64, "steps": 5}}
+
+
+@pytest.fixture(scope="module")
+def shop_log(tmp_path_factory):
+    """A log of another schema (SHOP_CONFIG: a boolean label, string timestamps and numbers, ';'-joined terms)
+    in two files, its rows in time order, `block` the row number // 100; preprocessed."""
     rng = np.random.default_rng(0)
     n = 2000
     table = pa.table({
@@ -795,51 +807,45 @@ def test_a_new_log_schema_needs_only_a_config(tmp_path):
         "query_terms": pa.array([";".join(f"t{x}" for x in rng.integers(0, 30, rng.integers(0, 4))) for _ in range(n)]),
         "price": pa.array([f"{x:.2f}" for x in rng.random(n) * 100]),
         "rating": pa.array(rng.random(n) * 5),
+        "block": pa.array(np.arange(n) // 100),
     })
-    _write(str(tmp_path / "log" / "day1.parquet"), table.slice(0, 1000))
-    _write(str(tmp_path / "log" / "day2.parquet"), table.slice(1000))
-    cfg = parse_config({
-        "name": "shop_ctr", "input": {"timestamp": "event_time"}, "split": {"eval_fraction": 0.25},
-        "label": {"column": "clicked"},
-        "features": {
-            "sparse": [{"name": "shop", "column": "shop", "vocab": {"min_count": 1, "oov_buckets": 1}},
-                       {"name": "terms", "column": "query_terms", "multivalent": True, "separator": ";",
-                        "vocab": {"min_count": 1, "max_size": 10, "oov_buckets": 2}, "combiner": "sum"}],
-            "dense": [{"name": "price", "column": "price", "transform": "log_zscore"},
-                      {"name": "rating", "column": "rating", "transform": "bucketize", "num_buckets": 4}]},
-        "train": {"batch_size": 64, "steps": 5}})
-    res = run_preprocess(cfg, str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, say=lambda _: None)
-    assert (res.rows_in, res.rows_train, res.rows_eval, res.rows_dead) == (2000, 1500, 500, 0)
-    art = TransformArtifact.read(str(tmp_path / "out" / "transform"))
+    root = tmp_path_factory.mktemp("shop")
+    _write(str(root / "log" / "day1.parquet"), table.slice(0, 1000))
+    _write(str(root / "log" / "day2.parquet"), table.slice(1000))
+    cfg = parse_config(SHOP_CONFIG)
+    res = run_preprocess(cfg, str(root / "log"), str(root / "out"), IN_MEMORY, say=lambda _: None)
+    return cfg, res, root / "out"
+
+
+@pytest.mark.integration
+def test_a_new_log_schema_needs_only_a_config(shop_log):
+    cfg, res, out = shop_log
+    assert (res.rows_in, res.rows_train, res.rows_validation, res.rows_eval, res.rows_dead) == (2000, 1200, 300, 500, 0)
+    art = TransformArtifact.read(str(out / "transform"))
     assert art.raw_schema == {"clicked": "int", "event_time": "string", "shop": "int", "query_terms": "string",
-                              "price": "string", "rating": "float"}
+                              "block": "int", "price": "string", "rating": "float"}
     assert len(art.vocabularies["terms"]) == 10 and len(art.dense_stats["rating"]["boundaries"]) == 3
-    batch = next(iter(tf.data.TFRecordDataset(glob.glob(str(tmp_path / "out" / "train" / "*.tfrecord"))).map(parse_record(cfg))))
+    shards = glob.glob(str(out / "train" / "*.tfrecord"))
+    batch = next(iter(tf.data.TFRecordDataset(shards).map(parse_record(cfg))))
     assert isinstance(batch["terms"], tf.RaggedTensor) and int(tf.reduce_max(batch["terms"].flat_values)) < 12
 
 
-def test_validation_split_is_carved_from_train_by_time_and_unseen_by_the_analysis(tmp_path):
+@pytest.mark.integration
+def test_validation_split_is_carved_from_train_by_time_and_unseen_by_the_analysis(shop_log):
     """split.validation_fraction: the last share of the pre-eval rows become the validation split; the
     vocabularies come from the train rows alone, so validation and eval values are new to them alike."""
-    n = 2000
-    table = pa.table({"clicked": pa.array(np.arange(n) % 3 == 0), "ts": pa.array(np.arange(n) + 1_700_000_000),
-                      "shop": pa.array(np.arange(n) // 100)})
-    _write(str(tmp_path / "log" / "day1.parquet"), table)
-    cfg = parse_config({
-        "name": "v", "input": {"timestamp": "ts"}, "split": {"eval_fraction": 0.25, "validation_fraction": 0.2},
-        "label": {"column": "clicked"},
-        "features": {"sparse": [{"name": "shop", "column": "shop", "vocab": {"min_count": 1, "oov_buckets": 1}}]}})
-    res = run_preprocess(cfg, str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, say=lambda _: None)
+    cfg, res, out = shop_log
     assert (res.rows_in, res.rows_train, res.rows_validation, res.rows_eval) == (2000, 1200, 300, 500)
-    art = TransformArtifact.read(str(tmp_path / "out" / "transform"))
+    art = TransformArtifact.read(str(out / "transform"))
     assert art.row_counts["validation"] == 300 and art.split["validation_fraction"] == 0.2
-    assert sorted(art.vocabularies["shop"]) == [str(s) for s in sorted(range(12), key=str)]  # rows 0..1199 only
-    ids = {split: np.concatenate([b["shop"].numpy() for b in tf.data.TFRecordDataset(
-        glob.glob(str(tmp_path / "out" / split / "*.tfrecord"))).map(parse_record(cfg))]) for split in SPLITS}
+    assert sorted(art.vocabularies["block"]) == [str(s) for s in sorted(range(12), key=str)]  # rows 0..1199 only
+    ids = {split: np.concatenate([b["block"].numpy() for b in tf.data.TFRecordDataset(
+        glob.glob(str(out / split / "*.tfrecord"))).map(parse_record(cfg))]) for split in SPLITS}
     assert {k: len(v) for k, v in ids.items()} == {"train": 1200, "validation": 300, "eval": 500}
     assert ids["train"].max() < 12 and (ids["validation"] == 12).all() and (ids["eval"] == 12).all()  # OOV
 
 
+@pytest.mark.integration
 def test_an_empty_validation_split_fails_unless_told_to_warn(tmp_path):
     table = pa.table({"clicked": pa.array(np.arange(100) % 2 == 0), "ts": pa.array([5] * 80 + [9] * 20),
                       "shop": pa.array(np.arange(100) % 7)})
@@ -856,248 +862,163 @@ def test_an_empty_validation_split_fails_unless_told_to_warn(tmp_path):
     assert any("WARNING: the validation split is empty" in line for line in said)
 
 
-def test_features_the_train_split_leaves_empty_or_constant_are_named(tmp_path, small_log, small_cfg):
-    """A column null or empty in every train row (a broken upstream join) or of one value in all of them
-    trains a feature with nothing to learn, and one the eval rows lack is judged without: preprocess names
-    each one, and its rows with a value per split are in the artifact's row counts; the features the log
-    fills are not named."""
-    src = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]
-    t = pq.read_table(src).slice(0, 1000)
-    ts = t.column("ts").to_numpy()
-    late = ts > np.quantile(ts, 0.8)  # about the eval split (the last 20 % by time)
-    i1 = [v if is_late else None for v, is_late in zip(t.column("I1").to_pylist(), late)]
-    for name, values in (("I1", pa.array(i1, pa.int64())), ("I2", pa.array([7.0] * 1000)),
-                         ("hist_items", pa.array([None if i % 2 else [] for i in range(1000)], pa.list_(pa.string()))),
-                         ("C2", pa.array([""] * 1000)), ("C3", pa.array([None if x else "c" for x in late]))):
-        t = t.set_column(t.schema.get_field_index(name), name, values)
-    _write(str(tmp_path / "log" / "part-0.parquet"), t)
+# ----------------------------------------------------------------------------- the anomaly report
+ANOMALY_CONFIG = {
+    "name": "anomalies", "input": {"timestamp": "ts"}, "label": {"column": "label"},
+    "split": {"eval_fraction": 0.2, "validation_fraction": 0.125},
+    "features": {
+        "sparse": [
+            {"name": "user", "column": "user", "hash_buckets": 100},
+            {"name": "tags", "column": "tags", "multivalent": True, "vocab": {"min_count": 1}},  # null or empty
+            {"name": "blank", "column": "blank", "vocab": {"min_count": 1}},  # "" in every row
+            {"name": "gone", "column": "gone", "vocab": {"min_count": 1}},  # in no eval row
+            {"name": "filled", "column": "filled", "vocab": {"min_count": 1}},  # in 10 % of the eval rows
+            {"name": "outcome", "column": "outcome", "vocab": {"min_count": 1}},  # joined from the outcome
+            {"name": "event", "column": "event_id", "vocab": {"min_count": 1}},  # a new value in every row
+            {"name": "cat", "column": "cat", "vocab": {"min_count": 2, "max_size": 20}},  # 100 values: cut
+        ],
+        "dense": [
+            {"name": "late", "column": "late", "transform": "log_zscore"},  # in no train row, in eval rows
+            {"name": "const", "column": "const", "fill": 1.0},  # 7 in every row
+            {"name": "shift", "column": "shift"},  # x1000 in the eval rows, 5 % missing
+            {"name": "secs", "column": "secs_to_click", "transform": "log_zscore"},  # only after a click
+            {"name": "bucket", "column": "bucket", "transform": "bucketize", "num_buckets": 4},
+        ]},
+    "preprocess": {"max_dead_letter_fraction": 0.01},
+}
+ANOMALY_ROWS, DAY_START = 2000, 1_767_225_600  # 2026-01-01T00:00:00Z
+
+
+@pytest.fixture(scope="module")
+def anomaly_log(tmp_path_factory):
+    """A log holding every anomaly a run names at its end, each in its own column (ANOMALY_CONFIG), 40 rows
+    without a label (2 %, over the config's 0.01), the validation split all labelled 0, and the last 100 rows
+    in a file of their own with timestamps in milliseconds; with what the run must count from it."""
+    n, rng = ANOMALY_ROWS, np.random.default_rng(5)
+    ts = DAY_START + 40 * np.arange(n)  # 2,000 rows within the day
+    good = np.arange(n) % 50 != 25
+    pos = np.cumsum(good) - 1  # rank among the good rows, which are in time order (the milliseconds last)
+    fit, before_eval = split_sizes(int(good.sum()), 0.2, 0.125)
+    split = np.where(pos < fit, "train", np.where(pos < before_eval, "validation", "eval"))
+    is_eval, is_val = split == "eval", split == "validation"
+    label = np.where(is_val, 0, rng.random(n) < 0.3).astype(int)
+
+    def some(p: float) -> np.ndarray:
+        return rng.random(n) < p
+    table = pa.table({
+        "ts": ts, "label": pa.array([int(v) if g else None for v, g in zip(label, good)], pa.int64()),
+        "user": [f"u{x}" for x in rng.integers(0, 200, n)],
+        "tags": pa.array([[None, [], [""]][i % 3] for i in range(n)], pa.list_(pa.string())),
+        "blank": [""] * n,
+        "gone": [None if e else f"g{x}" for e, x in zip(is_eval, rng.integers(0, 5, n))],
+        "filled": [f"f{x}" if not e or k else None for e, k, x in zip(is_eval, some(0.1), rng.integers(0, 5, n))],
+        "outcome": ["converted" if v else "none" for v in label],
+        "event_id": [f"ev-{i:06d}" for i in range(n)],
+        "cat": [f"c{x}" for x in rng.integers(0, 100, n)],
+        "late": pa.array([int(x) if e and k else None for e, k, x in zip(is_eval, some(0.8), rng.integers(1, 50, n))],
+                         pa.int64()),
+        "const": [7.0] * n,
+        "shift": pa.array([None if m else x * (1000 if e else 1) for m, e, x in zip(some(0.05), is_eval,
+                                                                                      rng.normal(50, 10, n))]),
+        "secs_to_click": pa.array([float(x) if v else None for v, x in zip(label, rng.exponential(30, n))]),
+        "bucket": rng.random(n) * 10,
+    })
+    log = tmp_path_factory.mktemp("anomalies") / "log" / "dt=2026-01-01"
+    seconds = _write(str(log / "part-00000.parquet"), table.slice(0, n - 100))
+    millis = _write(str(log / "part-00001.parquet"), _with_columns(table.slice(n - 100), ts=pa.array(ts[-100:] * 1000)))
+    cfg = parse_config(ANOMALY_CONFIG)
+    kept = table.filter(pa.array(good))
+    splits = {s: kept.filter(pa.array(split[good] == s)) for s in SPLITS}
+    with_value = {s: {} for s in SPLITS}
+    dense_sums = {s: {} for s in SPLITS}
+    for s, t in splits.items():
+        for f in cfg.column_sparse:
+            values = t.column(f.column).to_pylist()
+            with_value[s][f.name] = sum(bool([x for x in v or [] if x] if f.multivalent else v) for v in values)
+        for d in cfg.features.dense:
+            x = np.array([np.nan if v is None else v for v in t.column(d.column).to_pylist()], np.float32)
+            with_value[s][d.name] = int((~np.isnan(x)).sum())
+            if d.transform != "bucketize":
+                dense_sums[s][d.name] = float(dense_prenorm(x[~np.isnan(x)], d.transform, d.fill).sum(dtype=np.float64))
+    good_ts = [ts[:n - 100][good[:n - 100]], ts[n - 100:][good[n - 100:]] * 1000]
+    expected = {"rows": {s: t.num_rows for s, t in splits.items()}, "with_value": with_value, "dense_sums": dense_sums,
+                "positives": {s: int(sum(t.column("label").to_pylist())) for s, t in splits.items()},
+                "time_ranges": {os.path.abspath(p): (float(x.min()), float(x.max()))
+                                for p, x in zip((seconds, millis), good_ts)},
+                "eval_events": sorted(splits["eval"].column("event_id").to_pylist())}
+    return str(log.parent), millis, expected
+
+
+def _anomalies_named(expected: dict, millis: str) -> list[str]:
+    """What each line of the anomaly log's report starts with, in the order the run reports them."""
+    rows, wv = expected["rows"], expected["with_value"]
+    n_train = f"{rows['train']:,} train rows"
+    return [
+        f"40 of the {ANOMALY_ROWS:,} rows read (2.0%) were dead-lettered",
+        f"every one of the {rows['validation']:,} validation rows has label 0 (column 'label')",
+        f"feature 'tags' (column 'tags') has no value in any of the {n_train}",
+        f"feature 'blank' (column 'blank') has no value in any of the {n_train}",
+        f"feature 'gone' (column 'gone') has values in {wv['train']['gone']:,} of the {n_train} but in none of the "
+        f"{rows['eval']:,} eval rows",
+        f"feature 'late' (column 'late') has no value in any of the {n_train}: a model cannot learn from it (is the "
+        f"column null or empty upstream?); yet {wv['eval']['late']:,} of the {rows['eval']:,} eval rows have one",
+        "feature 'const' (column 'const') has one value in every train row (7, missing values filled with 1)",
+        f"feature 'secs' (column 'secs_to_click') has values in {wv['train']['secs']:,} of the {n_train} but in none "
+        f"of the {rows['validation']:,} validation rows",
+        f"feature 'event' (column 'event_id'): only 0.0% of its {n_train} with a value hold one that recurs",
+        "feature 'cat' (column 'cat'): vocab.max_size (20) is full",
+        f"feature 'filled' (column 'filled') has a value in {wv['eval']['filled'] / rows['eval']:.1%} of the "
+        f"{rows['eval']:,} eval rows against 100.0% of the {n_train}",
+        f"dense feature 'shift' (column 'shift'): its values in the {rows['eval']:,} eval rows average",
+        f"{millis}: its timestamps (column 'ts') run from the year",
+        f"dense feature 'secs' (column 'secs_to_click') alone orders the {rows['eval']:,} eval-sample rows by their "
+        f"label (column 'label') with AUC 1.000",
+        f"feature 'outcome' (column 'outcome'): its 2 values alone sort the {rows['eval']:,} eval-sample rows by their "
+        f"label (column 'label'), AUC 1.000"]
+
+
+@pytest.mark.integration
+def test_a_run_counts_what_its_anomaly_checks_need_and_reports_each(tmp_path, anomaly_log):
+    """The job counts, per split, the rows, those labelled 1, and per feature the rows with a value and the
+    sum of a dense feature's values (missing ones left out, bucketized features not summed), and each file's
+    first and last timestamp, exactly; it keeps the eval rows as the eval sample; these figures are in the
+    artifact's row counts. From them it reports every anomaly of the log (the messages are
+    tests/test_anomalies.py's), each once, and publishes the run (on_anomaly: warn)."""
+    log, millis, expected = anomaly_log
+    cfg = parse_config(ANOMALY_CONFIG)
     said = []
-    res = run_preprocess(small_cfg, str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, say=said.append)
-    warnings = [s for s in said if "WARNING" in s]
-    assert len(warnings) == 5, warnings
-    named = {s.split("'")[1]: s for s in warnings}
-    assert set(named) == {"I1", "I2", "hist", "C2", "C3"}
-    assert f"no value in any of the {res.rows_train:,} train rows" in named["I1"]
-    assert f"yet {res.with_value['eval']['I1']:,} of the {res.rows_eval:,} eval rows have one" in named["I1"]
-    assert "one value in every train row (7, missing values filled with 1)" in named["I2"]
-    assert "(column 'hist_items') has no value" in named["hist"] and "eval" not in named["hist"]
-    assert "(column 'C2') has no value" in named["C2"]
-    assert f"but in none of the {res.rows_eval:,} eval rows" in named["C3"]
-    counts = TransformArtifact.read(str(tmp_path / "out" / "transform")).row_counts["with_value"]
-    assert counts == res.with_value and counts["train"]["I1"] == 0 < counts["eval"]["I1"]
-    assert counts["train"]["user_id"] == res.rows_train and counts["train"]["I3"] > 0
-    strict = small_config_dict()
-    strict["preprocess"] = {"on_anomaly": "fail"}
-    with pytest.raises(PreprocessError, match="feature 'I1' .* has no value.*preprocess.on_anomaly is fail"):
-        run_preprocess(parse_config(strict), str(tmp_path / "log"), str(tmp_path / "strict"), IN_MEMORY,
-                       say=lambda _: None)
-    assert not os.path.exists(tmp_path / "strict")  # nothing published
+    res = run_preprocess(cfg, log, str(tmp_path / "out"), IN_MEMORY, say=said.append)
+    assert res.rows_in == ANOMALY_ROWS and res.dead_letter == {"null_label": 40}
+    assert {s: res.rows(s) for s in SPLITS} == expected["rows"] == {"train": 1372, "validation": 196, "eval": 392}
+    assert res.with_value == expected["with_value"]
+    for s in SPLITS:
+        assert set(res.dense_sums[s]) == {"late", "const", "shift", "secs"}, s  # the bucketized one has no moments
+        for name, total in expected["dense_sums"][s].items():
+            assert res.dense_sums[s][name] / DENSE_SUM_SCALE == pytest.approx(total, rel=1e-9, abs=1e-3), (s, name)
+    assert res.positives == expected["positives"] and res.positives["validation"] == 0
+    assert res.time_ranges == expected["time_ranges"]
+    data = PreprocessedData(str(tmp_path / "out"))
+    art, sample = data.transform(), data.eval_sample_table()
+    assert sorted(sample.column("event_id").to_pylist()) == expected["eval_events"]
+    assert {k: art.row_counts[k] for k in ("with_value", "dense_sums", "positives")} == \
+        {"with_value": res.with_value, "dense_sums": res.dense_sums, "positives": res.positives}
+    warnings = _warnings(said)
+    named = _anomalies_named(expected, millis)
+    assert len(warnings) == len(named) and all(w.startswith(f"preprocess: WARNING: {n}")
+                                                for w, n in zip(warnings, named)), warnings
+    assert warnings == [f"preprocess: WARNING: {w}" for w in [  # the messages are the pure functions' own
+        *dead_letter_warnings(res.rows_in, res.dead_letter, 0.01, os.path.join(str(tmp_path / "out"), "dead_letter")),
+        *feature_warnings(cfg, art, res.split_counts()), *timestamp_warnings(res.time_ranges, "ts"),
+        *leak_warnings(cfg, sample)]]
 
 
-def _with_columns(t: pa.Table, **columns) -> pa.Table:
-    for name, values in columns.items():
-        t = t.set_column(t.schema.get_field_index(name), name, values)
-    return t
-
-
-def test_features_whose_splits_or_days_disagree_are_named(tmp_path, small_log, small_cfg):
-    """A column filled in most train rows but few eval rows (a join that broke part way through the log), or
-    whose values change unit (x1000), has values everywhere and no NaN: preprocess names each, between the
-    splits and between a day's run and the previous day's, with the figures; the thresholds are the
-    config's, and neither the plain synthetic log nor a few rows of sampling noise is named."""
-    days = sorted(glob.glob(os.path.join(small_log, "dt=*")))
-    t = pq.read_table(days[0])
-    late = t.column("ts").to_numpy() > np.quantile(t.column("ts").to_numpy(), 0.8)  # about the eval split
-    keep = np.random.default_rng(0).random(t.num_rows) < 0.1
-    i1, i2, c1 = (t.column(c).to_pylist() for c in ("I1", "I2", "C1"))
-    hostile = _with_columns(
-        t, I1=pa.array([v if not x or k else None for v, x, k in zip(i1, late, keep)], pa.int64()),
-        C1=pa.array([v if not x or k else None for v, x, k in zip(c1, late, keep)], pa.string()),
-        I2=pa.array([v if v is None or not x else v * 1000 for v, x in zip(i2, late)], pa.int64()))
-    _write(str(tmp_path / "split" / "dt=2026-01-01" / "p.parquet"), hostile)
-    said = []
-    res = run_preprocess(small_cfg, str(tmp_path / "split"), str(tmp_path / "o1"), IN_MEMORY, say=said.append)
-    warnings = [s for s in said if "WARNING" in s]
-    assert len(warnings) == 3, warnings
-    named = {s.split("'")[1]: s for s in warnings}
-    counts = res.split_counts()
-    for name in ("I1", "C1"):
-        assert (f"has a value in {counts.share('eval', name):.1%} of the {res.rows_eval:,} eval rows against "
-                f"{counts.share('train', name):.1%} of the {res.rows_train:,} train rows" in named[name])
-        assert "preprocess.max_presence_change (0.25)" in named[name]
-    assert counts.mean("eval", "I2") > 500 * counts.mean("train", "I2")  # missing values left out of the means
-    assert "its values in the" in named["I2"] and "has its unit or scale changed upstream?" in named["I2"]
-    shift = float(named["I2"].split("standard deviations")[0].rsplit(",", 1)[1])
-    assert shift > 100
-    art = TransformArtifact.read(str(tmp_path / "o1" / "transform"))
-    assert art.row_counts["dense_sums"] == res.dense_sums and set(res.dense_sums["eval"]) == {"I1", "I2"}
-    loose = small_config_dict()
-    loose["preprocess"] = {"max_presence_change": 1, "max_mean_shift": shift + 1}
-    said = []
-    run_preprocess(parse_config(loose), str(tmp_path / "split"), str(tmp_path / "o2"), IN_MEMORY, say=said.append)
-    assert not [s for s in said if "WARNING" in s]
-    # per feature (TFX's per-feature thresholds): I1's own limit silences it only; C1's, tighter than its move,
-    # names C1 with its own key, and I2 keeps the global one; with C1's and I2's own limits raised, none is named
-    own = small_config_dict()
-    own["preprocess"] = {"features": [{"feature": "C1", "max_presence_change": 0.5},
-                                      {"feature": "I1", "max_presence_change": 0.9}]}
-    said = []
-    run_preprocess(parse_config(own), str(tmp_path / "split"), str(tmp_path / "o3"), IN_MEMORY, say=said.append)
-    named = {s.split("'")[1]: s for s in said if "WARNING" in s}
-    assert set(named) == {"C1", "I2"} and "beyond preprocess.features[0].max_presence_change (0.5)" in named["C1"]
-    assert "beyond preprocess.max_mean_shift (1)" in named["I2"]
-    own["preprocess"]["features"][0]["max_presence_change"] = 1
-    own["preprocess"]["features"].append({"feature": "I2", "max_mean_shift": shift + 1, "leak_check": False})
-    said = []
-    run_preprocess(parse_config(own), str(tmp_path / "split"), str(tmp_path / "o4"), IN_MEMORY, say=said.append)
-    assert not [s for s in said if "WARNING" in s]
-
-    # a day's run against the previous day's: the second day's I1 mostly missing and I2 in other units
-    said = []
-    run_preprocess(small_cfg, days[0], str(tmp_path / "d1"), IN_MEMORY, say=said.append)
-    day2 = pq.read_table(days[1])
-    keep = np.random.default_rng(1).random(day2.num_rows) < 0.3
-    day2 = _with_columns(
-        day2, I1=pa.array([v if k else None for v, k in zip(day2.column("I1").to_pylist(), keep)], pa.int64()),
-        I2=pa.array([None if v is None else v * 1000 for v in day2.column("I2").to_pylist()], pa.int64()))
-    _write(str(tmp_path / "days" / os.path.basename(days[1]) / "p.parquet"), day2)
-    run_preprocess(small_cfg, str(tmp_path / "days"), str(tmp_path / "d2"), IN_MEMORY, say=said.append,
-                   previous_transform=str(tmp_path / "d1"))
-    warnings = [s for s in said if "WARNING" in s]
-    named = {s.split("'")[1]: s for s in warnings}
-    assert set(named) == {"I1", "I2"}, warnings
-    assert "of this run's" in named["I1"] and "of the previous run's (2026-01-01)" in named["I1"]
-    assert "its values in this run's" in named["I2"] and "from the previous run's (2026-01-01)" in named["I2"]
-
-
-def test_files_whose_timestamps_are_in_other_units_are_named(tmp_path, small_log, small_cfg):
-    """A day's file whose integer timestamps are milliseconds reads as the year 57,974: its rows went to
-    whichever split that says, with no word. Preprocess names the file, its range and the unit that fits."""
-    from pipeline.anomalies import timestamp_warnings
-    days = sorted(glob.glob(os.path.join(small_log, "dt=*")))
-    t = pq.read_table(days[1])
-    _write(str(tmp_path / "log" / os.path.basename(days[0]) / "p.parquet"), pq.read_table(days[0]))
-    ms = str(tmp_path / "log" / os.path.basename(days[1]) / "p.parquet")
-    _write(ms, _with_columns(t, ts=pa.array(t.column("ts").to_numpy() * 1000)))
-    said = []
-    res = run_preprocess(small_cfg, str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, say=said.append)
-    warnings = [s for s in said if "WARNING" in s]
-    assert len(warnings) == 1 and warnings[0].startswith(f"preprocess: WARNING: {ms}: its timestamps (column 'ts') "
-                                                         f"run from the year 57,9"), warnings
-    assert "more than a year from its partition dt=2026-01-02: are they milliseconds read as seconds? (÷ 1000 they " \
-           "run from 2026-01-02 to 2026-01-02)" in warnings[0]
-    assert sorted(res.time_ranges) == [os.path.abspath(p) for p in sorted(glob.glob(str(tmp_path / "log" / "*" / "*")))]
-    # no partition: only past 2200 (a placeholder such as Hive's 9999-12-31, or a unit)
-    year = 365.2425 * 86_400
-    assert timestamp_warnings({"/a.parquet": (5.0, 9.0), "/b.parquet": (56 * year, 57 * year)}, "ts") == []
-    [sentinel] = timestamp_warnings({"/c.parquet": (56 * year, 253402214400.0)}, "ts")
-    assert "to 9999-12-31 00:00:00, after 2200 (no dt= partition): a placeholder value" in sentinel
-    [micro] = timestamp_warnings({"/d.parquet": (56 * year * 1e6, 57 * year * 1e6)}, "ts")
-    assert "are they microseconds read as seconds?" in micro
-
-
-def test_a_split_of_one_label_is_named(tmp_path, small_log, small_cfg):
-    """Eval rows all labelled 0 (a label column broken upstream) gave `recpipe evaluate` an AUC of NaN, and a
-    validation split so would leave early stopping choosing nothing, with no word from preprocess."""
-    t = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0])
-    late = t.column("ts").to_numpy() > np.quantile(t.column("ts").to_numpy(), 0.8)
-    _write(str(tmp_path / "log" / "p.parquet"), _with_columns(
-        t, label=pa.array([0 if x else v for v, x in zip(t.column("label").to_pylist(), late)], pa.int64())))
-    said = []
-    res = run_preprocess(small_cfg, str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, say=said.append)
-    assert [s for s in said if "WARNING" in s] == [
-        f"preprocess: WARNING: every one of the {res.rows_eval:,} eval rows has label 0 (column 'label'): AUC is "
-        f"undefined on it, so the model cannot be judged (recpipe evaluate reports it as null)"]
-    assert res.positives["eval"] == 0 < res.positives["train"] < res.rows_train
-    assert TransformArtifact.read(str(tmp_path / "out" / "transform")).row_counts["positives"] == res.positives
-
-
-def test_features_that_give_the_label_away_are_named(tmp_path, small_log, small_cfg):
-    """A column recorded after the click (seconds to the click, null without one) and a flag joined in
-    from the outcome table: each orders the rows by label, the model's eval AUC would be near 1.0 and
-    serving would not know them. Preprocess published such a log with no word."""
-    t = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0])
-    label = np.array(t.column("label").to_pylist())
-    rng = np.random.default_rng(0)
-    _write(str(tmp_path / "log" / "p.parquet"), _with_columns(
-        t, I1=pa.array(np.where(label == 1, rng.exponential(30, len(label)), np.nan), from_pandas=True),
-        C1=pa.array(np.where(label == 1, "converted", "none").tolist())))
-    said = []
-    res = run_preprocess(small_cfg, str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, say=said.append)
-    n = min(res.rows_eval, 1000)
-    why = ("is it recorded after the click, or derived from the label? A model trained on it scores near 1.0 in "
-           "evaluation and fails in serving, where the value is not known yet")
-    missing = 1 - float(np.mean(pq.read_table(PreprocessedData(str(tmp_path / "out")).eval_sample_parquet)
-                                .column("label").to_numpy()))
-    assert [s for s in said if "label away" in s or "by their label" in s] == [
-        f"preprocess: WARNING: dense feature 'I1' (column 'I1') alone orders the {n:,} eval-sample rows by their "
-        f"label (column 'label') with AUC 1.000, {missing:.0%} of them without a value (scored lowest): {why}",
-        f"preprocess: WARNING: feature 'C1' (column 'C1'): its 2 values alone sort the {n:,} eval-sample rows by "
-        f"their label (column 'label'), AUC 1.000 from each value's click rate: {why}"]
-    known = parse_config({**small_config_dict(), "preprocess": {"features": [{"feature": "C1", "leak_check": False}]}})
-    said = []
-    run_preprocess(known, str(tmp_path / "log"), str(tmp_path / "out1"), IN_MEMORY, say=said.append)
-    assert [s.split("'")[1] for s in said if "by their label" in s] == ["I1"]  # C1's own leak_check is off
-    strict = parse_config({**small_config_dict(), "preprocess": {"on_anomaly": "fail"}})
-    with pytest.raises(PreprocessError, match="dense feature 'I1' .* alone orders"):
-        run_preprocess(strict, str(tmp_path / "log"), str(tmp_path / "out2"), IN_MEMORY, say=lambda _: None)
-
-
-def test_an_id_whose_values_never_recur_is_named(tmp_path, small_log):
-    """A row or event ID (or a timestamp) configured as a sparse feature: every value is new, so the model
-    learns nothing from it, serving sees only OOV values, and with min_count 1 its table grows by a row per
-    example; it was published with no word."""
-    t = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0])
-    _write(str(tmp_path / "log" / "p.parquet"), t.append_column("event_id", pa.array(
-        [f"ev-{i:08d}" for i in range(t.num_rows)])))
-    d = small_config_dict()
-    d["features"]["sparse"].append({"name": "event", "column": "event_id", "vocab": {"min_count": 1},
-                                    "embedding_dim": 8})
-    said = []
-    res = run_preprocess(parse_config(d), str(tmp_path / "log"), str(tmp_path / "out"), IN_MEMORY, say=said.append)
-    assert [s for s in said if "WARNING" in s] == [
-        f"preprocess: WARNING: feature 'event' (column 'event_id'): only 0.0% of its {res.rows_train:,} train rows "
-        f"with a value hold one that recurs in train and is kept (vocab.min_count 1; {res.rows_train:,} values "
-        f"kept): is it a row, request or event ID, or a timestamp? The model cannot learn from values that never "
-        f"come back, and at serving they are all new (OOV)"]
-
-
-def test_a_vocabulary_whose_max_size_cuts_most_rows_to_oov_is_named(tmp_path, small_log, preprocessed):
-    """max_size far below a feature's values (TFT's top_k): values min_count keeps are cut, and most train
-    rows share the OOV buckets, where the model cannot tell them apart; it was published with no word."""
-    d = small_config_dict()
-    d["features"]["sparse"][3]["vocab"] = {"min_count": 2, "max_size": 20, "oov_buckets": 1}  # C1
-    said = []
-    res = run_preprocess(parse_config(d), small_log, str(tmp_path / "out"), IN_MEMORY, say=said.append)
-    art = PreprocessedData(str(tmp_path / "out")).transform()
-    values, counts = art.vocabularies["C1"], art.vocab_counts["C1"]
-    with_value = res.with_value["train"]["C1"]
-    oov = res.rows_train - sum(counts) - (0 if "" in values else res.rows_train - with_value)
-    assert len(values) == 20 and oov / with_value > 0.5
-    assert [s for s in said if "WARNING" in s] == [
-        f"preprocess: WARNING: feature 'C1' (column 'C1'): vocab.max_size (20) is full and its least frequent value "
-        f"kept is in {min(counts)} train rows, so values in up to {min(counts)} rows, over vocab.min_count (2), were "
-        f"cut: {oov / with_value:.1%} of the {with_value:,} train rows with a value map to its 1 OOV bucket(s), "
-        f"where the model cannot tell them apart; raise max_size, or hash the feature (hash_buckets)"]
-    full = PreprocessedData(preprocessed[0]).transform()  # no max_size: min_count alone sends rare values to OOV
-    assert len(full.vocabularies["C1"]) > 20
-
-
-def test_a_few_rows_of_sampling_noise_are_not_named(preprocessed):
-    """Shares and means that move only as far as a split's few rows allow by chance are not anomalies."""
-    from pipeline.anomalies import SplitCounts, feature_warnings
-    from features.canonical import DENSE_SUM_SCALE
-    data, res = preprocessed
-    art, cfg = PreprocessedData(data).transform(), parse_config(small_config_dict())
-    base = res.split_counts()
-    assert feature_warnings(cfg, art, base) == []
-
-    def eval_of(rows: int, with_c1: int, i2_mean: float) -> SplitCounts:
-        """An eval split of `rows` rows, all holding every value at the train means but C1's and I2's."""
-        means = {d: base.mean("train", d) for d in base.dense_sums["train"]} | {"I2": i2_mean}
-        with_value = {**base.with_value, "eval": {f: rows for f in base.with_value["eval"]} | {"C1": with_c1}}
-        sums = {**base.dense_sums, "eval": {d: int(m * rows * DENSE_SUM_SCALE) for d, m in means.items()}}
-        return SplitCounts({**base.rows, "eval": rows}, with_value, sums)
-    far = base.mean("train", "I2") + 1.5 * art.dense_stats["I2"]["std"]  # beyond max_mean_shift, 1
-    assert feature_warnings(cfg, art, eval_of(5, 2, far)) == []  # 5 rows: within 4 standard errors
-    assert len(feature_warnings(cfg, art, eval_of(40, 8, far))) == 2
+@pytest.mark.integration
+def test_on_anomaly_fail_refuses_the_run_publishing_nothing(tmp_path, anomaly_log):
+    """preprocess.on_anomaly: fail stops the run, naming every anomaly the job found, and publishes nothing."""
+    log, millis, expected = anomaly_log
+    strict = parse_config({**ANOMALY_CONFIG, "preprocess": {**ANOMALY_CONFIG["preprocess"], "on_anomaly": "fail"}})
+    with pytest.raises(PreprocessError) as e:
+        run_preprocess(strict, log, str(tmp_path / "out"), IN_MEMORY, say=lambda _: None)
+    assert str(e.value).endswith(" (preprocess.on_anomaly is fail)")
+    assert [n for n in _anomalies_named(expected, millis) if n not in str(e.value)] == []
+    assert os.listdir(tmp_path) == []  # neither the output nor its staging folder
