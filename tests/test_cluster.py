@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -44,6 +45,37 @@ def _wait_for_step(model_dir: ModelDir, above: int, proc, timeout: float = 300) 
     return model_dir.latest_step()
 
 
+class _Output:
+    """A process's output (stdout, with stderr merged into it), read as it comes, so a test can wait for a line."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.lines = proc, []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for(self, line: str, timeout: float = 120) -> None:
+        """Until the output holds `line`; fails if the process ends or `timeout` seconds pass first."""
+        deadline = time.monotonic() + timeout
+        while line not in self.text:
+            assert self._reader.is_alive(), f"ended ({self.proc.poll()}) without {line!r}: {self.text[-2000:]}"
+            assert time.monotonic() < deadline, f"no {line!r} in {timeout:.0f} s: {self.text[-2000:]}"
+            time.sleep(0.1)
+
+    def communicate(self, timeout: float) -> str:
+        self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=10)
+        return self.text
+
+
+@pytest.mark.unit
 def test_tf_config_needs_a_routable_chief(monkeypatch):
     cluster = {"worker": ["10.0.0.2:2222"], "ps": ["10.0.0.3:2222"]}
     monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster}))
@@ -62,6 +94,7 @@ def test_tf_config_needs_a_routable_chief(monkeypatch):
     assert c.task_type == "chief" and c.cluster.spec()["chief"] == ["10.0.0.1:2222"]
 
 
+@pytest.mark.system
 @needs_netns
 def test_ps_training_across_hosts_survives_worker_and_coordinator_kills(tmp_path, preprocessed, small_cfg_path):
     data, model_dir = preprocessed[0], str(tmp_path / "ps_model")
@@ -103,6 +136,7 @@ def test_ps_training_across_hosts_survives_worker_and_coordinator_kills(tmp_path
     assert evaluate(model_dir, data)["auc"] > 0.6
 
 
+@pytest.mark.system
 @needs_netns
 def test_a_ps_task_that_dies_is_named_and_the_job_resumes_once_it_serves_again(tmp_path, preprocessed,
                                                                               small_cfg_path):
@@ -119,13 +153,16 @@ def test_a_ps_task_that_dies_is_named_and_the_job_resumes_once_it_serves_again(t
                    "worker": [f"{hosts.address(3)}:{PORT}"]}
         host_of = {("ps", 0): 1, ("ps", 1): 2, ("worker", 0): 3}
 
-        def start(task):
+        def start(task, wait: bool = True):
             proc = hosts.popen(host_of[task], _train(data, model_dir, "--strategy", "ps"), env=_env(cluster, *task),
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            hosts.wait_listening(host_of[task], PORT, proc=proc)
+            if wait:
+                hosts.wait_listening(host_of[task], PORT, proc=proc)
             return proc
 
-        tasks = {task: start(task) for task in host_of if task != ("ps", 1)}
+        tasks = {task: start(task, wait=False) for task in host_of if task != ("ps", 1)}  # they start side by side
+        for task, proc in tasks.items():
+            hosts.wait_listening(host_of[task], PORT, proc=proc)
         chief_cmd = _train(data, model_dir, "--strategy", "ps", "--config", small_cfg_path, "--steps", "5000")
         chief = hosts.popen(0, chief_cmd, env=_env(cluster, "chief", 0), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -140,9 +177,9 @@ def test_a_ps_task_that_dies_is_named_and_the_job_resumes_once_it_serves_again(t
         assert (f"recpipe train: error: {ps1} does not answer, so the job stopped: a PS task holds its share of the "
                 f"variables in memory and cannot rejoin; once it serves again (its cluster manager restarts it), the "
                 f"last checkpoint is step ") in out, out[-2000:]
-        gone = hosts.run(0, [*chief_cmd, "--cluster-wait-seconds", "4"], env=_env(cluster, "chief", 0),
+        gone = hosts.run(0, [*chief_cmd, "--cluster-wait-seconds", "2"], env=_env(cluster, "chief", 0),
                          capture_output=True, text=True, timeout=300)
-        assert gone.returncode == 1 and (f"recpipe train: error: {ps1}: not serving after 4 s (--cluster-wait-seconds)"
+        assert gone.returncode == 1 and (f"recpipe train: error: {ps1}: not serving after 2 s (--cluster-wait-seconds)"
                                          in gone.stderr), gone.stdout[-1000:] + gone.stderr[-2000:]
         resumed_at = md.latest_step()
         assert resumed_at >= first
@@ -154,6 +191,7 @@ def test_a_ps_task_that_dies_is_named_and_the_job_resumes_once_it_serves_again(t
     assert md.latest_step() == resumed_at + 20
 
 
+@pytest.mark.system
 @needs_netns
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare(1) to give a task its own mounts")
 def test_a_ps_worker_reading_another_copy_of_the_data_is_named(tmp_path, preprocessed, small_cfg_path):
@@ -177,55 +215,68 @@ def test_a_ps_worker_reading_another_copy_of_the_data_is_named(tmp_path, preproc
     def mounted(seen: Path, cmd: list[str]) -> list[str]:  # worker 1's filesystem: `seen` at the data's path
         return ["unshare", "--mount", "sh", "-c", f'mount --bind "{seen}" "{data}" && exec "$@"', "sh", *cmd]
 
-    def cluster_of(hosts: VirtualHosts) -> dict:
-        return {"chief": [f"{hosts.address(0)}:{PORT}"], "ps": [f"{hosts.address(1)}:{PORT}"],
-                "worker": [f"{hosts.address(2)}:{PORT}", f"{hosts.address(3)}:{PORT}"]}
+    with VirtualHosts(4) as hosts:  # one cluster; worker 1 restarted with each copy, as its manager would
+        cluster = {"chief": [f"{hosts.address(0)}:{PORT}"], "ps": [f"{hosts.address(1)}:{PORT}"],
+                   "worker": [f"{hosts.address(2)}:{PORT}", f"{hosts.address(3)}:{PORT}"]}
+        task_cmd = _train(data, str(tmp_path / "task"), "--strategy", "ps")
 
-    for seen, where, why in ((stale, "transform/vocab/item_id.json", " holds other bytes than the same file on "
-                                                                     "the chief"),
-                             (empty, "transform/", " is missing")):  # any of its files
-        model_dir = str(tmp_path / f"model_{seen.name}")
-        with VirtualHosts(4) as hosts:
-            cluster = cluster_of(hosts)
-            host_of = {("ps", 0): 1, ("worker", 0): 2, ("worker", 1): 3}
-            for task, host in host_of.items():
-                cmd = _train(data, model_dir, "--strategy", "ps")
-                if task == ("worker", 1):
-                    cmd = mounted(seen, cmd)
-                proc = hosts.popen(host, cmd, env=_env(cluster, *task), stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
+        def start(host: int, task: tuple[str, int], seen: Optional[Path] = None) -> subprocess.Popen:
+            return hosts.popen(host, task_cmd if seen is None else mounted(seen, task_cmd), env=_env(cluster, *task),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def chief(model_dir: str, *flags: str) -> subprocess.CompletedProcess:
+            return hosts.run(0, _train(data, model_dir, "--strategy", "ps", "--config", small_cfg_path, "--steps",
+                                       "40", *flags), env=_env(cluster, "chief", 0), capture_output=True, text=True,
+                             timeout=600)
+
+        tasks = {1: start(1, ("ps", 0)), 2: start(2, ("worker", 0))}
+        for seen, where, why in ((stale, "transform/vocab/item_id.json", " holds other bytes than the same file "
+                                                                         "on the chief"),
+                                 (empty, "transform/", " is missing")):  # any of its files
+            tasks[3] = start(3, ("worker", 1), seen)
+            for host, proc in tasks.items():
                 hosts.wait_listening(host, PORT, proc=proc)
-            chief = hosts.run(0, _train(data, model_dir, "--strategy", "ps", "--config", small_cfg_path,
-                                        "--steps", "40"),
-                              env=_env(cluster, "chief", 0), capture_output=True, text=True, timeout=600)
-        assert chief.returncode == 1, chief.stdout[-2000:] + chief.stderr[-2000:]
-        assert (f"recpipe train: error: PS worker 1 ({hosts.address(3)}:{PORT}) reads other preprocessed data than "
-                f"the chief at {data}: {data}/{where}" in chief.stderr and f"{why}. PS workers read the shards at the "
-                f"chief's paths" in chief.stderr), chief.stderr[-3000:]
-        assert ModelDir(model_dir).latest_step() == 0  # not one step on the other copy
-    with VirtualHosts(4) as hosts:  # the partial copy: worker 1 checks its own copy whole before it serves
-        model_dir = str(tmp_path / "model_partial")
-        worker = hosts.run(3, mounted(partial, _train(data, model_dir, "--strategy", "ps")),
-                           env=_env(cluster_of(hosts), "worker", 1), capture_output=True, text=True, timeout=300)
-        # the chief sees a worker that does not serve, and says where to look
-        chief = hosts.run(0, _train(data, model_dir, "--strategy", "ps", "--config", small_cfg_path, "--steps", "40",
-                                    "--cluster-wait-seconds", "3"),
-                          env=_env(cluster_of(hosts), "chief", 0), capture_output=True, text=True, timeout=300)
-    assert chief.returncode == 1 and (f"; worker 1 ({hosts.address(3)}:{PORT}: Connection refused)" in chief.stderr
-                                      and "not serving after 3 s (--cluster-wait-seconds)" in chief.stderr
-                                      and "A worker whose own copy of --data is not this run's stops before it "
-                                          "serves, naming why in its own log." in chief.stderr), chief.stderr[-2000:]
-    assert worker.returncode == 1, worker.stderr[-2000:]
+            model_dir = str(tmp_path / f"model_{seen.name}")
+            out = chief(model_dir)
+            assert out.returncode == 1, out.stdout[-2000:] + out.stderr[-2000:]
+            assert (f"recpipe train: error: PS worker 1 ({hosts.address(3)}:{PORT}) reads other preprocessed data "
+                    f"than the chief at {data}: {data}/{where}" in out.stderr and f"{why}. PS workers read the shards "
+                    f"at the chief's paths" in out.stderr), out.stderr[-3000:]
+            assert ModelDir(model_dir).latest_step() == 0  # not one step on the other copy
+            tasks[3].kill()
+            tasks[3].wait()
+        # the partial copy: worker 1 checks its own copy whole before it serves, so it never does; the chief
+        # sees a worker that does not serve, and says where to look
+        worker = hosts.popen(3, mounted(partial, task_cmd), env=_env(cluster, "worker", 1), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        out = chief(str(tmp_path / "model_partial"), "--cluster-wait-seconds", "3")
+        worker_err = worker.communicate(timeout=300)[1]
+    assert out.returncode == 1 and (f"recpipe train: error: worker 1 ({hosts.address(3)}:{PORT}: Connection refused): "
+                                    f"not serving after 3 s (--cluster-wait-seconds)" in out.stderr
+                                    and "A worker whose own copy of --data is not this run's stops before it "
+                                        "serves, naming why in its own log." in out.stderr), out.stderr[-2000:]
+    assert worker.returncode == 1, worker_err[-2000:]
     assert (f"recpipe train: error: PS worker 1 ({hosts.address(3)}:{PORT}): {data} holds other shards than its "
-            f"preprocess run wrote: its eval/ lacks " in worker.stderr
-            and f"; its train/ lacks {train_shards[0]}" in worker.stderr), worker.stderr[-3000:]
+            f"preprocess run wrote: its eval/ lacks " in worker_err
+            and f"; its train/ lacks {train_shards[0]}" in worker_err), worker_err[-3000:]
     ours = json.loads((Path(data) / "transform" / "vocab" / "item_id.json").read_text())["values"]
     assert ours[:2] == body["values"][1::-1]  # the mounts stayed worker 1's own
 
 
+@pytest.mark.system
 @needs_netns
 def test_horovod_across_hosts_without_ssh(tmp_path, preprocessed, small_cfg_path):
+    """Three hosts train one model, each starting its own rank; first, one host's copy of the data is partial
+    (a copy still going on: a train shard cut short), which read rows twice or never (now that host names it
+    before starting its ranks), and the other hosts waited in Gloo's rendezvous for its ranks until Gloo's
+    300 s, then died by SIGABRT naming nothing (now every host names it at once)."""
     data, model_dir = preprocessed[0], str(tmp_path / "hvd_model")
+    partial = tmp_path / "partial"
+    shutil.copytree(data, partial)
+    shard = sorted((partial / "train").glob("*.tfrecord"))[-1]
+    size = shard.stat().st_size
+    with open(shard, "r+b") as fh:
+        fh.truncate(size // 2)
     with VirtualHosts(3) as hosts:
         host_list = ",".join(hosts.address(i) for i in range(3))
 
@@ -236,14 +287,21 @@ def test_horovod_across_hosts_without_ssh(tmp_path, preprocessed, small_cfg_path
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
             return procs, [p.communicate(timeout=900)[0] for p in procs]
 
-        # host 2 stops before starting its ranks: host 1, which does not serve the rendezvous, reads its
-        # report from the first host's store and stops too, naming it
-        missing = str(tmp_path / "missing")
-        procs, outs = run(lambda i: missing if i == 2 else data)
+        # host 2 stops before starting its ranks: it tells the first host's rendezvous store, which stops at
+        # once naming it, and host 1, which does not serve the rendezvous, reads the report there and stops too
+        t0 = time.monotonic()
+        procs, outs = run(lambda i: str(partial) if i == 2 else data)
+        assert time.monotonic() - t0 < 120, outs
         assert [p.returncode for p in procs] == [1, 1, 1], outs
-        for out in outs[:2]:
-            assert (f"recpipe train: error: host 2 ({hosts.address(2)}) stopped before starting its ranks: {missing}: "
-                    f"not a `recpipe preprocess` output" in out), out[-2000:]
+        partial_named = (f"{partial} holds other shards than its preprocess run wrote: train/{shard.name} is "
+                         f"{size // 2:,} bytes against {size:,}")
+        cause = f"host 2 ({hosts.address(2)}) stopped before starting its ranks: {partial_named}"
+        assert f"recpipe train: error: {cause}" in outs[0] and "no checkpoint was written yet; a rerun starts " \
+            "over" in outs[0], outs[0][-2000:]
+        assert (f"recpipe train: error: {cause}" in outs[1] and f"so the job stopped: rank 0 on {hosts.address(0)} "
+                f"keeps the run's checkpoints" in outs[1]), outs[1][-2000:]
+        assert (f"train: told the first host's rendezvous ({hosts.address(0)}:29500) why the job stopped here"
+                in outs[2] and partial_named in outs[2]), outs[2][-2000:]
         procs, outs = run(lambda i: data)
     assert [p.returncode for p in procs] == [0, 0, 0], outs
     assert "ranks [0] of 3; rendezvous 10.78.0.1:29500" in outs[0] and "(10.78.0.2, eth0)" in outs[1]
@@ -255,6 +313,7 @@ def test_horovod_across_hosts_without_ssh(tmp_path, preprocessed, small_cfg_path
     assert evaluate(model_dir, data)["auc"] > 0.6  # 0.64 measured: 150 steps of 3 x 128 rows
 
 
+@pytest.mark.system
 @needs_netns
 def test_the_rendered_horovod_hosts_job_trains_across_hosts(tmp_path, preprocessed, small_cfg_path):
     """`recpipe cluster render`'s Indexed Job for Horovod without ssh, run as Kubernetes would run it: pod i's
@@ -279,22 +338,25 @@ def test_the_rendered_horovod_hosts_job_trains_across_hosts(tmp_path, preprocess
     assert container["args"][0] == "recpipe"
     service = manifests["Service"]["metadata"]["name"]
     names = {i: f"{job['metadata']['name']}-{i}.{service}" for i in range(job["spec"]["completions"])}
+    waiting = f"waiting for the first host's rendezvous ({names[0]}:29500)"
     with VirtualHosts(len(names)) as hosts:
         procs = {}
         for i in sorted(names, reverse=True):
             for j in names:
                 hosts.know(j, {i: names[i]})
             args = [a.replace("$(HOST_INDEX)", str(i)).replace(MOUNT, str(mount)) for a in container["args"][1:]]
-            procs[i] = hosts.popen(i, [sys.executable, "-m", "recpipe.cli", *args], stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, cwd="/")
-            time.sleep(10)
-        outs = {i: p.communicate(timeout=600)[0] for i, p in procs.items()}
-    assert all(p.returncode == 0 for p in procs.values()), outs
-    assert f"waiting for the first host's rendezvous ({names[0]}:29500)" in outs[1], outs[1]
+            procs[i] = _Output(hosts.popen(i, [sys.executable, "-m", "recpipe.cli", *args], stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, text=True, cwd="/"))
+            if i:  # the next pod starts once this one waits for the first's rendezvous
+                procs[i].wait_for(waiting)
+        outs = {i: p.communicate(timeout=600) for i, p in procs.items()}
+    assert all(p.proc.returncode == 0 for p in procs.values()), outs
+    assert waiting in outs[1], outs[1]
     state = ModelDir(str(tmp_path / "work" / day / "model")).state()
     assert state.ranks == 2 and state.steps_done == 30, state
 
 
+@pytest.mark.system
 @needs_netns
 def test_a_restarted_host_waits_out_the_last_attempts_end(tmp_path, preprocessed, small_cfg_path):
     """The first host serves a stopped attempt's report until every host has read it (up to 30 s). A host
@@ -310,14 +372,15 @@ def test_a_restarted_host_waits_out_the_last_attempts_end(tmp_path, preprocessed
                                          host_list, "--host-index", str(i), "--config", small_cfg_path, "--steps",
                                          "20", "--threads", "1"),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/")
-        failing = start(0, str(tmp_path / "missing"))  # served until host 1 has read it, up to 30 s
-        time.sleep(15)
-        late = start(1, data)  # reads that report, 15 s old (before: stopped by it)
-        first_out = failing.communicate(timeout=120)[0]
-        assert failing.returncode == 1 and "serving the rendezvous until host 1" in first_out, first_out
-        again = start(0, data)
-        outs = [again.communicate(timeout=600)[0], late.communicate(timeout=600)[0]]
-    assert again.returncode == 0 and late.returncode == 0, outs
+        failing = _Output(start(0, str(tmp_path / "missing")))
+        failing.wait_for("serving the rendezvous until host 1")  # its report, served until host 1 has read it
+        time.sleep(8)  # a report stored over 5 s before a host's command started is an earlier attempt's
+        late = _Output(start(1, data))  # reads that report, 8 s old (before: stopped by it)
+        first_out = failing.communicate(timeout=120)
+        assert failing.proc.returncode == 1, first_out
+        again = _Output(start(0, data))
+        outs = [again.communicate(timeout=600), late.communicate(timeout=600)]
+    assert again.proc.returncode == 0 and late.proc.returncode == 0, outs
     assert (f"train: the first host's rendezvous ({hosts.address(0)}:29500) still serves an attempt that stopped "
             in outs[1] and f"before this command started (host 0 ({hosts.address(0)}) stopped before starting its "
             f"ranks: {tmp_path / 'missing'}: not a `recpipe preprocess` output") in outs[1], outs[1]
@@ -325,50 +388,51 @@ def test_a_restarted_host_waits_out_the_last_attempts_end(tmp_path, preprocessed
 
 
 def _two_hosts(args: list[Optional[list[str]]], timeout: int = 600, host_env: tuple[dict, dict] = ({}, {}),
-               delays: tuple[float, float] = (0, 0), during: Optional[Callable[[list], None]] = None,
+               host_0_after: Optional[str] = None, during: Optional[Callable[[list], None]] = None,
                names: Optional[tuple[str, str]] = None, **env) -> tuple[list[int], list[str]]:
     """`recpipe train --strategy horovod` on 2 virtual hosts, each with its own arguments (None: the command
-    is not run there), `host_env` and start `delays` (seconds), from outside the source tree (`python -m`
-    puts the working folder first on the path); `during(processes)` once all have started; (exit codes,
-    outputs), None for a host that ran nothing. With `names`, --hosts lists them, and every host resolves a
-    host's name from when that host starts, as a cluster's DNS learns a pod's."""
+    is not run there) and `host_env`, from outside the source tree (`python -m` puts the working folder first
+    on the path); with `host_0_after`, host 0 starts only once host 1's output holds it; `during(processes)`
+    once all have started; (exit codes, outputs), None for a host that ran nothing. With `names`, --hosts lists
+    them, and every host resolves a host's name from when that host starts, as a cluster's DNS learns a pod's."""
     with VirtualHosts(2) as hosts:
         host_list = ",".join(names or [hosts.address(i) for i in range(2)])
-        procs: list[Optional[subprocess.Popen]] = [None, None]
-        t0 = time.monotonic()
-        for i in sorted(range(2), key=lambda i: delays[i]):
-            time.sleep(max(0.0, t0 + delays[i] - time.monotonic()))
+        procs: list[Optional[_Output]] = [None, None]
+        for i in (1, 0) if host_0_after else (0, 1):
             for j in range(2) if names else ():
                 hosts.know(j, {i: names[i]})
             if args[i] is not None:
-                procs[i] = hosts.popen(i, [sys.executable, "-m", "recpipe.cli", "train", "--strategy", "horovod",
-                                           "--hosts", host_list, "--host-index", str(i), "--threads", "1", *args[i]],
-                                       env=dict(os.environ, **env, **host_env[i]), stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True, cwd="/")
+                procs[i] = _Output(hosts.popen(i, [sys.executable, "-m", "recpipe.cli", "train", "--strategy",
+                                                   "horovod", "--hosts", host_list, "--host-index", str(i),
+                                                   "--threads", "1", *args[i]],
+                                               env=dict(os.environ, **env, **host_env[i]), stdout=subprocess.PIPE,
+                                               stderr=subprocess.STDOUT, text=True, cwd="/"))
+            if i == 1 and host_0_after:
+                procs[1].wait_for(host_0_after)
         try:
             if during is not None:
-                during(procs)
-            outs = [p and p.communicate(timeout=timeout)[0] for p in procs]
+                during([p and p.proc for p in procs])
+            outs = [p and p.communicate(timeout=timeout) for p in procs]
         finally:
             for p in procs:
                 if p is not None:
-                    p.kill()
-    return [p and p.returncode for p in procs], outs
+                    p.proc.kill()
+    return [p and p.proc.returncode for p in procs], outs
 
 
+@pytest.mark.system
 @needs_netns
 def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, preprocessed, small_cfg_path):
     """Hosts with their own disks and model dirs: a host whose copy of the data is another run's (a stale copy
     at the same path, another day's) numbered the values otherwise, and the averaged gradients trained each
-    row on other values by rank, without a word, as a host whose copy of the shards was partial read rows
-    twice or never (now named by that host before its ranks start); a host given another --config stepped
-    with its own learning rate, and one with another install of recpipe with its own code; a resume hung,
-    since only rank 0's model dir holds checkpoints, so the other ranks started over and looped more steps
-    than rank 0; a host whose command failed before starting its ranks left the others to die by SIGABRT
-    after Gloo's 300 s, naming nothing; and a host started a few seconds before the first one died by
-    SIGABRT at once (its ranks found no rendezvous), as did every other host when the first one failed,
-    naming nothing."""
-    import yaml
+    row on other values by rank, without a word (now every host names it; the ranks' other checks, of their
+    config and code, are trainers.hvd._check_ranks_train_one_model's, in test_strategies.py, and of a partial
+    copy, in test_horovod_across_hosts_without_ssh); a resume hung, since only rank 0's model dir holds
+    checkpoints, so the other ranks started over and looped more steps than rank 0; a rank killed mid-run was
+    named by no host; a host whose command failed before starting its ranks left the others to die by SIGABRT
+    after Gloo's 300 s, naming nothing; and a host started a few seconds before the first one died by SIGABRT
+    at once (its ranks found no rendezvous), as did every other host when the first one failed, naming
+    nothing."""
     data = preprocessed[0]
     stale = tmp_path / "stale"
     shutil.copytree(data, stale)
@@ -377,86 +441,51 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
     body["values"][:2] = body["values"][1::-1]
     vocab.write_text(json.dumps(body))
 
-    def own(run: str, i: int) -> list[str]:
-        return ["--model-dir", str(tmp_path / f"{run}_{i}"), "--steps", "20"]
-    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("a", 0)],
-                              ["--data", str(stale), "--config", small_cfg_path, *own("a", 1)]])
+    def own(run: str, i: int, steps: int = 20, data_dir: str = data) -> list[str]:
+        return ["--data", data_dir, "--config", small_cfg_path, "--model-dir", str(tmp_path / f"{run}_{i}"),
+                "--steps", str(steps)]
+    codes, outs = _two_hosts([own("a", 0), own("a", 1, data_dir=str(stale))])
     assert codes == [1, 1], outs
     for out in outs:
         assert (f"the ranks read data of different preprocess runs: rank 1 (host 10.78.0.2, {stale}): the "
                 f"vocabularies differ, against rank 0 (host 10.78.0.1, {data}); " in out and "a whole copy" in out), \
             out[-3000:]
 
-    partial = tmp_path / "partial"  # a copy still going on: the train shard cut short
-    shutil.copytree(data, partial)
-    shard = sorted((partial / "train").glob("*.tfrecord"))[-1]
-    size = shard.stat().st_size
-    with open(shard, "r+b") as fh:
-        fh.truncate(size // 2)
-    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("p", 0)],
-                              ["--data", str(partial), "--config", small_cfg_path, *own("p", 1)]])
-    assert codes == [1, 1] and all(  # host 1 stops before starting its ranks; host 0 names it
-        f"{partial} holds other shards than its preprocess run wrote: train/{shard.name} is {size // 2:,} bytes "
-        f"against {size:,}" in out for out in outs), outs
-
-    import trainers  # host 1's install: another version of trainers/ (its optimizer's epsilon), first on its path
-    install = tmp_path / "install"
-    shutil.copytree(Path(trainers.__file__).parent, install / "trainers", ignore=shutil.ignore_patterns("__pycache__"))
-    optim = install / "trainers" / "optim.py"
-    optim.write_text(optim.read_text() + "\nADAGRAD_EPSILON = 1e-6  # another version\n")
-    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("e", i)] for i in range(2)],
-                             host_env=({}, {"PYTHONPATH": os.pathsep.join([str(install), os.environ.get("PYTHONPATH",
-                                                                                                          "")])}))
-    assert codes == [1, 1] and all(f"rank 1 (host 10.78.0.2, {data}) runs other code than rank 0 (host 10.78.0.1, "
-                                   f"{data}): trainers " in out and " (rank 0: " in out for out in outs), outs
-
-    other = yaml.safe_load(Path(small_cfg_path).read_text())
-    other["train"]["learning_rate"] *= 2
-    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
-    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("b", 0)],
-                              ["--data", data, "--config", str(tmp_path / "other.yaml"), *own("b", 1)]])
-    assert codes == [1, 1] and all(f"rank 1 (host 10.78.0.2, {data}) trains with another config or run than "
-                                   f"rank 0 (host 10.78.0.1, {data}): train.learning_rate differ" in out
-                                   for out in outs), outs
-
-    for steps in ("20", "40"):  # the second run resumes: rank 0 from its checkpoint, rank 1 from rank 0's weights
-        # the first run's first host starts 15 s after the other, and the hosts are named: the other waits for
-        # its rendezvous (before, its rank's Gloo client gave up after a few refused connections and died by
-        # SIGABRT; a name that did not resolve yet failed at once)
-        first = steps == "20"
-        codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("c", i)[:2], "--steps", steps]
-                                  for i in range(2)], delays=(15, 0) if first else (0, 0),
-                                 names=("trainer-a", "trainer-b") if first else None)
-        assert codes == [0, 0], outs
-        if first:
-            assert ("train: waiting for the first host's rendezvous (trainer-a:29500) to answer (0 s of up to 300): "
-                    "is `recpipe train ... --host-index 0` on trainer-a running?") in outs[1], outs[1]
-            assert "ranks [1] of 2; rendezvous trainer-a:29500" in outs[1]
-    assert f"resuming from {tmp_path / 'c_0' / 'checkpoints'}/ckpt-20 at step 20" in outs[0]
-    assert ModelDir(str(tmp_path / "c_0")).latest_step() == 40 and not ModelDir(str(tmp_path / "c_1")).latest_step()
+    # the first host starts only once the other waits for its rendezvous, and the hosts are named (before,
+    # the other's rank's Gloo client gave up after a few refused connections and died by SIGABRT; a name that
+    # did not resolve yet failed at once); then a rank is killed mid-run (the kernel's OOM killer): every host
+    # names it, not the collective errors the other ranks see ("rank 0 died (exit code 1: UnknownError:
+    # [[{{node HorovodGroupedAllreduce_...}}]])" before), and a host without rank 0 says where the checkpoints
+    # are ("no checkpoint was written yet" before)
+    def kill_rank_1(procs: list) -> None:
+        import psutil
+        _wait_for_step(ModelDir(str(tmp_path / "c_0")), 0, procs[0])
+        for rank in psutil.Process(procs[1].pid).children(recursive=True):
+            rank.kill()
+    codes, outs = _two_hosts([own("c", i, 5000) for i in range(2)], names=("trainer-a", "trainer-b"),
+                             host_0_after="train: waiting for the first host's rendezvous", during=kill_rank_1)
+    assert codes == [1, 1], outs
+    assert ("train: waiting for the first host's rendezvous (trainer-a:29500) to answer (0 s of up to 300): "
+            "is `recpipe train ... --host-index 0` on trainer-a running?") in outs[1], outs[1]
+    assert "ranks [1] of 2; rendezvous trainer-a:29500" in outs[1]
+    assert ("recpipe train: error: horovod rank 1 on trainer-b died (killed by SIGKILL), so the job stopped: the last "
+            "checkpoint is step ") in outs[0] and f"{tmp_path / 'c_0' / 'checkpoints'}; rerun" in outs[0], \
+        outs[0][-2000:]
+    assert ("recpipe train: error: horovod rank 1 on trainer-b died (killed by SIGKILL), so the job stopped: rank 0 "
+            "on trainer-a keeps the run's checkpoints in its own --model-dir; rerun the same command on every host "
+            "to resume") in outs[1], outs[1][-2000:]
+    # the rerun resumes: rank 0 from its checkpoint, rank 1 from rank 0's weights
+    last = ModelDir(str(tmp_path / "c_0")).latest_step()
+    codes, outs = _two_hosts([own("c", i, last + 20) for i in range(2)])
+    assert codes == [0, 0], outs
+    assert f"resuming from {tmp_path / 'c_0' / 'checkpoints'}/ckpt-{last} at step {last}" in outs[0]
+    assert ModelDir(str(tmp_path / "c_0")).latest_step() == last + 20
+    assert not ModelDir(str(tmp_path / "c_1")).latest_step()
     with pytest.raises(TrainError) as kept:  # rank 1's own model dir says where the checkpoints are
         evaluate(str(tmp_path / "c_1"), data)
     assert (f"c_1: no checkpoint here: this host's Horovod ranks trained with rank 0 on 10.78.0.1, which kept the "
-            f"run's checkpoints (step 40) in its own --model-dir {tmp_path / 'c_0'}; evaluate and export there"
-            in str(kept.value)), kept.value
-
-    # a rank killed mid-run (the kernel's OOM killer): every host names it, not the collective errors the other
-    # ranks see ("rank 0 died (exit code 1: UnknownError: [[{{node HorovodGroupedAllreduce_...}}]])" before),
-    # and a host without rank 0 says where the checkpoints are ("no checkpoint was written yet" before)
-    def kill_rank_1(procs: list) -> None:
-        import psutil
-        _wait_for_step(ModelDir(str(tmp_path / "k_0")), 0, procs[0])
-        for rank in psutil.Process(procs[1].pid).children(recursive=True):
-            rank.kill()
-    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("k", i)[:2], "--steps", "5000"]
-                              for i in range(2)], during=kill_rank_1)
-    assert codes == [1, 1], outs
-    assert ("recpipe train: error: horovod rank 1 on 10.78.0.2 died (killed by SIGKILL), so the job stopped: the last "
-            "checkpoint is step ") in outs[0] and f"{tmp_path / 'k_0' / 'checkpoints'}; rerun" in outs[0], \
-        outs[0][-2000:]
-    assert ("recpipe train: error: horovod rank 1 on 10.78.0.2 died (killed by SIGKILL), so the job stopped: rank 0 "
-            "on 10.78.0.1 keeps the run's checkpoints in its own --model-dir; rerun the same command on every host "
-            "to resume") in outs[1], outs[1][-2000:]
+            f"run's checkpoints (step {last + 20}) in its own --model-dir {tmp_path / 'c_0'}; evaluate and export "
+            f"there" in str(kept.value)), kept.value
 
     # the first host goes down mid-run (its launcher and ranks killed): the other names the silent rendezvous
     def kill_host_0(procs: list) -> None:
@@ -465,42 +494,33 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
         launcher = psutil.Process(procs[0].pid)
         for p in [launcher, *launcher.children(recursive=True)]:
             p.kill()
-    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("z", i)[:2], "--steps", "5000"]
-                              for i in range(2)], during=kill_host_0)
+    codes, outs = _two_hosts([own("z", i, 5000) for i in range(2)], during=kill_host_0)
     assert codes[1] == 1 and ("; the first host's rendezvous (10.78.0.1:29500) does not answer either: is `recpipe "
                               "train ... --host-index 0` on 10.78.0.1 still running, and its host up?, so the job "
                               "stopped: rank 0 on 10.78.0.1 keeps") in outs[1], outs[1][-2000:]
 
-    # host 1 stops before starting its ranks: it tells the first host's rendezvous store, which stops at once
-    # naming it (before: after Gloo's 300 s, by SIGABRT, naming nothing)
-    t0 = time.monotonic()
-    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("d", 0)],
-                              ["--data", str(tmp_path / "missing"), "--config", small_cfg_path, *own("d", 1)]])
-    assert time.monotonic() - t0 < 120, outs
-    assert codes == [1, 1] and "not a `recpipe preprocess` output" in outs[1], outs
-    assert "train: told the first host's rendezvous (10.78.0.1:29500) why the job stopped here" in outs[1], outs[1]
-    assert (f"recpipe train: error: host 1 (10.78.0.2) stopped before starting its ranks: {tmp_path / 'missing'}: "
-            in outs[0] and "no checkpoint was written yet; a rerun starts over" in outs[0]), outs[0][-2000:]
     # the first host stops before starting its ranks: it serves its own report until the other host has read it
+    # (a host other than the first that stops so: test_horovod_across_hosts_without_ssh)
+    missing = tmp_path / "missing"
     t0 = time.monotonic()
-    codes, outs = _two_hosts([["--data", str(tmp_path / "missing"), "--config", small_cfg_path, *own("g", 0)],
-                              ["--data", data, "--config", small_cfg_path, *own("g", 1)]])
+    codes, outs = _two_hosts([own("g", 0, data_dir=str(missing)), own("g", 1)])
     assert time.monotonic() - t0 < 120, outs
     assert codes == [1, 1], outs
     assert "train: serving the rendezvous until host 1 (10.78.0.2) read that the job stopped (up to 30 s)" in outs[0]
-    assert (f"recpipe train: error: host 0 (10.78.0.1) stopped before starting its ranks: {tmp_path / 'missing'}: "
-            in outs[1] and "so the job stopped: rank 0 on 10.78.0.1 keeps the run's checkpoints" in outs[1]), \
-        outs[1][-2000:]
-    # the first host's command never runs: the other waits for its rendezvous, then says so
-    codes, outs = _two_hosts([None, ["--data", data, "--config", small_cfg_path, *own("h", 1)]],
-                             HOROVOD_GLOO_TIMEOUT_SECONDS="10")
-    assert codes[1] == 1 and ("recpipe train: error: the first host's rendezvous (10.78.0.1:29500) did not answer in "
-                              "10 s (HOROVOD_GLOO_TIMEOUT_SECONDS): is `recpipe train ... --host-index 0` on 10.78.0.1 "
+    assert (f"recpipe train: error: host 0 (10.78.0.1) stopped before starting its ranks: {missing}: not a `recpipe "
+            f"preprocess` output" in outs[1] and "so the job stopped: rank 0 on 10.78.0.1 keeps the run's "
+            "checkpoints" in outs[1]), outs[1][-2000:]
+
+    # one host's command never runs: Gloo's timeout, given by HOROVOD_GLOO_TIMEOUT_SECONDS, is how long the other
+    # host waits. Both cases at once, neither host finding the other: host 1's command waits on another
+    # --rendezvous-port, which no first host serves, so it says so after its timeout; host 0's first rank says
+    # which rank it waits for, until Gloo's timeout
+    codes, outs = _two_hosts([own("d", 0), [*own("h", 1), "--rendezvous-port", "29501"]],
+                             host_env=({"HOROVOD_GLOO_TIMEOUT_SECONDS": "10"}, {"HOROVOD_GLOO_TIMEOUT_SECONDS": "3"}))
+    assert codes[1] == 1 and ("recpipe train: error: the first host's rendezvous (10.78.0.1:29501) did not answer in "
+                              "3 s (HOROVOD_GLOO_TIMEOUT_SECONDS): is `recpipe train ... --host-index 0` on 10.78.0.1 "
                               "running, or did it stop before serving it (its own output says why)?, so the job "
                               "stopped: ") in outs[1], outs[1][-2000:]
-    # a host whose command never runs: the first host says which ranks it waits for, until Gloo's timeout
-    codes, outs = _two_hosts([["--data", data, "--config", small_cfg_path, *own("d", 0)], None],
-                             HOROVOD_GLOO_TIMEOUT_SECONDS="10")
     assert codes[0] == 1
     assert ("train: waiting for rank 1 (host 1, 10.78.0.2) to join Gloo's rendezvous (" in outs[0]
             and " s since rank 0 joined): is `recpipe train ... --host-index N` running there?" in outs[0]), outs[0]

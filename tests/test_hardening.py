@@ -77,6 +77,7 @@ def _copy_version(exported_path: str, base: Path, version: int) -> Path:
     return base / str(version)
 
 
+@pytest.mark.integration
 def test_1_a_corrupt_newest_version_does_not_block_startup(tmp_path, exported, caplog):
     base = tmp_path / "base"
     for v in (1, 2, 4):
@@ -93,6 +94,7 @@ def test_1_a_corrupt_newest_version_does_not_block_startup(tmp_path, exported, c
         srv.stop()
 
 
+@pytest.mark.integration
 def test_1_warmup_requests_are_exported_and_replayed_before_a_version_serves(tmp_path, exported, caplog):
     """TF Serving's SavedModel warmup: the export writes assets.extra/tf_serving_warmup_requests (Predict,
     Classify and Regress on its first eval-sample rows), which TF Serving replays before a version serves,
@@ -132,6 +134,7 @@ def test_1_warmup_requests_are_exported_and_replayed_before_a_version_serves(tmp
         srv.stop()
 
 
+@pytest.mark.integration
 def test_1_a_version_too_big_for_memory_is_refused_not_loaded(tmp_path, exported, caplog):
     """A new version whose load would take more memory than the server can still get (TF Serving's estimate:
     1.2x its bytes on disk) is refused with the figures, and the served version keeps serving; loading it
@@ -162,6 +165,7 @@ def test_1_a_version_too_big_for_memory_is_refused_not_loaded(tmp_path, exported
         srv.stop()
 
 
+@pytest.mark.integration
 def test_3_versions_copied_in_slowly_or_oddly_named(tmp_path, exported):
     base = tmp_path / "base"
     _copy_version(exported[1], base, 1)
@@ -191,6 +195,7 @@ def test_3_versions_copied_in_slowly_or_oddly_named(tmp_path, exported):
 
 
 # ------------------------------------------------------------------ 2: poisoned values
+@pytest.mark.integration
 def test_2_values_beyond_float32_are_dead_lettered_or_clipped(tmp_path, small_log, small_cfg):
     t = _day_table(small_log)
     i2 = t.column("I2").to_pylist()
@@ -212,6 +217,7 @@ def test_2_values_beyond_float32_are_dead_lettered_or_clipped(tmp_path, small_lo
     (lambda d: d["features"]["dense"][0].update(fill=float("nan")), "features.dense[0].fill: must be a finite"),
     (lambda d: d["train"].update(learning_rate=float("inf")), "train.learning_rate: must be a finite"),
 ])
+@pytest.mark.unit
 def test_2_config_rejects_non_finite_numbers(mutate, key):
     d = small_config_dict()
     mutate(d)
@@ -219,6 +225,7 @@ def test_2_config_rejects_non_finite_numbers(mutate, key):
         parse_config(d)
 
 
+@pytest.mark.integration
 def test_2_non_finite_statistics_and_losses_fail_naming_the_cause(tmp_path, preprocessed, small_cfg, small_cfg_path):
     from trainers.health import check_loss
     data = tmp_path / "data"
@@ -240,6 +247,7 @@ def test_2_non_finite_statistics_and_losses_fail_naming_the_cause(tmp_path, prep
 
 
 # ------------------------------------------------------------------ 4: requests without an answer
+@pytest.mark.integration
 def test_4_every_request_gets_an_answer_and_a_counted_status(exported, small_log, small_cfg):
     srv = ModelServer(ServeOptions(exported[0], "small", rest_port=0, grpc_port=0, poll_seconds=5)).start()
     url = f"http://127.0.0.1:{srv.rest_port}/v1/models/small:predict"
@@ -279,6 +287,7 @@ def test_4_every_request_gets_an_answer_and_a_counted_status(exported, small_log
         srv.stop()
 
 
+@pytest.mark.integration
 def test_4_the_saved_model_itself_refuses_inf_as_tf_serving_would_run_it(exported):
     """The serving graph, without recpipe's request checks in front of it: an inf dense input is an error
     naming the feature; NaN is a missing value and scores."""
@@ -291,6 +300,7 @@ def test_4_the_saved_model_itself_refuses_inf_as_tf_serving_would_run_it(exporte
         fn(**{**row, "I1": tf.constant([math.inf]), "I3": tf.constant([-math.inf])})
 
 
+@pytest.mark.integration
 def test_4_a_sigterm_the_moment_the_server_answers_stops_it_cleanly(exported):
     """`recpipe serve` answered REST before it caught SIGTERM (the handler came after the gRPC server had
     started), so a SIGTERM in between, as an orchestrator's rolling restart may send, killed it (exit -15)
@@ -310,6 +320,7 @@ def test_4_a_sigterm_the_moment_the_server_answers_stops_it_cleanly(exported):
     assert "server stopped" in out
 
 
+@pytest.mark.integration
 def test_4_slow_clients_hold_no_thread_and_are_cut_off(exported, small_log, small_cfg):
     from serving.batching import Predictor
     from serving.metrics import Metrics
@@ -326,6 +337,7 @@ def test_4_slow_clients_hold_no_thread_and_are_cut_off(exported, small_log, smal
     port = server.server_address[1]
     try:
         slow = []
+        sent = time.monotonic()
         for _ in range(8):  # more slow clients than worker threads
             s = socket.create_connection(("127.0.0.1", port))
             s.sendall(b"POST /v1/models/small:predict HTTP/1.1\r\nHost: x\r\n")  # ... and never finishes
@@ -335,10 +347,10 @@ def test_4_slow_clients_hold_no_thread_and_are_cut_off(exported, small_log, smal
         response = conn.getresponse()
         assert response.status == 200  # served while the slow ones hang
         response.read()
-        time.sleep(4.5)  # past the deadline and a maintenance pass
-        for s in slow:
-            s.settimeout(5)
-            assert s.recv(1) == b""  # the server closed it
+        for s in slow:  # past the deadline and a maintenance pass, the server closed it
+            s.settimeout(max(0.1, sent + 9.5 - time.monotonic()))
+            assert s.recv(1) == b""
+        assert time.monotonic() - sent >= 1.5  # not before the deadline
         # shutdown closes the idle keep-alive connection too, from the loop's own thread, and the loop ends
         server.shutdown()
         loop.join(10)
@@ -352,6 +364,7 @@ def test_4_slow_clients_hold_no_thread_and_are_cut_off(exported, small_log, smal
 
 
 # ------------------------------------------------------------------ 5: errors that name something
+@pytest.mark.integration
 def test_5_a_truncated_file_with_its_footer_kept_names_the_file(tmp_path, small_log, small_cfg):
     src = tmp_path / "in" / "b.parquet"
     _write(src, _day_table(small_log, 3000).select(small_cfg.raw_columns()))
@@ -372,6 +385,7 @@ def _cfg_file(tmp_path, d=None) -> str:
     return str(path)
 
 
+@pytest.mark.integration
 def test_5_a_partial_copy_of_the_preprocessed_data_is_named(tmp_path, preprocessed, small_cfg_path):
     """A copy of the preprocessed folder cut short (a shard missing, or cut at a record's end) trained on fewer
     rows, and one copied over an older run's folder also on that run's shards (rows numbered by another
@@ -402,6 +416,7 @@ def test_5_a_partial_copy_of_the_preprocessed_data_is_named(tmp_path, preprocess
         worker.stderr[-3000:]
 
 
+@pytest.mark.integration
 def test_5_invalid_utf8_and_separators_in_items_are_dead_lettered(tmp_path, small_log, small_cfg):
     t = _day_table(small_log)
     users = [u.encode() for u in t.column("user_id").to_pylist()]
@@ -420,6 +435,7 @@ def test_5_invalid_utf8_and_separators_in_items_are_dead_lettered(tmp_path, smal
                                                                    (9, "list_item_has_separator", "hist_items")}
 
 
+@pytest.mark.integration
 def test_5_data_from_another_config_is_named_not_a_tensorflow_trace(tmp_path, preprocessed, trained, small_log):
     d = small_config_dict()
     d["features"]["dense"] = d["features"]["dense"][:1]
@@ -431,6 +447,7 @@ def test_5_data_from_another_config_is_named_not_a_tensorflow_trace(tmp_path, pr
         train(TrainOptions(other, trained, run=RunOptions(steps=200)), **QUIET)
 
 
+@pytest.mark.integration
 def test_5_data_of_another_preprocess_run_is_named_not_scored(tmp_path, preprocessed, trained, small_log, small_cfg):
     """Same config, another run (other logs, another day): its IDs stand for other values. With tables
     of the same sizes, evaluate scored them and a resumed training trained on them, without a word."""
@@ -485,6 +502,7 @@ def test_5_data_of_another_preprocess_run_is_named_not_scored(tmp_path, preproce
     (lambda d: d["features"]["sparse"][0].update(column="user id"), "features.sparse[0].column: 'user id' cannot"),
     (lambda d: d["features"]["dense"][1].update(column="label"), "features.dense[1].column: 'label' is the label"),
 ])
+@pytest.mark.unit
 def test_5_names_that_would_fail_later_fail_at_config_load(mutate, key):
     d = small_config_dict()
     mutate(d)
@@ -494,6 +512,7 @@ def test_5_names_that_would_fail_later_fail_at_config_load(mutate, key):
 
 
 # ------------------------------------------------------------------ 6: typo'd options
+@pytest.mark.integration
 def test_6_unknown_options_are_errors(tmp_path, small_log):
     p = _cli("preprocess", "--config", _cfg_file(tmp_path), "--input", small_log, "--output", str(tmp_path / "o"),
              "--previous-transfrom", str(tmp_path))
@@ -505,6 +524,7 @@ def test_6_unknown_options_are_errors(tmp_path, small_log):
 
 
 # ------------------------------------------------------------------ 7: degenerate splits
+@pytest.mark.integration
 def test_7_empty_splits_fail_in_their_own_words(tmp_path, small_log, small_cfg, preprocessed):
     t = _day_table(small_log)
     constant = _write(tmp_path / "c" / "p.parquet", _set(t, "ts", [1_700_000_000] * t.num_rows, pa.int64()))
@@ -530,6 +550,7 @@ def _trained_on(tmp_path, data: str, d: dict) -> str:
 
 
 # ------------------------------------------------------------------ 8: skew names the feature
+@pytest.mark.integration
 def test_8_a_skew_failure_names_the_feature(tmp_path, trained, monkeypatch):
     import serving.export as export_mod
     real = export_mod.read_single_batch
@@ -545,6 +566,7 @@ def test_8_a_skew_failure_names_the_feature(tmp_path, trained, monkeypatch):
 
 
 # ------------------------------------------------------------------ 9: smaller ones
+@pytest.mark.unit
 def test_9_config_yaml_quirks(tmp_path):
     text = yaml.safe_dump(small_config_dict())
     (tmp_path / "dup.yaml").write_text(text + "name: again\n")
@@ -555,6 +577,7 @@ def test_9_config_yaml_quirks(tmp_path):
     assert parse_config(d).train.learning_rate == 1e-9
 
 
+@pytest.mark.integration
 def test_9_versions_and_model_names(tmp_path, trained, exported):
     with pytest.raises(ExportError, match="positive integers"):
         export_model(trained, str(tmp_path / "e"), version=-1)
@@ -564,6 +587,7 @@ def test_9_versions_and_model_names(tmp_path, trained, exported):
     assert p.returncode == 1 and "--model-name '../bad name'" in p.stderr
 
 
+@pytest.mark.integration
 def test_9_stale_staging_and_temp_folders_are_removed(tmp_path, small_log, small_cfg, trained):
     dead_pid = 4_000_000  # above pid_max: never a live process
     stale = tmp_path / f".out.staging-{dead_pid}-abcd1234"
@@ -577,6 +601,7 @@ def test_9_stale_staging_and_temp_folders_are_removed(tmp_path, small_log, small
     assert sorted(os.listdir(base)) == ["2"]
 
 
+@pytest.mark.integration
 def test_9_criteo_converter_keeps_bad_rows_for_the_dead_letter(tmp_path):
     from pipeline.criteo import CRITEO_COLUMNS
     rows = [",".join([str(r % 2) if i == 0 else str(r) if i < 14 else f"c{i}" for i in range(40)]) for r in range(40)]
@@ -594,77 +619,28 @@ def test_9_criteo_converter_keeps_bad_rows_for_the_dead_letter(tmp_path):
 
 
 # ------------------------------------------------------------------ 11: a Horovod rank or a PS task dies
-def _last_line_after_killing(model_dir: str, train_args: list[str], victim, before_kill=None) -> str:
-    """Start `recpipe train TRAIN_ARGS --model-dir MODEL_DIR`, SIGKILL the first descendant process
-    victim(pid, cmdline) picks once a checkpoint is written (calling before_kill(train's pid, victim's pid)
-    first, if given), and return the run's last stderr line."""
-    from test_strategies import _wait_for_checkpoint
-    proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "train", "--model-dir", model_dir, *train_args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for_checkpoint(proc, model_dir)
-        found = []
-        deadline = time.monotonic() + 60
-        while not found and time.monotonic() < deadline:
-            found = [pid for pid, cmd in _descendants(proc.pid) if pid != proc.pid and victim(pid, cmd)]
-            time.sleep(0.2)
-        if before_kill is not None:
-            before_kill(proc.pid, found[0])
-        os.kill(found[0], signal.SIGKILL)
-        _, err = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1
-    return err.strip().splitlines()[-1]  # the last line: not buried under what TensorFlow logs at exit
-
-
-def test_11_a_dead_rank_is_named_with_its_signal_and_the_checkpoint(tmp_path, preprocessed, small_cfg_path):
-    """... by a launcher that runs without TensorFlow (trainers.hvd_job), its error included: it reads the
-    last checkpoint's step from the checkpoints' state file."""
-    loaded = {}
-    line = _last_line_after_killing(
-        str(tmp_path / "hvd"), ["--data", preprocessed[0], "--config", small_cfg_path, "--strategy", "horovod",
-                                "--np", "2", "--steps", "3000"],
-        lambda pid, cmd: cmd.split()[:1] == [sys.executable] and "-m recpipe.cli train" in cmd
-        and _env_of(pid).get("HOROVOD_RANK") == "1",
-        lambda launcher, rank: loaded.update(launcher=_has_tensorflow(launcher), rank=_has_tensorflow(rank)))
-    assert "horovod rank 1 died (killed by SIGKILL)" in line and "rerun the same command to resume" in line, line
-    assert "the last checkpoint is step" in line
-    assert loaded == {"launcher": False, "rank": True}
-
-
-def _has_tensorflow(pid: int) -> bool:
-    """Whether TensorFlow's runtime library is mapped into the process."""
-    return "libtensorflow_framework" in Path(f"/proc/{pid}/maps").read_text()
-
-
-def test_11_a_dead_ps_task_is_named_with_its_signal_and_the_checkpoint(tmp_path, preprocessed, small_cfg_path):
+# (a dead Horovod rank: test_strategies.py's test_horovod_two_ranks_rank0_writes_and_resumes, whose run it stops)
+@pytest.mark.system
+def test_11_a_dead_ps_task_is_named_with_its_signal_and_the_checkpoint(tmp_path, preprocessed):
     """A PS task of the local PS cluster killed mid-run: the chief failed with TensorFlow's
     'UnavailableError: ... Connection reset by peer [Op:__inference_tf_function_save_...]' and then
     about 380 lines of its remote context's teardown."""
-    line = _last_line_after_killing(
-        str(tmp_path / "ps"), ["--data", preprocessed[0], "--config", small_cfg_path, "--strategy", "ps",
-                               "--steps", "20000"],
-        lambda pid, cmd: "-m trainers.ps" in cmd and cmd.split()[-2:] == ["ps", "1"])
+    from test_strategies import _kill_once_checkpointed
+    d = small_config_dict()
+    d["train"]["checkpoint_every"] = 5  # the kill comes right after the first
+    model_dir = str(tmp_path / "ps")
+    proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "train", "--model-dir", model_dir, "--data",
+                             preprocessed[0], "--config", _cfg_file(tmp_path, d), "--strategy", "ps", "--ps-workers",
+                             "1", "--steps", "20000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _kill_once_checkpointed(proc, model_dir, lambda pid, cmd: "-m trainers.ps" in cmd
+                                and cmd.split()[-2:] == ["ps", "1"])
+        err = proc.communicate(timeout=300)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    line = err.strip().splitlines()[-1]  # the last line: not buried under what TensorFlow logs at exit
     assert re.search(r"PS task 1 \(127\.0\.0\.1:\d+: killed by SIGKILL\) died, so the job stopped: a PS task holds "
                      r"its share of the variables in memory and cannot rejoin; ", line), line
     assert "the last checkpoint is step" in line and "rerun the same command to resume" in line, line
-
-
-def _descendants(pid: int) -> list[tuple[int, str]]:
-    from test_strategies import _children
-    out, todo = [], [pid]
-    while todo:
-        for child in _children(todo.pop()):
-            out.append(child)
-            todo.append(child[0])
-    return out
-
-
-def _env_of(pid: int) -> dict:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)

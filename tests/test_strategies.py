@@ -3,6 +3,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 
 from trainers.errors import TrainError
 from trainers.evaluate import evaluate
+from trainers.model_dir import ModelDir
 from trainers.options import RunOptions, TrainOptions
 from trainers.train import train
 
@@ -34,6 +36,28 @@ def _children(pid: int) -> list[tuple[int, str]]:
     return out
 
 
+def _descendants(pid: int) -> list[tuple[int, str]]:
+    out, todo = [], [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            out.append(child)
+            todo.append(child[0])
+    return out
+
+
+def _env_of(pid: int) -> dict:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def _has_tensorflow(pid: int) -> bool:
+    """Whether TensorFlow's runtime library is mapped into the process."""
+    return "libtensorflow_framework" in Path(f"/proc/{pid}/maps").read_text()
+
+
 def _latest_step(model_dir: str) -> int:
     import tensorflow as tf
     latest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
@@ -53,24 +77,29 @@ def _wait_for_checkpoint(proc, model_dir, timeout=300):
         time.sleep(0.3)
 
 
-def test_ps_strategy_trains_sharded_and_restores_locally(tmp_path, preprocessed, small_cfg_path, trained):
-    model_dir = str(tmp_path / "ps")
-    said = []
-    r = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path,
-                           run=RunOptions(strategy="ps", steps=150)), say=said.append)
-    assert r.steps_done == 150
-    assert any("local PS cluster up: 2 workers" in s for s in said)
-    shards = [f for f in os.listdir(os.path.join(model_dir, "checkpoints")) if ".data-" in f]
-    assert len(shards) >= 2  # variables lived on more than one PS task
-    ps_auc = evaluate(model_dir, preprocessed[0])["auc"]
-    local_auc = evaluate(trained, preprocessed[0])["auc"]  # same config and steps, local strategy
-    assert ps_auc > 0.6 and abs(ps_auc - local_auc) < 0.08, (ps_auc, local_auc)
+def _kill_once_checkpointed(proc, model_dir: str, victim, before_kill=None) -> None:
+    """SIGKILL the first descendant process of `proc` that victim(pid, cmdline) picks, once `model_dir` holds a
+    checkpoint (calling before_kill(proc's pid, the victim's pid) first, if given)."""
+    _wait_for_checkpoint(proc, model_dir)
+    found = []
+    deadline = time.monotonic() + 60
+    while not found and time.monotonic() < deadline:
+        found = [pid for pid, cmd in _descendants(proc.pid) if pid != proc.pid and victim(pid, cmd)]
+        time.sleep(0.2)
+    assert found, _descendants(proc.pid)
+    if before_kill is not None:
+        before_kill(proc.pid, found[0])
+    os.kill(found[0], signal.SIGKILL)
 
 
-def test_ps_shards_only_the_tables_so_mixed_precision_trains(tmp_path, preprocessed, small_cfg_path, monkeypatch):
-    """Keras' mixed precision cannot wrap a sharded Dense kernel (an AutoCastVariable needs a ResourceVariable),
-    so the PS strategy shards the embedding tables and nothing else, and bf16 trains under it. Shards of at
-    least 1 KiB here: a rule by size alone would shard the small model's Dense kernels too."""
+@pytest.mark.integration
+def test_ps_strategy_trains_sharded_in_mixed_precision_and_restores_locally(tmp_path, preprocessed, small_cfg_path,
+                                                                            trained, monkeypatch):
+    """The PS strategy places the variables on both PS tasks and trains as well as the local strategy, whose
+    evaluate restores its checkpoint. Keras' mixed precision cannot wrap a sharded Dense kernel (an
+    AutoCastVariable needs a ResourceVariable), so it shards the embedding tables and nothing else, and bf16
+    trains under it: with shards of at least 1 KiB here, a rule by size alone would shard the small model's
+    Dense kernels too."""
     import tensorflow as tf
 
     import trainers.ps
@@ -80,15 +109,26 @@ def test_ps_shards_only_the_tables_so_mixed_precision_trains(tmp_path, preproces
     assert partitioner(tf.TensorShape([477, 477]), tf.float32) == [1, 1]
     assert partitioner(tf.TensorShape([477]), tf.float32) == [1]
     monkeypatch.setattr(trainers.ps, "MIN_SHARD_BYTES", 1 << 10)
-    r = train(TrainOptions(preprocessed[0], str(tmp_path / "ps_bf16"), small_cfg_path,
-                           run=RunOptions(strategy="ps", precision="bf16", steps=20)), say=lambda _: None)
-    assert r.steps_done == 20 and math.isfinite(r.final_loss)
+    model_dir = str(tmp_path / "ps")
+    said = []
+    r = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path,
+                           run=RunOptions(strategy="ps", precision="bf16", steps=150)), say=said.append)
+    assert r.steps_done == 150 and math.isfinite(r.final_loss)
+    assert any("local PS cluster up: 2 workers" in s for s in said)
+    shards = [f for f in os.listdir(os.path.join(model_dir, "checkpoints")) if ".data-" in f]
+    assert len(shards) >= 2  # variables lived on more than one PS task
+    ps_auc = evaluate(model_dir, preprocessed[0])["auc"]
+    local_auc = evaluate(trained, preprocessed[0])["auc"]  # same config and steps, local strategy, fp32
+    assert ps_auc > 0.6 and abs(ps_auc - local_auc) < 0.08, (ps_auc, local_auc)
 
 
+@pytest.mark.system
 def test_ps_job_survives_a_killed_worker(tmp_path, preprocessed, small_cfg_path):
+    """A local PS cluster's worker killed mid-run (at its first checkpoint, 100 steps before the end) is
+    restarted, and the job ends at its last step."""
     model_dir, temp = str(tmp_path / "ps_kill"), tmp_path / "tmp"
     temp.mkdir()
-    proc = _train_cli(preprocessed[0], model_dir, "--config", small_cfg_path, "--strategy", "ps", "--steps", "600",
+    proc = _train_cli(preprocessed[0], model_dir, "--config", small_cfg_path, "--strategy", "ps", "--steps", "150",
                       env={**os.environ, "TMPDIR": str(temp)})
     try:
         _wait_for_checkpoint(proc, model_dir)
@@ -101,14 +141,15 @@ def test_ps_job_survives_a_killed_worker(tmp_path, preprocessed, small_cfg_path)
             proc.kill()
     assert proc.returncode == 0, out
     assert "exited (-9); restarting it" in out, out
-    assert re.match(r"train: 60[0-2] steps done", out.strip().splitlines()[-1]), out[-3000:]  # no teardown noise
-    # A step whose worker died after pushing its update is rescheduled: at-least-once, so >= 600.
-    assert 600 <= _latest_step(model_dir) <= 602
+    assert re.match(r"train: 15[0-2] steps done", out.strip().splitlines()[-1]), out[-3000:]  # no teardown noise
+    # A step whose worker died after pushing its update is rescheduled: at-least-once, so >= 150.
+    assert 150 <= _latest_step(model_dir) <= 152
     # the chief ends with os._exit, so no atexit handler removes AutoGraph's sources: they went to a
     # folder of its own, removed on the way out
     assert not list(temp.iterdir()), sorted(p.name for p in temp.iterdir())[:5]
 
 
+@pytest.mark.system
 def test_killed_trainer_resumes_from_last_checkpoint(tmp_path, preprocessed, small_cfg_path):
     model_dir = str(tmp_path / "kill")
     proc = _train_cli(preprocessed[0], model_dir, "--config", small_cfg_path, "--steps", "3000")
@@ -117,30 +158,71 @@ def test_killed_trainer_resumes_from_last_checkpoint(tmp_path, preprocessed, sma
     proc.wait()
     lost_at = _latest_step(model_dir)
     assert 0 < lost_at < 3000
-    said = []
-    r = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path, run=RunOptions(steps=3000)), say=said.append)
-    assert r.resumed_from == lost_at and r.steps_done == 3000
+    said = []  # the rerun resumes there and trains on to a few steps past it
+    r = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path, run=RunOptions(steps=lost_at + 10)),
+              say=said.append)
+    assert r.resumed_from == lost_at and r.steps_done == lost_at + 10 and _latest_step(model_dir) == lost_at + 10
     assert any("resuming from" in s and f"at step {lost_at}" in s for s in said)
 
 
-def test_horovod_two_ranks_rank0_writes_and_resumes(tmp_path, preprocessed, small_cfg_path, trained):
+@pytest.mark.system
+def test_horovod_two_ranks_rank0_writes_and_resumes(tmp_path, preprocessed, trained):
+    """Two ranks train, rank 0 alone writing the checkpoints. A rank killed mid-run (as by the kernel's OOM killer)
+    is named with its signal and the last checkpoint by the launcher, which runs without TensorFlow
+    (trainers.hvd_job: it reads that step from the checkpoints' state file), its error the run's last line; a rerun
+    resumes from that checkpoint, and the model is as good as the local strategy's. The two runs exchange the
+    embedding gradients in the two ways other than the default (auto through the tape in one grouped exchange, as
+    every run in test_cluster.py): densified, every table, then per table (auto: the C tables of a few values go
+    dense and user_id's 1,000 rows are allgathered), each accumulated over 2 micro-batches of the batch and
+    exchanged in 2 grouped collectives per kind; every Horovod run ends with its ranks' weights checked equal."""
+    import yaml
+    from conftest import small_config_dict
+
+    def config(mode: str) -> str:
+        d = small_config_dict()
+        d["train"].update(sparse_gradients=mode, gradient_groups=2, horovod_cycle_time_ms=2.5)
+        d["train"].setdefault("tuning", {})["grad_accum_steps"] = 2
+        path = tmp_path / f"{mode}.yaml"
+        path.write_text(yaml.safe_dump(d))
+        return str(path)
+
     model_dir = str(tmp_path / "hvd")
+    proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "train", "--data", preprocessed[0], "--model-dir",
+                             model_dir, "--config", config("dense"), "--strategy", "horovod", "--np", "2", "--steps",
+                             "3000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    loaded = {}
+    try:
+        _kill_once_checkpointed(
+            proc, model_dir, lambda pid, cmd: cmd.split()[:1] == [sys.executable] and "-m recpipe.cli train" in cmd
+            and _env_of(pid).get("HOROVOD_RANK") == "1",
+            lambda launcher, rank: loaded.update(launcher=_has_tensorflow(launcher), rank=_has_tensorflow(rank)))
+        err = proc.communicate(timeout=300)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lost_at = _latest_step(model_dir)
+    line = err.strip().splitlines()[-1]  # the last line: not buried under what TensorFlow logs at exit
+    assert proc.returncode == 1 and "horovod rank 1 died (killed by SIGKILL)" in line, err[-3000:]
+    assert f"the last checkpoint is step {lost_at} in " in line and "rerun the same command to resume" in line, line
+    assert loaded == {"launcher": False, "rank": True}
+    assert 50 <= lost_at < 150
+    assert ModelDir(model_dir).config().train.sparse_gradients == "dense"  # the config the ranks were given
     said = []
-    r = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path,
-                           run=RunOptions(strategy="horovod", np=2, steps=100)),
+    r = train(TrainOptions(preprocessed[0], model_dir, config("auto"),
+                           run=RunOptions(strategy="horovod", np=2, steps=150)),
               say=said.append)
-    assert r.steps_done == 100 and any("2 ranks" in s for s in said)
+    assert r.resumed_from == lost_at and r.steps_done == 150 and any("2 ranks" in s for s in said)
     ckpts = sorted(f for f in os.listdir(os.path.join(model_dir, "checkpoints")) if f.endswith(".index"))
-    assert ckpts == ["ckpt-100.index", "ckpt-50.index"]  # rank 0 alone wrote them, once each
-    r2 = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path,
-                            run=RunOptions(strategy="horovod", np=2, steps=150)),
-               say=said.append)
-    assert r2.resumed_from == 100 and r2.steps_done == 150
+    assert ckpts == ["ckpt-100.index", "ckpt-150.index", "ckpt-50.index"]  # rank 0 alone wrote them, once each
+    state = json.loads((tmp_path / "hvd" / "train_state.json").read_text())
+    assert state["sparse_gradients"] == "auto" and state["gradient_groups"] == 2 and state["ranks"] == 2
+    assert state["cycle_time_ms"] == 2.5
     hvd_auc = evaluate(model_dir, preprocessed[0])["auc"]
     local_auc = evaluate(trained, preprocessed[0])["auc"]  # 150 local steps of half the examples
     assert hvd_auc > 0.6 and abs(hvd_auc - local_auc) < 0.08, (hvd_auc, local_auc)
 
 
+@pytest.mark.unit
 def test_auto_sparse_gradients_densify_only_tables_a_dense_allreduce_moves_less_of():
     """sparse_gradients auto: per table, from static shapes (every rank decides alike)."""
     import tensorflow as tf
@@ -159,30 +241,6 @@ def test_auto_sparse_gradients_densify_only_tables_a_dense_allreduce_moves_less_
     assert not auto(6, ranks=1) and not auto(50_000, ranks=1)  # one rank: 2 x rows x 64 > rows x 72
     assert _exchange_dense("dense", tf.TensorShape([50_000, 16]), 2, 1_024)
     assert not _exchange_dense("allgather", tf.TensorShape([6, 16]), 2, 1_024)
-
-
-@pytest.mark.parametrize("mode", ["dense", "auto"])
-def test_horovod_dense_sparse_gradients(tmp_path, preprocessed, mode):
-    """Densified embedding gradients (every table, or per table: auto, where the C tables of a few values go
-    dense and user_id's 1,000 rows are allgathered), accumulated over 2 micro-batches and exchanged in
-    2 grouped collectives per kind (the other runs: the default auto through the tape, one grouped
-    exchange); every Horovod run ends with its ranks' weights checked equal."""
-    import yaml
-    from conftest import small_config_dict
-    d = small_config_dict()
-    d["train"]["sparse_gradients"] = mode
-    d["train"]["gradient_groups"] = 2
-    d["train"]["horovod_cycle_time_ms"] = 2.5
-    d["train"].setdefault("tuning", {})["grad_accum_steps"] = 2
-    path = tmp_path / "dense.yaml"
-    path.write_text(yaml.safe_dump(d))
-    r = train(TrainOptions(preprocessed[0], str(tmp_path / "m"), str(path),
-                           run=RunOptions(strategy="horovod", np=2, steps=20)),
-              say=lambda _: None)
-    assert r.steps_done == 20
-    state = __import__("json").load(open(tmp_path / "m" / "train_state.json"))
-    assert state["sparse_gradients"] == mode and state["gradient_groups"] == 2 and state["ranks"] == 2
-    assert state["cycle_time_ms"] == 2.5
 
 
 _ONE_RANK_STEP = """
@@ -206,6 +264,7 @@ print(json.dumps({"size": hvd.size(), "losses": [float(step(it)) for _ in range(
 """
 
 
+@pytest.mark.integration
 def test_a_one_rank_horovod_step_runs_no_collective_and_takes_its_batch_in_the_function(preprocessed,
                                                                                         small_cfg_path):
     """At size 1 there is nothing to average: the step has no Horovod op (each would wait for the
@@ -219,6 +278,7 @@ def test_a_one_rank_horovod_step_runs_no_collective_and_takes_its_batch_in_the_f
     assert len(got["losses"]) == 5 and all(map(math.isfinite, got["losses"])), got
 
 
+@pytest.mark.unit
 def test_horovod_cycle_time_comes_from_the_config_unless_the_environment_sets_it(monkeypatch):
     """train.horovod_cycle_time_ms reaches Horovod as HOROVOD_CYCLE_TIME; a value the environment
     already has (horovodrun --cycle-time-ms sets it) wins; a value Horovod would misread is refused."""
@@ -241,6 +301,7 @@ def test_horovod_cycle_time_comes_from_the_config_unless_the_environment_sets_it
         parse_config(d)
 
 
+@pytest.mark.unit
 def test_every_rank_gets_the_launchers_input_flags(tmp_path):
     """A rank is a `recpipe train` of its own: what the launcher was told about input reaches it."""
     from trainers.hvd_launch import rank_command
@@ -251,6 +312,7 @@ def test_every_rank_gets_the_launchers_input_flags(tmp_path):
     assert "--synthetic-input" not in rank_command(TrainOptions("DATA", str(tmp_path), None))
 
 
+@pytest.mark.unit
 def test_hosts_are_for_horovod():
     """--hosts starts each host's Horovod ranks: with another strategy it was ignored (or, under `auto`, used if
     the advisor picked Horovod) without a word."""
@@ -261,6 +323,7 @@ def test_hosts_are_for_horovod():
         RunOptions(strategy="horovod", hosts="a,b", host_index=2)
 
 
+@pytest.mark.unit
 def test_advisor_traffic_model():
     from trainers.advisor import predict
     # dense-heavy (50M dense, few embedding rows touched): ring-allreduce wins
@@ -273,6 +336,7 @@ def test_advisor_traffic_model():
     assert ps < ar
 
 
+@pytest.mark.unit
 def test_advisor_counts_the_tables_auto_allreduces_whole():
     """The advisor's Horovod bytes follow train.sparse_gradients: with auto, a small table goes whole into
     the ring (as the trainer exchanges it) instead of N-1 ranks' rows into the allgather."""
@@ -292,6 +356,7 @@ def test_advisor_counts_the_tables_auto_allreduces_whole():
     assert t.dense_tables(n) == [True, False] and t.dense_tables(2, "allgather") == [False, False]
 
 
+@pytest.mark.integration
 def test_advise_refuses_a_calibration_with_a_null_overhead(tmp_path):
     """A cluster bench that measured no finite overhead writes null (bench JSON has no NaN): `advise
     --calibration` names the key, where it built its prediction on it."""
@@ -319,6 +384,7 @@ def test_advise_refuses_a_calibration_with_a_null_overhead(tmp_path):
         Overheads.from_calibration(str(path))
 
 
+@pytest.mark.integration
 def test_advise_probe_and_cli(tmp_path, preprocessed, small_cfg, small_cfg_path):
     import json
 
@@ -338,6 +404,7 @@ def test_advise_probe_and_cli(tmp_path, preprocessed, small_cfg, small_cfg_path)
     assert "advise: -> " in out.stdout and json.loads(Path(tmp_path / "a.json").read_text())["workers"] == 8
 
 
+@pytest.mark.unit
 def test_a_dead_ranks_own_error_reaches_the_launchers_message(tmp_path):
     """The launcher names why a rank died: that rank's own last error line, not horovodrun's and not
     another rank's (a collective failing because this rank was killed)."""
@@ -372,6 +439,7 @@ def test_a_dead_ranks_own_error_reaches_the_launchers_message(tmp_path):
         rank_died(opts, 1, -6, " on 10.0.0.2", gone, {0: (0, "10.0.0.1"), 1: (1, "10.0.0.2")}))
 
 
+@pytest.mark.unit
 def test_a_rank_death_that_only_shows_another_ranks_end_is_not_first_hand():
     """Across hosts, a host reports its rank's death to the others only when it is first-hand: a rank whose
     collectives failed because another rank ended would otherwise be named in place of the one that did."""
@@ -387,6 +455,7 @@ def test_a_rank_death_that_only_shows_another_ranks_end_is_not_first_hand():
     assert not rank_death(0, -6).first_hand and not rank_death(0, -15).first_hand  # Gloo's abort, our terminate
 
 
+@pytest.mark.unit
 def test_horovod_ranks_must_hold_the_same_shards():
     """A host whose copy of the shards was partial (a file missing, one cut short: a copy still going on)
     passed the ranks' check, which compared the transform alone: each rank reads its share of the shards it
@@ -410,3 +479,61 @@ def test_horovod_ranks_must_hold_the_same_shards():
             "train/part-00001-of-00004.tfrecord is 512 bytes against 1,001, against rank 0 (host 10.0.0.1, /data); "
             "each rank reads its share of the shards it lists, so rows would be read twice or never")):
         _check_ranks_train_one_model([rank, {**rank, "host": "10.0.0.2", "shards": partial}])
+
+
+def _rank(**given) -> dict:
+    """What a Horovod rank tells the others before training (trainers.hvd.run_rank), as rank 0 on 10.0.0.1."""
+    return {"host": "10.0.0.1", "data": "/data", "code": {}, "transform": {"vocabularies": "v", "dense": {}},
+            "config": {"train": {"steps": 10}}, "steps": 10, "precision": "fp32", "shards": None, **given}
+
+
+@pytest.mark.unit
+def test_horovod_ranks_must_train_with_one_config(tmp_path, small_cfg_path):
+    """A host given another --config stepped with its own learning rate, without a word: the ranks compare the
+    configs their hosts loaded and name the keys that differ (across hosts: test_cluster.py's ranks' checks)."""
+    import yaml
+
+    from features.config import config_to_dict, load_config
+    from trainers.hvd import _check_ranks_train_one_model
+    other = yaml.safe_load(Path(small_cfg_path).read_text())
+    other["train"]["learning_rate"] *= 2
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    ours = config_to_dict(load_config(small_cfg_path))
+    _check_ranks_train_one_model([_rank(config=ours), _rank(host="10.0.0.2", config=ours)])
+    with pytest.raises(TrainError, match=re.escape(
+            "rank 1 (host 10.0.0.2, /data) trains with another config or run than rank 0 (host 10.0.0.1, /data): "
+            "train.learning_rate differ; every host must run the same --config, --steps and --precision")):
+        _check_ranks_train_one_model([_rank(config=ours), _rank(host="10.0.0.2", config=config_to_dict(
+            load_config(str(tmp_path / "other.yaml"))))])
+
+
+@pytest.mark.integration
+def test_horovod_ranks_must_run_one_install(tmp_path):
+    """A host with another install of recpipe (here its own trainers/, another optimizer epsilon, first on its
+    path) built and stepped the model with its own code, without a word: the code identity a rank computes
+    (a hash of the source its imports find) differs there, and the ranks' check names the package."""
+    import trainers
+    from features.code_identity import code_identity
+    from trainers.hvd import SAME_SOURCE, SAME_VERSIONS, _check_ranks_train_one_model
+    install = tmp_path / "install"
+    shutil.copytree(Path(trainers.__file__).parent, install / "trainers", ignore=shutil.ignore_patterns("__pycache__"))
+    optim = install / "trainers" / "optim.py"
+    optim.write_text(optim.read_text() + "\nADAGRAD_EPSILON = 1e-6  # another version\n")
+    probe = ("import json, sys; from features.code_identity import code_identity; "
+             "print(json.dumps(code_identity(*json.loads(sys.argv[1]))))")
+
+    def identity(*path: str) -> dict:  # as a rank on a host with `path` first finds it, from outside the source tree
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([*path, os.environ.get("PYTHONPATH", "")]))
+        out = subprocess.run([sys.executable, "-c", probe, json.dumps([SAME_SOURCE, SAME_VERSIONS])], env=env,
+                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return json.loads(out.stdout)
+    ours, theirs = identity(), identity(str(install))
+    assert ours == code_identity(SAME_SOURCE, SAME_VERSIONS)
+    _check_ranks_train_one_model([_rank(code=ours), _rank(host="10.0.0.2", code=ours)])
+    with pytest.raises(TrainError) as e:
+        _check_ranks_train_one_model([_rank(code=ours), _rank(host="10.0.0.2", code=theirs)])
+    assert str(e.value).startswith(
+        f"rank 1 (host 10.0.0.2, /data) runs other code than rank 0 (host 10.0.0.1, /data): trainers "
+        f"{theirs['trainers']} (rank 0: {ours['trainers']}); each rank builds and steps the model with its own "
+        f"host's install"), e.value
