@@ -13,6 +13,8 @@ from features.config import parse_config
 from trainers.layers import CrossStack, DotInteractionBlock, SparseEmbeddings
 from trainers.models import RankingModel, RetrievalModel, build_model, dummy_batch
 
+pytestmark = pytest.mark.unit  # layers and models built and called in this process: nothing trained
+
 
 def _roundtrip(layer: tf.keras.layers.Layer) -> tf.keras.layers.Layer:
     config = tf.keras.layers.serialize(layer)

@@ -14,6 +14,10 @@ from trainers.scoring import score
 from trainers.train import train
 from trainers.validation import ValidationHistory
 
+# Each test's tier is marked on it: the config checks are unit, the trainings integration, the Beam ->
+# train -> evaluate/export chains system, and the two statistical claims (DCN-v2 over logistic regression,
+# logQ correction over popularity) quality.
+
 
 def _config(tmp_path, data: dict, **train_keys) -> str:
     data = copy.deepcopy(data)
@@ -24,18 +28,22 @@ def _config(tmp_path, data: dict, **train_keys) -> str:
     return str(path)
 
 
+@pytest.mark.integration
 def test_early_stopping_keeps_the_best_checkpoint_and_evaluate_uses_it(tmp_path, preprocessed_with_validation):
+    """A validation score at every checkpoint; training stops once `patience` of them have not beaten the
+    best (at learning rate 0.5 the small log's validation AUC peaks after 20-120 steps, measured over
+    seeds), and the best checkpoint's weights are the ones kept, evaluated and plotted."""
     data_dir, pre, data = preprocessed_with_validation
     assert pre.rows_validation > 500
-    cfg_path = _config(tmp_path, data, learning_rate=0.5, steps=3000, checkpoint_every=20,
-                       early_stopping={"patience": 3})
+    cfg_path = _config(tmp_path, data, learning_rate=0.5, steps=500, checkpoint_every=10,
+                       early_stopping={"patience": 2})
     said = []
     state = train(TrainOptions(data_dir, str(tmp_path / "m"), cfg_path), say=said.append)
     md = ModelDir(str(tmp_path / "m"))
     h = ValidationHistory.read(md.validation_path)
-    assert h.metric == "auc" and state.steps_done < 3000, "no early stop: validation AUC kept improving"
-    assert h.stopped_early_at == state.steps_done and h.since_best() == 3
-    assert [e["step"] for e in h.history] == list(range(20, state.steps_done + 1, 20))
+    assert h.metric == "auc" and state.steps_done < 500, "no early stop: validation AUC kept improving"
+    assert h.stopped_early_at == state.steps_done and h.since_best() == 2
+    assert [e["step"] for e in h.history] == list(range(10, state.steps_done + 1, 10))
     assert h.best == max(e["auc"] for e in h.history) and state.best_step == h.best_step < state.steps_done
     assert any(f"early stop at step {state.steps_done}" in s for s in said)
     # the kept weights are the best checkpoint's, not the last one's: evaluate and export read them
@@ -54,31 +62,35 @@ def test_early_stopping_keeps_the_best_checkpoint_and_evaluate_uses_it(tmp_path,
     assert again.steps_this_run == 0 and any("stopped early" in s for s in said)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("strategy", ["ps", "horovod"])
 def test_distributed_strategies_select_on_validation_too(tmp_path, preprocessed_with_validation, strategy):
+    """A PS cluster's chief and Horovod's rank 0 score each checkpoint on validation once and keep the best."""
     data_dir, _, data = preprocessed_with_validation
-    cfg_path = _config(tmp_path, data, steps=100, checkpoint_every=25)
-    run = RunOptions(strategy=strategy, steps=100, np=2)
+    cfg_path = _config(tmp_path, data, steps=20, checkpoint_every=10)
+    run = RunOptions(strategy=strategy, steps=20, np=2)
     state = train(TrainOptions(data_dir, str(tmp_path / strategy), cfg_path, run=run), say=lambda _: None)
     md = ModelDir(str(tmp_path / strategy))
     h = ValidationHistory.read(md.validation_path)
-    assert [e["step"] for e in h.history] == [25, 50, 75, 100]  # the chief / rank 0 scored each checkpoint once
+    assert [e["step"] for e in h.history] == [10, 20]  # the chief / rank 0 scored each checkpoint once
     assert md.best_weights() is not None and h.best == max(e["auc"] for e in h.history)
     assert json.load(open(md.state_path))["best_step"] == h.best_step == state.best_step
     cfg, _, model = load_trained(md.root)
     assert score(cfg, model, data_dir, "validation")["auc"] == pytest.approx(h.best, abs=1e-9)
 
 
+@pytest.mark.integration
 def test_without_a_validation_split_patience_is_reported_and_the_latest_checkpoint_kept(tmp_path, preprocessed):
     from conftest import small_config_dict
-    cfg_path = _config(tmp_path, small_config_dict(), steps=40, checkpoint_every=20, early_stopping={"patience": 1})
+    cfg_path = _config(tmp_path, small_config_dict(), steps=20, checkpoint_every=10, early_stopping={"patience": 1})
     said = []
     state = train(TrainOptions(preprocessed[0], str(tmp_path / "m"), cfg_path), say=said.append)
-    assert state.steps_done == 40 and state.best_step is None
+    assert state.steps_done == 20 and state.best_step is None
     assert any("no validation split" in s for s in said)
     assert ModelDir(str(tmp_path / "m")).best_weights() is None
 
 
+@pytest.mark.unit
 def test_wide_logit_config_checks():
     from conftest import small_config_dict
 
@@ -97,6 +109,7 @@ def test_wide_logit_config_checks():
         parse_config(d)
 
 
+@pytest.mark.system
 def test_a_cross_declared_in_yaml_runs_through_beam_training_and_the_served_graph(tmp_path, small_log):
     """features.sparse[] {cross: [...], hash_buckets: N}: the Beam job, the trainer and the SavedModel
     compute the same crossed IDs (the export's skew check scores raw eval rows through the graph)."""
@@ -106,7 +119,7 @@ def test_a_cross_declared_in_yaml_runs_through_beam_training_and_the_served_grap
     from pipeline.preprocess import run_preprocess
     from serving.export import export_model
     from serving.version import ExportBase
-    data = small_config_dict(steps=40)
+    data = small_config_dict(steps=10)
     data["features"]["sparse"].append({"name": "user_x_item", "cross": ["user_id", "item_id"], "hash_buckets": 4000,
                                        "embedding_dim": 8})
     data["features"]["sparse"].append({"name": "c1_x_c2", "cross": ["C1", "C2"], "hash_buckets": 500})
@@ -122,6 +135,7 @@ def test_a_cross_declared_in_yaml_runs_through_beam_training_and_the_served_grap
     assert skew["rows"] > 100 and skew["max_abs_diff"] <= skew["tolerance"]
 
 
+@pytest.mark.integration
 def test_the_sklearn_baseline_one_hot_encodes_the_same_ids(preprocessed_with_validation):
     """recpipe bench quality's scikit-learn peer: one column per ID of every feature plus one per dense
     feature; a single-valued feature puts a 1 in its ID's column, a multivalent one spreads 1 over its items
@@ -153,16 +167,19 @@ def test_the_sklearn_baseline_one_hot_encodes_the_same_ids(preprocessed_with_val
     assert fit["C"] in (0.1, 1.0) and fit["auc"] > 0.6 and len(fit["trials"]) == 2
 
 
+@pytest.mark.integration
 def test_tune_searches_the_declared_space_on_validation_and_writes_the_best_config(tmp_path,
                                                                                    preprocessed_with_validation):
+    """Each trial (a `recpipe train` process) is scored by its best checkpoint on validation; the best
+    trial's values are written back as a config."""
     import csv
 
     from features.config import load_config
     from recpipe.tune import tune
     data_dir, _, data = preprocessed_with_validation
     d = copy.deepcopy(data)
-    d["train"].update(steps=40, checkpoint_every=20)
-    d["tune"] = {"trials": 3, "seed": 1, "params": [
+    d["train"].update(steps=20, checkpoint_every=10)
+    d["tune"] = {"trials": 2, "seed": 1, "params": [
         {"key": "model.dropout", "low": 0.0, "high": 0.5},
         {"key": "train.learning_rate", "low": 0.01, "high": 0.3, "log": True},
         {"key": "model.deep_layers", "choices": [[32, 16], [16]]}]}
@@ -171,9 +188,9 @@ def test_tune_searches_the_declared_space_on_validation_and_writes_the_best_conf
     said = []
     result = tune(str(path), data_dir, str(tmp_path / "tune"), say=said.append)
     rows = list(csv.DictReader(open(tmp_path / "tune" / "trials.csv")))
-    assert len(rows) == 3 and all(r["status"] == "ok" for r in rows)
+    assert len(rows) == 2 and all(r["status"] == "ok" for r in rows)
     scores = [float(r["auc"]) for r in rows]
-    assert result["best"]["auc"] == max(scores)
+    assert scores[0] != scores[1] and result["best"]["auc"] == max(scores)  # two different trials, the better kept
     best = load_config(tmp_path / "tune" / "best.yaml")
     assert best.model.dropout == pytest.approx(result["best"]["model.dropout"])
     assert best.model.deep_layers == result["best"]["model.deep_layers"] in ([32, 16], [16])
@@ -200,7 +217,7 @@ def interaction_log(tmp_path_factory):
     base = tmp_path_factory.mktemp("interactions")
     d = small_config_dict()
     d["split"]["validation_fraction"] = 0.15
-    d["train"].update(batch_size=256, checkpoint_every=100, early_stopping={"patience": 4})
+    d["train"].update(batch_size=256, checkpoint_every=200, early_stopping={"patience": 4})
     generate_log(GenerateSpec(rows=40_000, days=2, seed=11, num_users=100, num_items=50), str(base / "log"))
     run_preprocess(parse_config(d), str(base / "log"), str(base / "pre"), IN_MEMORY, say=lambda _: None)
     return str(base / "pre"), d
@@ -215,36 +232,41 @@ def _train_eval(tmp_path, data_dir: str, d: dict, name: str, **train_keys) -> di
     return evaluate(str(tmp_path / name), data_dir)
 
 
+@pytest.mark.quality
 def test_the_synthetic_log_rewards_learning_interactions(tmp_path, interaction_log):
     """pipeline.synthetic draws labels with user-taste x item-topic and pairwise terms: DCN-v2 beats
-    logistic regression on it by a wide margin, for every training seed (what DCN-v2 is for)."""
+    logistic regression on it by a wide margin (what DCN-v2 is for). Eval AUC measured over training seeds
+    1-5 (logistic, 200 steps at learning rate 1.0, where its validation AUC has levelled off) and 1-6
+    (DCN-v2, 400 steps at 0.5): logistic 0.728-0.732, DCN-v2 0.795-0.803, a margin of at least 0.063."""
     data_dir, d = interaction_log
     lr = copy.deepcopy(d)
     lr["model"] = {"task": "ranking", "type": "logistic"}
-    lr_auc = _train_eval(tmp_path, data_dir, lr, "logistic", learning_rate=0.2, steps=2000)["auc"]  # converges fast
-    dcn = [_train_eval(tmp_path, data_dir, d, f"dcn-{seed}", learning_rate=0.1, steps=2000, seed=seed)["auc"]
-           for seed in (1, 2)]
+    lr_auc = _train_eval(tmp_path, data_dir, lr, "logistic", learning_rate=1.0, steps=200)["auc"]
+    dcn_auc = _train_eval(tmp_path, data_dir, d, "dcn", learning_rate=0.5, steps=400)["auc"]
     assert lr_auc > 0.7, lr_auc  # the additive part alone is learnable
-    assert min(dcn) > lr_auc + 0.03, (lr_auc, dcn)  # measured: 0.741 vs 0.796, 0.796
+    assert dcn_auc > lr_auc + 0.04, (lr_auc, dcn_auc)
 
 
+@pytest.mark.quality
 def test_logq_correction_and_temperature_lift_two_tower_retrieval_past_popularity(tmp_path, interaction_log):
     """The in-batch softmax samples negatives by popularity; without logQ correction two towers learn
-    popularity-debiased scores and lose to the most-popular baseline (measured 0.565 vs 0.698
-    recall@10); with it and temperature 0.5 they beat it (0.715)."""
+    popularity-debiased scores and lose to the most-popular baseline; with it and temperature 0.5 they
+    beat it. Recall@10 measured over training seeds 1-6 (500 steps at learning rate 0.2, a checkpoint
+    every 250): plain 0.417-0.517, corrected 0.708-0.717, most popular 0.698 (a margin of at least 0.0098)."""
     data_dir, d = interaction_log
     d = copy.deepcopy(d)
     d["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user_id", "hist", "I1"],
                   "candidate_features": ["item_id"], "tower_layers": [32, 16]}
-    plain = _train_eval(tmp_path, data_dir, d, "plain", steps=1500)
+    plain = _train_eval(tmp_path, data_dir, d, "plain", learning_rate=0.2, steps=500, checkpoint_every=250)
     d["model"].update(logq_correction=True, temperature=0.5)
-    corrected = _train_eval(tmp_path, data_dir, d, "logq", steps=1500)
+    corrected = _train_eval(tmp_path, data_dir, d, "logq", learning_rate=0.2, steps=500, checkpoint_every=250)
     popular = corrected["baselines"]["most_popular"]["recall_at_10"]
     assert plain["baselines"]["most_popular"]["recall_at_10"] == popular  # the same split, the same baseline
-    assert corrected["recall_at_10"] > plain["recall_at_10"] + 0.05, (plain, corrected)
-    assert corrected["recall_at_10"] >= popular, (corrected, popular)
+    assert plain["recall_at_10"] < popular < corrected["recall_at_10"] - 0.004, (plain, corrected, popular)
+    assert corrected["recall_at_10"] > plain["recall_at_10"] + 0.1, (plain, corrected)
 
 
+@pytest.mark.unit
 def test_retrieval_options_are_checked():
     from conftest import small_config_dict
 
@@ -260,6 +282,7 @@ def test_retrieval_options_are_checked():
         parse_config(d)
 
 
+@pytest.mark.system
 def test_splits_of_one_label_give_null_metrics_named_not_bare_nan(tmp_path, small_log, capsys):
     """Validation and eval rows all labelled 0: early stopping said nothing and kept the last checkpoint,
     and `recpipe evaluate` exited 0 with `"auc": NaN`, which is not JSON (jq and JSON.parse refuse it)."""
@@ -286,15 +309,15 @@ def test_splits_of_one_label_give_null_metrics_named_not_bare_nan(tmp_path, smal
                          say=lambda _: None)
     assert pre.positives["validation"] == pre.positives["eval"] == 0 < pre.positives["train"]
     said = []
-    cfg_path = _config(tmp_path, data, steps=60, checkpoint_every=20, early_stopping={"patience": 1})
+    cfg_path = _config(tmp_path, data, steps=20, checkpoint_every=10, early_stopping={"patience": 1})
     state = train(TrainOptions(str(tmp_path / "data"), str(tmp_path / "m"), cfg_path), say=said.append)
-    assert state.steps_done == 60 and state.best_step is None  # nothing to choose by: the last one is kept
+    assert state.steps_done == 20 and state.best_step is None  # nothing to choose by: the last one is kept
     assert [s for s in said if "WARNING" in s] == [
         f"train: WARNING: validation auc is undefined: every one of the {pre.rows_validation:,} validation rows "
         "has label 0: AUC needs rows of both labels, so the model cannot be judged on this split; no checkpoint "
         "can be chosen by it, so the last one is the model kept"]
     history = json.loads(open(ModelDir(str(tmp_path / "m")).validation_path).read(), parse_constant=_refuse)
-    assert [h["auc"] for h in history["history"]] == [None] * 3
+    assert [h["auc"] for h in history["history"]] == [None] * 2
     capsys.readouterr()
     out = tmp_path / "metrics.json"
     argv = ["evaluate", "--model-dir", str(tmp_path / "m"), "--data", str(tmp_path / "data"), "--out", str(out)]

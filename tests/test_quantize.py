@@ -21,6 +21,7 @@ from serving.version import ExportBase
 from trainers.model_dir import load_trained
 
 
+@pytest.mark.unit
 def test_int8_codes_are_within_half_a_step_of_every_weight():
     rng = np.random.default_rng(0)
     w = rng.normal(0, 0.05, (50, 16)).astype(np.float32)
@@ -66,6 +67,7 @@ def _batch(cfg, n=64, seed=0):
     return batch
 
 
+@pytest.mark.integration
 def test_quantize_model_swaps_every_table_and_dense_layer(trained):
     cfg, _, model = load_trained(trained)
     batch = _batch(cfg)
@@ -88,6 +90,7 @@ def test_quantize_model_swaps_every_table_and_dense_layer(trained):
         quantize_model(model, "int4")
 
 
+@pytest.mark.unit
 def test_packed_tables_look_up_their_own_rows_and_narrow_tables_share_one_scale():
     a, b = np.linspace(-1, 1, 20, dtype=np.float32).reshape(20, 1), np.full((3, 1), 0.5, np.float32)
     narrow = PackedTables([a, b], "int8")
@@ -107,6 +110,7 @@ def test_packed_tables_look_up_their_own_rows_and_narrow_tables_share_one_scale(
         PackedTables([np.ones((3, 4), np.float32), np.ones((3, 8), np.float32)], "int8")
 
 
+@pytest.mark.integration
 def test_int8_export_is_smaller_skew_checked_and_served(tmp_path, trained, exported, small_log, small_cfg):
     from test_serving import _raw_rows
     base = str(tmp_path / "exp")

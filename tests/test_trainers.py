@@ -22,6 +22,7 @@ from trainers.options import RunOptions, TrainOptions
 from trainers.train import train
 
 
+@pytest.mark.integration
 def test_dataset_batches(preprocessed, small_cfg):
     ds = make_dataset(small_cfg, preprocessed[0], "train", 64, training=True)
     b = next(iter(ds))
@@ -32,6 +33,7 @@ def test_dataset_batches(preprocessed, small_cfg):
     assert n == preprocessed[1].rows_eval
 
 
+@pytest.mark.integration
 def test_input_context_shards_rows(preprocessed, small_cfg):
     ctxs = [tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i) for i in range(2)]
     counts = [sum(int(x[LABEL_KEY].shape[0]) for x in
@@ -39,6 +41,7 @@ def test_input_context_shards_rows(preprocessed, small_cfg):
     assert sum(counts) == preprocessed[1].rows_eval and min(counts) > 0
 
 
+@pytest.mark.integration
 def test_fewer_files_than_pipelines_split_the_records_so_each_parses_only_its_own(tmp_path, preprocessed, small_cfg):
     """One train file of several records, two input pipelines (two Horovod ranks or PS workers):
     pipeline i reads records i, i+2, ... whole, so none parses the other's rows (before, each parsed
@@ -67,6 +70,7 @@ def test_fewer_files_than_pipelines_split_the_records_so_each_parses_only_its_ow
         record_count([one])
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("damage, why", [("flip", "corrupted record at"), ("cut", "truncated record at")])
 def test_a_damaged_shard_is_named_with_its_record_by_train_and_evaluate(tmp_path, preprocessed, small_cfg_path,
                                                                        trained, damage, why):
@@ -91,6 +95,7 @@ def test_a_damaged_shard_is_named_with_its_record_by_train_and_evaluate(tmp_path
         evaluate(trained, str(data))
 
 
+@pytest.mark.integration
 def test_trained_model_learns(trained, preprocessed):
     metrics = evaluate(trained, preprocessed[0], os.path.join(trained, "metrics.json"))
     assert set(metrics) >= {"auc", "logloss", "examples"}
@@ -100,6 +105,7 @@ def test_trained_model_learns(trained, preprocessed):
     assert os.listdir(os.path.join(trained, "logs"))  # TensorBoard events
 
 
+@pytest.mark.unit
 def test_the_model_dir_finds_the_latest_checkpoint_as_tensorflow_does(tmp_path):
     """ModelDir.latest_checkpoint reads the checkpoints' state file without TensorFlow; it gives what
     tf.train.latest_checkpoint gives: no state file, CheckpointManager's relative paths, an absolute path
@@ -127,6 +133,7 @@ def test_the_model_dir_finds_the_latest_checkpoint_as_tensorflow_does(tmp_path):
     assert md.latest_checkpoint() is None is tf.train.latest_checkpoint(md.checkpoints_dir)
 
 
+@pytest.mark.integration
 def test_resume_continues_from_checkpoint(tmp_path, preprocessed, small_cfg_path):
     model_dir = str(tmp_path / "m")
     first = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path,
@@ -145,17 +152,28 @@ def test_resume_continues_from_checkpoint(tmp_path, preprocessed, small_cfg_path
     assert again.steps_this_run == 0
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_trains(tmp_path, preprocessed, small_cfg_path, precision):
+    """Mixed precision computes in bf16/fp16 on float32 variables: every model weight the checkpoint saved
+    is float32 (read from the checkpoint itself: load_trained rebuilds the model in float32 whatever was
+    saved), fp16's loss scale is saved with the optimizer, and Keras' global policy is restored."""
+    from trainers.model_dir import ModelDir
     r = train(TrainOptions(preprocessed[0], str(tmp_path / precision), small_cfg_path,
                            run=RunOptions(precision=precision, steps=10)),
               say=lambda _: None)
     assert r.steps_done == 10 and np.isfinite(r.final_loss)
     assert tf.keras.mixed_precision.global_policy().name == "float32"  # restored afterwards
-    _, _, model = load_trained(str(tmp_path / precision))
-    assert all(v.dtype == tf.float32 for v in model.trainable_variables)  # variables stay fp32
+    saved = tf.train.load_checkpoint(ModelDir(str(tmp_path / precision)).latest_checkpoint())
+    dtypes = {name: dtype.name for name, dtype in saved.get_variable_to_dtype_map().items()}
+    weights = {name: dtype for name, dtype in dtypes.items()
+               if name.startswith("model/") and "/_ranking_metrics/" not in name}
+    assert any("/embeddings/" in n for n in weights) and any("/kernel/" in n for n in weights), sorted(weights)
+    assert {n: d for n, d in weights.items() if d != "float32"} == {}, "variables saved in the compute dtype"
+    assert ("optimizer/loss_scale/current_loss_scale/.ATTRIBUTES/VARIABLE_VALUE" in dtypes) == (precision == "fp16")
 
 
+@pytest.mark.integration
 def test_dlrm_trains(tmp_path, preprocessed):
     d = small_config_dict()
     d["model"] = {"task": "ranking", "type": "dlrm", "bottom_layers": [16], "deep_layers": [16]}
@@ -168,6 +186,7 @@ def test_dlrm_trains(tmp_path, preprocessed):
     assert model(dummy_batch(cfg)).shape == (2, 1)
 
 
+@pytest.mark.integration
 def test_config_must_match_the_data(tmp_path, preprocessed):
     d = small_config_dict()
     d["features"]["dense"] = d["features"]["dense"][:1]
@@ -178,13 +197,15 @@ def test_config_must_match_the_data(tmp_path, preprocessed):
                            run=RunOptions(steps=5)), say=lambda _: None)
 
 
-def test_clear_errors(tmp_path, preprocessed, small_cfg):
+@pytest.mark.unit
+def test_clear_errors(tmp_path, small_cfg):
     with pytest.raises(DataError, match="no \\*.tfrecord shards"):
         make_dataset(small_cfg, str(tmp_path), "train", 8, training=True)
     with pytest.raises(TrainError, match="not a model directory"):
         load_trained(str(tmp_path))
 
 
+@pytest.mark.system
 def test_warm_start_from_previous_day(tmp_path, small_log, small_cfg, small_cfg_path):
     import glob as globlib
 
@@ -198,7 +219,7 @@ def test_warm_start_from_previous_day(tmp_path, small_log, small_cfg, small_cfg_
     run_preprocess(small_cfg, days[0], d1, IN_MEMORY, say=lambda _: None)
     run_preprocess(small_cfg, days[1], d2, IN_MEMORY, say=lambda _: None, previous_transform=d1)
     m1 = str(tmp_path / "m1")
-    train(TrainOptions(d1, m1, small_cfg_path, run=RunOptions(steps=40)), say=lambda _: None)
+    train(TrainOptions(d1, m1, small_cfg_path, run=RunOptions(steps=10)), say=lambda _: None)
     _, art1, model1 = load_trained(m1)
     art2 = TransformArtifact.read(os.path.join(d2, "transform"))
     model2 = build_model(small_cfg, art2)
@@ -215,8 +236,8 @@ def test_warm_start_from_previous_day(tmp_path, small_log, small_cfg, small_cfg_
     assert emb(model2).shape[0] > emb(model1).shape[0]  # today's vocabulary grew
     said = []
     r = train(TrainOptions(d2, str(tmp_path / "m2"), small_cfg_path, warm_start=m1,
-                           run=RunOptions(steps=20)), say=said.append)
-    assert r.steps_done == 20 and any("warm start from" in s for s in said)
+                           run=RunOptions(steps=10)), say=said.append)
+    assert r.steps_done == 10 and any("warm start from" in s for s in said)
     # Without --previous-transform the IDs differ: rows still follow the values, wherever they moved.
     d2_fresh = str(tmp_path / "d2_fresh")
     run_preprocess(small_cfg, days[1], d2_fresh, IN_MEMORY, say=lambda _: None)
@@ -246,6 +267,7 @@ def test_warm_start_from_previous_day(tmp_path, small_log, small_cfg, small_cfg_
     assert features_difference(small_cfg, loose) is None
 
 
+@pytest.mark.integration
 def test_two_tower_retrieval_trains_and_beats_random(tmp_path, preprocessed):
     d = small_config_dict()
     d["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user_id", "hist", "I1"],
@@ -269,6 +291,7 @@ def test_two_tower_retrieval_trains_and_beats_random(tmp_path, preprocessed):
     assert set(pop) >= {"recall_at_10", "ndcg_at_100", "mrr_at_50"} and 0 < pop["recall_at_100"] <= 1
 
 
+@pytest.mark.integration
 def test_synthetic_input_switch(tmp_path, preprocessed, small_cfg, small_cfg_path):
     from features.artifact import TransformArtifact
     from trainers.data import synthetic_dataset

@@ -1,5 +1,5 @@
-"""The trainer's tuning knobs change how the model is computed, never what it computes; the
-logistic-regression baseline; the progress bar; the allocator switch."""
+"""The trainer's tuning knobs change how the model is computed, never what it computes; the progress
+bar; the allocator switch."""
 from __future__ import annotations
 
 import io
@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 import yaml
 
-from conftest import SHARED_DATA, small_config_dict
+from conftest import small_config_dict
 from features.artifact import TransformArtifact
 from features.config import ConfigError, parse_config
 
@@ -42,6 +42,7 @@ def _dense(grads):
     return [tf.convert_to_tensor(g).numpy() for g in grads]
 
 
+@pytest.mark.integration
 def test_id_dedup_gives_the_same_outputs_and_gradients_with_fewer_rows(preprocessed):
     from trainers.models import accumulated_gradients
     plain_cfg, dedup_cfg = _cfg(dedup_ids=False), _cfg(dedup_ids=True)
@@ -64,6 +65,26 @@ def _sparse_indices(grads) -> list[np.ndarray]:
     return [g.indices.numpy() for g in grads if isinstance(g, tf.IndexedSlices)]
 
 
+def _two_steps(cfg, preprocessed, batch, accum, opt) -> list[np.ndarray]:
+    """A fresh model's weights and the optimizer's slots after two steps of the same gradients."""
+    from trainers.models import accumulated_gradients
+    m = _model(cfg, preprocessed)
+    grads, _ = accumulated_gradients(m, batch, accum)
+    for _ in range(2):  # the second step divides by the accumulators the first one left
+        opt.apply_gradients(zip(grads, m.trainable_variables))
+    return m.get_weights() + [v.numpy() for v in opt.variables]
+
+
+def _assert_same_steps(stock: list, ours: list) -> None:
+    assert len(stock) == len(ours)
+    moved = 0
+    for a, b in zip(stock, ours):
+        np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-8)  # weights of about 0.05: 1e-8 is 2e-7 of them
+        moved += not np.array_equal(a, b)
+    assert moved, "the fused kernels computed bit for bit what the stock ops do: is the Adagrad override used?"
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("model", [{"type": "dcn_v2", "cross_layers": 1, "deep_layers": [16], "wide": True},
                                    {"type": "dlrm", "bottom_layers": [16], "deep_layers": [16]},
                                    {"type": "logistic"}])
@@ -71,8 +92,7 @@ def test_the_optimizer_skips_re_deduplicating_only_gradients_that_are_unique(pre
     """With ID dedup a model's sparse gradients have unique indices, so its optimizer need not make them
     unique again (trainers.optim.sparse_grads_are_unique): checked for every ranking model, and two steps of
     the trusting optimizer (Adagrad's fused kernels) update every weight and accumulator as the stock one
-    does, but for where the kernels add epsilon. Gradient accumulation and a retrieval model's uniform
-    negatives do repeat indices, and keep tf-keras' dedup before the fused kernels."""
+    does, but for where the kernels add epsilon."""
     from trainers.models import accumulated_gradients
     from trainers.optim import optimizer_for, sparse_grads_are_unique
     d = small_config_dict()
@@ -80,38 +100,31 @@ def test_the_optimizer_skips_re_deduplicating_only_gradients_that_are_unique(pre
     cfg = parse_config(d)
     assert sparse_grads_are_unique(cfg)
     batch = _batch(preprocessed, cfg)
-    def two_steps(c, batch, accum, opt) -> list[np.ndarray]:
-        m = _model(c, preprocessed)
-        grads, _ = accumulated_gradients(m, batch, accum)
-        for _ in range(2):  # the second step divides by the accumulators the first one left
-            opt.apply_gradients(zip(grads, m.trainable_variables))
-        return m.get_weights() + [v.numpy() for v in opt.variables]
-
-    def assert_same_steps(stock: list, ours: list) -> None:
-        assert len(stock) == len(ours)
-        moved = 0
-        for a, b in zip(stock, ours):
-            np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-8)  # weights of about 0.05: 1e-8 is 2e-7 of them
-            moved += not np.array_equal(a, b)
-        assert moved, "the fused kernels computed bit for bit what the stock ops do: is the Adagrad override used?"
-
     indices = _sparse_indices(accumulated_gradients(_model(cfg, preprocessed), batch, 1)[0])
     assert indices and all(len(np.unique(i)) == len(i) for i in indices)
     stock, ours = optimizer_for(cfg), optimizer_for(cfg, own_step=True)
     assert type(stock) is tf.keras.optimizers.Adagrad and hasattr(stock, "_deduplicate_sparse_grad")
     assert type(ours).__name__ == "UniqueSparseFusedAdagrad"  # tf-keras' method replaced, as above
-    assert_same_steps(two_steps(cfg, batch, 1, stock), two_steps(cfg, batch, 1, ours))
+    _assert_same_steps(_two_steps(cfg, preprocessed, batch, 1, stock), _two_steps(cfg, preprocessed, batch, 1, ours))
 
-    # repeated rows (gradient accumulation's micro-batches) keep tf-keras' dedup, which
-    # makes them unique before the fused kernel sees them
+
+@pytest.mark.integration
+def test_repeated_sparse_gradients_keep_the_optimizers_dedup(preprocessed):
+    """Gradient accumulation (micro-batches' rows concatenated) and a retrieval model's uniform negatives (a
+    second lookup of the item table) repeat indices: sparse_grads_are_unique says so, and the fused
+    optimizer keeps tf-keras' dedup, stepping as the stock one does."""
+    from trainers.models import accumulated_gradients
+    from trainers.optim import optimizer_for, sparse_grads_are_unique
     accumulating = _cfg(grad_accum_steps=4)
     accumulating_batch = _batch(preprocessed, accumulating)
     grads, _ = accumulated_gradients(_model(accumulating, preprocessed), accumulating_batch, 4)
     assert not sparse_grads_are_unique(accumulating)
     assert any(len(np.unique(i)) < len(i) for i in _sparse_indices(grads))
     assert type(optimizer_for(accumulating, own_step=True)).__name__ == "FusedAdagrad"
-    assert_same_steps(two_steps(accumulating, accumulating_batch, 4, optimizer_for(accumulating)),
-                      two_steps(accumulating, accumulating_batch, 4, optimizer_for(accumulating, own_step=True)))
+    _assert_same_steps(
+        _two_steps(accumulating, preprocessed, accumulating_batch, 4, optimizer_for(accumulating)),
+        _two_steps(accumulating, preprocessed, accumulating_batch, 4, optimizer_for(accumulating, own_step=True)))
+    d = small_config_dict()
     for negatives in (0, 64):  # uniform negatives: a second lookup of the item table
         d["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user_id", "hist"],
                       "candidate_features": ["item_id"], "tower_layers": [16], "uniform_negatives": negatives}
@@ -121,6 +134,7 @@ def test_the_optimizer_skips_re_deduplicating_only_gradients_that_are_unique(pre
         assert unique == sparse_grads_are_unique(retrieval) == (negatives == 0)
 
 
+@pytest.mark.integration
 def test_gradient_accumulation_matches_one_big_batch(preprocessed):
     from trainers.models import accumulated_gradients
     cfg = _cfg(grad_accum_steps=4)
@@ -133,6 +147,7 @@ def test_gradient_accumulation_matches_one_big_batch(preprocessed):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.integration
 def test_xla_dense_part_computes_the_same_logits(preprocessed):
     cfg, jit_cfg = _cfg(), _cfg(jit_dense=True)
     batch = _batch(preprocessed, cfg)
@@ -143,6 +158,7 @@ def test_xla_dense_part_computes_the_same_logits(preprocessed):
                                rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.unit
 def test_tuning_is_validated_with_the_key_named():
     d = small_config_dict()
     d["train"]["tuning"] = {"grad_accum_steps": 3}  # batch_size 128
@@ -156,6 +172,7 @@ def test_tuning_is_validated_with_the_key_named():
         parse_config(d)
 
 
+@pytest.mark.integration
 def test_data_budget_and_prefetch_are_applied(preprocessed):
     from trainers.data import make_dataset
     cfg = _cfg(data_ram_budget_mb=64, prefetch_batches=2)
@@ -164,6 +181,7 @@ def test_data_budget_and_prefetch_are_applied(preprocessed):
     assert int(next(iter(ds))["item_id"].shape[0]) == 64
 
 
+@pytest.mark.unit
 def test_progress_bar_renders_and_draws_in_place():
     from trainers.progress import ProgressBar, render
     line = render(150, 300, 12345.0, 0.4512, 75)
@@ -181,6 +199,7 @@ def test_progress_bar_renders_and_draws_in_place():
     assert quiet.getvalue() == ""
 
 
+@pytest.mark.unit
 def test_steady_rate_skips_the_first_interval():
     from trainers.progress import steady_rate
     assert steady_rate((100, 10.0), (300, 12.0), 1000, 5.0) == pytest.approx(100_000)
@@ -188,6 +207,7 @@ def test_steady_rate_skips_the_first_interval():
     assert steady_rate((300, 10.0), (300, 10.0), 1000, 5.0) == 5.0
 
 
+@pytest.mark.unit
 def test_allocator_lookup_and_clear_errors(monkeypatch):
     from trainers import allocator
     assert allocator.loaded_allocator() == "system"
@@ -202,53 +222,29 @@ def test_allocator_lookup_and_clear_errors(monkeypatch):
     assert name == "system" and "apt-get install libtcmalloc-minimal4" in why
 
 
+@pytest.mark.integration
 def test_train_runs_under_tcmalloc_by_default_and_the_system_allocator_when_asked(tmp_path, preprocessed):
     from trainers.allocator import find_library
     find_library("tcmalloc")  # installed by `make install` (scripts/system_deps.sh); fails loudly if not
-    for allocator in ("auto", "system"):
+    # the re-exec says whether TensorFlow was loaded before it: then the process would import it twice
+    code = ("import os, sys; real = os.execve; "
+            "os.execve = lambda *a: (print('exec: tensorflow ' + ('loaded' if 'tensorflow' in sys.modules "
+            "else 'not loaded'), flush=True), real(*a)); "
+            "from recpipe.cli import main; sys.exit(main(sys.argv[1:]))")
+    runs = {}
+    for allocator in ("auto", "system"):  # both processes at once: each spends most of its time importing
         d = small_config_dict()
         if allocator != "auto":
             d["train"]["tuning"] = {"allocator": allocator}
         cfg_path = tmp_path / f"{allocator}.yaml"
         cfg_path.write_text(yaml.safe_dump(d))
-        model_dir = tmp_path / allocator
-        # the re-exec says whether TensorFlow was loaded before it: then the process would import it twice
-        code = ("import os, sys; real = os.execve; "
-                "os.execve = lambda *a: (print('exec: tensorflow ' + ('loaded' if 'tensorflow' in sys.modules "
-                "else 'not loaded'), flush=True), real(*a)); "
-                "from recpipe.cli import main; sys.exit(main(sys.argv[1:]))")
-        out = subprocess.run([sys.executable, "-c", code, "train", "--data", preprocessed[0], "--model-dir",
-                              str(model_dir), "--config", str(cfg_path), "--steps", "5"],
-                             capture_output=True, text=True, check=True).stdout
+        runs[allocator] = subprocess.Popen([sys.executable, "-c", code, "train", "--data", preprocessed[0],
+                                            "--model-dir", str(tmp_path / allocator), "--config", str(cfg_path),
+                                            "--steps", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for allocator, run in runs.items():
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err
         assert ("allocator tcmalloc" in out) == (allocator == "auto"), out
         assert ("exec: tensorflow not loaded" in out) == (allocator == "auto") and "tensorflow loaded" not in out, out
-        state = json.loads((model_dir / "train_state.json").read_text())
+        state = json.loads((tmp_path / allocator / "train_state.json").read_text())
         assert state["steps_done"] == 5 and state["allocator"] == ("tcmalloc" if allocator == "auto" else "system")
-
-
-@pytest.mark.skipif(not (SHARED_DATA / "criteo_10k.csv").exists(), reason="needs ../shared/data/criteo_sample")
-def test_logistic_regression_baseline_beside_dcn_v2_on_the_criteo_sample(tmp_path):
-    """Both learn on the same time split (8,100 train / 900 validation / 999 eval rows), each kept at
-    its best checkpoint on validation; `recpipe bench quality` compares them over seeds."""
-    from features.config import load_config
-    from pipeline.criteo import criteo_csv_to_parquet
-    from pipeline.preprocess import run_preprocess
-    from recpipe.samples import repo_configs
-    from trainers.evaluate import evaluate
-    from trainers.options import RunOptions, TrainOptions
-    from trainers.train import train
-    from conftest import IN_MEMORY
-    cfg_path = str(repo_configs() / "criteo.yaml")
-    criteo_csv_to_parquet(str(SHARED_DATA / "criteo_10k.csv"), str(tmp_path / "pq"))
-    run_preprocess(load_config(cfg_path), str(tmp_path / "pq"), str(tmp_path / "pre"), IN_MEMORY,
-                   say=lambda _: None)
-    lr = yaml.safe_load(open(cfg_path))
-    lr["model"] = {"task": "ranking", "type": "logistic"}
-    (tmp_path / "lr.yaml").write_text(yaml.safe_dump(lr))
-    auc = {}
-    for name, path in (("dcn_v2", cfg_path), ("logistic", str(tmp_path / "lr.yaml"))):
-        train(TrainOptions(str(tmp_path / "pre"), str(tmp_path / name), path, run=RunOptions(steps=1500)),
-              say=lambda _: None)
-        auc[name] = evaluate(str(tmp_path / name), str(tmp_path / "pre"))["auc"]
-    assert auc["logistic"] > 0.72 and auc["dcn_v2"] > 0.72, auc
-    assert abs(auc["logistic"] - auc["dcn_v2"]) < 0.03, auc
