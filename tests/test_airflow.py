@@ -31,9 +31,9 @@ def _python(env, code: str, *args: str, timeout: int = 900) -> dict:
 
 LOAD = """
 import json, sys, time
-t0 = time.perf_counter()
 from airflow.dag_processing.dagbag import DagBag
-bag = DagBag(sys.argv[1])
+t0 = time.perf_counter()
+bag = DagBag(sys.argv[1])  # the DAG file's parse, as Airflow's DAG processor pays it (Airflow imported already)
 parse = time.perf_counter() - t0
 dag = bag.dags.get("recpipe_daily")
 imported = "tensorflow" in sys.modules
@@ -48,15 +48,20 @@ print("RESULT " + json.dumps({"errors": {k: str(v) for k, v in bag.import_errors
       "first_run": {"ds": first.logical_date.date().isoformat(), "starts": first.run_after.isoformat()}}))
 """
 
+
+@pytest.mark.system
 def test_dag_loads_fast_without_tensorflow(airflow_env):
+    """The DAG file parses without errors into the task chain, without importing TensorFlow, in well under
+    0.1 s (10 ms measured on the 2-core dev host; TensorFlow's import alone takes seconds), and its first
+    run is planned for after the day it processes."""
     r = _python(airflow_env, LOAD, str(DAGS))
     assert r["errors"] == {}
-    assert r["order"] == ["wait_for_partition", "preprocess", "train", "evaluate", "bless", "push"]  # a chain: no cycles
+    assert r["order"] == ["wait_for_partition", "preprocess", "train", "evaluate", "bless", "push"]  # a chain
     assert r["tensorflow_imported"] is False
+    assert r["parse_s"] < 0.1, f"DAG parse took {r['parse_s'] * 1000:.0f} ms"
     # the run for a day starts once the day has ended (its partition is complete): Airflow 3's default for a
     # bare "@daily" started it at the day's first second, so every run waited on a partition still being written
     assert r["first_run"] == {"ds": "2026-01-01", "starts": "2026-01-02T00:00:00+00:00"}
-    print(f"DAG parse: {r['parse_s'] * 1000:.0f} ms")
 
 
 def _project(tmp, name, config: dict, **extra) -> str:
@@ -74,48 +79,61 @@ def _snapshot(root: Path) -> dict:
             if p.is_file()}
 
 
+@pytest.mark.system
 def test_daily_runs_bless_push_idempotent_and_refuse_a_worse_model(airflow, tmp_path):
+    """Day 1 runs on Airflow (dag.test: every task, each `recpipe daily STEP` in its own process) with a
+    project path holding a quote and a shell command as its run param: the param stays one argument (the
+    payload never runs, every task reads the project) and the first model is blessed and pushed, trained
+    under the config's allocator. Days 2 and 3 run the same steps in this process, as the tasks call them:
+    day 2 extends day 1's vocabularies, re-running it writes nothing, and day 3's worse model is refused."""
     from pipeline.synthetic import GenerateSpec, generate_log
-    generate_log(GenerateSpec(rows=9000, days=3, seed=21, num_users=500, num_items=300), str(tmp_path / "log"))
-    good = _project(tmp_path, "good", small_config_dict(steps=150))
-    run = lambda day, project: airflow.run_day(project, day)  # noqa: E731
+    from recpipe.daily import STEPS, run_step
+    generate_log(GenerateSpec(rows=6000, days=3, seed=21, num_users=500, num_items=300), str(tmp_path / "log"))
+    good = tmp_path / "evil'; touch \"$AIRFLOW_HOME\"-pwned; echo '.yaml"  # no '/': one file name
+    Path(_project(tmp_path, "good", small_config_dict(steps=80))).rename(good)
+    work = tmp_path / "work"
 
-    day1 = run("2026-01-01", good)
+    def run(day: str, project: str) -> None:  # the DAG's tasks in order, each as its `recpipe daily` step
+        for step in STEPS:
+            assert run_step(step, project, day, say=lambda _: None) == 0, (day, step)
+
+    day1 = airflow.run_day(str(good), "2026-01-01")
+    assert not Path(airflow.env["AIRFLOW_HOME"] + "-pwned").exists()  # the payload never ran
     assert day1["state"] == "success" and set(day1["tasks"].values()) == {"success"}, day1
+    assert sorted(day1["tasks"]) == sorted(["wait_for_partition", *STEPS[1:]])
     versions = sorted(os.listdir(tmp_path / "serving"))
     assert len(versions) == 1
-    assert json.loads(Path(tmp_path / "work" / "2026-01-01" / "blessing.json").read_text())["reason"] == "no model is served yet"
+    assert json.loads((work / "2026-01-01" / "blessing.json").read_text())["reason"] == "no model is served yet"
     # the train step re-executed itself under the config's allocator (auto: tcmalloc, installed by make install)
-    assert json.loads(Path(tmp_path / "work" / "2026-01-01" / "model" / "train_state.json").read_text()
-                      )["allocator"] == "tcmalloc"
+    assert json.loads((work / "2026-01-01" / "model" / "train_state.json").read_text())["allocator"] == "tcmalloc"
 
-    day2 = run("2026-01-02", good)
-    assert day2["state"] == "success", day2
-    blessing = json.loads(Path(tmp_path / "work" / "2026-01-02" / "blessing.json").read_text())
+    run("2026-01-02", str(good))
+    blessing = json.loads((work / "2026-01-02" / "blessing.json").read_text())
     assert blessing["metric"] == "auc" and blessing["blessed"] == (len(os.listdir(tmp_path / "serving")) == 2)
-    art = json.loads(Path(tmp_path / "work" / "2026-01-02" / "preprocessed" / "transform" / "transform.json").read_text())
+    art = json.loads((work / "2026-01-02" / "preprocessed" / "transform" / "transform.json").read_text())
     assert art["lineage"]["previous_transform"].endswith("2026-01-01/preprocessed")
 
-    before = _snapshot(tmp_path / "work"), _snapshot(tmp_path / "serving")
-    again = run("2026-01-02", good)  # re-running a day changes nothing
-    assert again["state"] == "success"
-    after = _snapshot(tmp_path / "work"), _snapshot(tmp_path / "serving")
+    before = _snapshot(work), _snapshot(tmp_path / "serving")
+    run("2026-01-02", str(good))  # re-running a day changes nothing
+    after = _snapshot(work), _snapshot(tmp_path / "serving")
     changed = {k for k in set(before[0]) | set(after[0]) if before[0].get(k) != after[0].get(k)}
     assert changed == set(), changed  # not a file written again
     assert before[1] == after[1]  # no new or changed version
 
     worse_cfg = small_config_dict(steps=40)
-    worse_cfg["train"].update(optimizer="sgd", learning_rate=3.0)  # wrecks the warm start, finite (300 diverges)
+    # from day 2's warm start, Adam at lr 1.0 collapses the scores to one value: eval AUC 0.5 on each of 9 seeds
+    # tried, against the served model's 0.60-0.73 (plain SGD at lr 3.0 came out no worse on 4 of them)
+    worse_cfg["train"].update(optimizer="adam", learning_rate=1.0)
     worse = _project(tmp_path, "worse", worse_cfg)
     served_before = sorted(os.listdir(tmp_path / "serving"))
-    day3 = run("2026-01-03", worse)
-    assert day3["state"] == "success", day3
-    verdict = json.loads(Path(tmp_path / "work" / "2026-01-03" / "blessing.json").read_text())
+    run("2026-01-03", worse)
+    verdict = json.loads((work / "2026-01-03" / "blessing.json").read_text())
     assert verdict["blessed"] is False and verdict["new"] < verdict["served"] - 0.02, verdict
     assert sorted(os.listdir(tmp_path / "serving")) == served_before  # not pushed
-    assert (tmp_path / "work" / "2026-01-03" / "metrics.json").exists()  # kept with its metrics
+    assert (work / "2026-01-03" / "metrics.json").exists()  # kept with its metrics
 
 
+@pytest.mark.unit
 def test_bless_on_a_sample_of_one_class_says_why_and_keeps_the_served_model():
     from recpipe.daily import auc_verdict
     nan = float("nan")
@@ -125,7 +143,7 @@ def test_bless_on_a_sample_of_one_class_says_why_and_keeps_the_served_model():
     assert auc_verdict([1.0, 0.0], 0.69, 0.70, 0.005)["blessed"] is False
 
 
-
+@pytest.mark.system
 def test_a_model_no_better_than_the_click_rate_is_never_pushed_the_first_one_included(tmp_path, preprocessed):
     """A model whose eval logloss is no lower than predicting train's click rate (here: trained 2 steps, its
     scores near 0.5) learnt nothing; with no model served yet it was blessed and pushed ('no model is served
@@ -156,6 +174,8 @@ def test_a_model_no_better_than_the_click_rate_is_never_pushed_the_first_one_inc
         is None
     assert loses_to_baseline("ranking", {"logloss": 0.4, "baselines": {"constant_rate": {"logloss": 0.5}}}) is None
 
+
+@pytest.mark.system
 def test_a_horovod_projects_train_step_launches_its_ranks_without_tensorflow(tmp_path, preprocessed):
     """`recpipe daily train` (the DAG's train task) of a project that trains on 2 Horovod ranks: the task's
     process only launches them, and never loads TensorFlow (about 550 MB it held while they trained)."""
@@ -175,6 +195,7 @@ def test_a_horovod_projects_train_step_launches_its_ranks_without_tensorflow(tmp
     assert json.loads((tmp_path / "work" / day / "model" / "train_state.json").read_text())["steps_done"] == 4
 
 
+@pytest.mark.system
 def test_a_retrieval_model_is_blessed_against_the_served_one_on_the_same_eval_rows(tmp_path, small_log):
     """Retrieval bless compared the new model's recall@10 on its day's eval split with the number the served
     version recorded on ITS day's: two sets of rows, so a harder day held a better model back and an easier
@@ -219,29 +240,7 @@ def test_a_retrieval_model_is_blessed_against_the_served_one_on_the_same_eval_ro
     assert verdict["blessed"] is (verdict["new"] >= verdict["served"] - 0.02 and "baseline" not in verdict)
 
 
-RUN_ONE = """
-import json, sys, pendulum
-from airflow.dag_processing.dagbag import DagBag
-dag = DagBag(sys.argv[1]).dags["recpipe_daily"].partial_subset(task_ids=[sys.argv[5]], include_upstream=False)
-dr = dag.test(logical_date=pendulum.parse(sys.argv[2]), run_conf={"project": sys.argv[3], "recpipe_bin": sys.argv[4]})
-print("RESULT " + json.dumps({"state": str(dr.state), "tasks": {ti.task_id: str(ti.state) for ti in dr.get_task_instances()}}))
-"""
-
-
-def test_params_never_reach_the_shell_as_code(airflow_env, tmp_path):
-    """A run param holding a quote and a command (here: the project path) stays one argument."""
-    from pipeline.synthetic import GenerateSpec, generate_log
-    generate_log(GenerateSpec(rows=2000, days=1, seed=4, num_users=100, num_items=50), str(tmp_path / "log"))
-    good = Path(_project(tmp_path, "p", small_config_dict(steps=20)))
-    evil = tmp_path / "evil'; touch \"$AIRFLOW_HOME\"-pwned; echo '.yaml"  # no '/': one file name
-    good.rename(evil)
-    recpipe = str(Path(sys.executable).parent / "recpipe")
-    r = _python(airflow_env, RUN_ONE, str(DAGS), "2026-01-01", str(evil), recpipe, "preprocess")
-    assert not Path(airflow_env["AIRFLOW_HOME"] + "-pwned").exists()  # the payload never ran
-    assert r["tasks"] == {"preprocess": "success"}, r  # and the odd path was used as the path it is
-    assert (tmp_path / "work" / "2026-01-01" / "preprocessed" / "transform" / "transform.json").exists()
-
-
+@pytest.mark.unit
 def test_a_partition_is_ready_when_its_writer_marks_it_complete(tmp_path):
     """The sensor's probe waits for the partition's _SUCCESS (what Spark's, Hive's and Hadoop's committers
     write last), so a day still being written is never preprocessed: it used to be ready at its first

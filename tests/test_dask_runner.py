@@ -33,6 +33,8 @@ STOCK = "apache_beam.runners.dask.dask_runner.DaskRunner"
 OURS = "pipeline.dask_runner.DaskRunner"
 TESTS = str(Path(__file__).resolve().parent)
 
+pytestmark = pytest.mark.system
+
 
 def _scheduler(dask_cli: str, sched_file: str, env: dict) -> subprocess.Popen:
     """`dask scheduler` on a free port, once it has written `sched_file` (its address)."""
@@ -66,13 +68,21 @@ def dask_cluster(tmp_path_factory):
             client.wait_for_workers(2, timeout=120)
         yield address
     finally:
-        for p in procs:
+        _stop(procs)
+
+
+def _stop(procs: list) -> None:
+    """The workers, then the scheduler (procs[0]): a worker whose scheduler went first waits to reconnect
+    before it exits (8 s more)."""
+    for group in (procs[1:], procs[:1]):
+        for p in group:
             p.terminate()
-        for p in procs:
+        for p in group:
             try:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
 
 
 def _run(build, runner: str, address: str):
@@ -344,19 +354,44 @@ def test_preprocess_on_dask_gives_directrunners_outputs(dask_cluster, tmp_path, 
 
 
 def test_preprocess_on_dask_survives_a_killed_worker(dask_cluster, tmp_path, log_with_bad_rows, direct_output):
-    """A worker process SIGKILLed while the job runs: Dask recomputes what it held; the outputs and the
-    row accounting (from the data) come out exactly as DirectRunner's."""
+    """A worker process SIGKILLed mid-job, the moment it holds a result the job computed on the cluster (the
+    first bag persisted for a side input, read again later): the scheduler sees it leave, Dask recomputes
+    what it held, and the outputs and the row accounting (from the data) come out exactly as DirectRunner's."""
     import distributed
-    with distributed.Client(dask_cluster) as client:
-        pids = list(client.run(os.getpid).values())
-    killer = threading.Timer(6.0, os.kill, (pids[0], signal.SIGKILL))
-    killer.start()
-    out = str(tmp_path / "pre")
-    try:
-        res = run_preprocess(parse_config(small_config_dict()), log_with_bad_rows, out,
-                             ["--runner", "dask", "--dask-address", dask_cluster], say=lambda _: None)
-    finally:
-        killer.cancel()
+    job_over, killed = threading.Event(), {}
+    with distributed.Client(dask_cluster, set_as_default=False) as watcher:
+        watcher.wait_for_workers(2, timeout=120)
+        pids = watcher.run(os.getpid)
+
+        def kill_a_worker_holding_results():
+            while not job_over.is_set():
+                held = {worker: keys for worker, keys in watcher.has_what().items() if keys}
+                if held:
+                    address = max(held, key=lambda w: len(held[w]))
+                    os.kill(pids[address], signal.SIGKILL)
+                    killed.update(address=address, pid=pids[address], keys=len(held[address]))
+                    return
+                time.sleep(0.02)
+
+        killer = threading.Thread(target=kill_a_worker_holding_results)
+        killer.start()
+        out = str(tmp_path / "pre")
+        try:
+            res = run_preprocess(parse_config(small_config_dict()), log_with_bad_rows, out,
+                                 ["--runner", "dask", "--dask-address", dask_cluster], say=lambda _: None)
+        finally:
+            job_over.set()
+            killer.join()
+        assert killed, "no worker was killed while the job ran (none held a computed result before it ended)"
+        deadline = time.monotonic() + 60
+
+        def still_there() -> list:
+            return [what for what, there in (("its process", os.path.exists(f"/proc/{killed['pid']}")),
+                    ("its scheduler entry", killed["address"] in watcher.scheduler_info(n_workers=-1)["workers"]))
+                    if there]
+        while still_there() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not still_there(), (killed, still_there())  # the process is gone and the scheduler saw it leave
     assert res.rows_in == 6000 == res.rows_train + res.rows_eval + res.rows_dead
     _assert_same_outputs(direct_output, PreprocessedData(out))
 
@@ -429,7 +464,4 @@ def test_a_worker_with_other_code_is_named_before_the_job_starts(dask_cluster, t
                            ["--runner", "dask", "--dask-address", late], say=lambda _: None)
         assert not (tmp_path / "late" / "transform").exists()
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+        _stop(procs)

@@ -15,8 +15,8 @@ from recpipe.daily import DailyConfig
 from recpipe.k8s import ManifestError, RenderOptions, render, validate
 
 
-@pytest.fixture()
-def project(tmp_path):
+def _project(tmp_path) -> str:
+    """A project YAML (and its config) in tmp_path that trains on 3 PS workers, 2 PS and 4 Horovod ranks."""
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(small_config_dict()))
     path = tmp_path / "project.yaml"
     path.write_text(yaml.safe_dump({"log_root": "/data/log", "work_root": "/data/work", "model_base": "/data/serving",
@@ -29,8 +29,9 @@ def _by_kind(manifests):
     return {m["kind"]: m for m in manifests}
 
 
-def test_render_writes_every_engine_from_one_project(project):
-    m = _by_kind(render(RenderOptions(project, "2026-01-02", "reg.example/recpipe:1", volume_claim="data")))
+@pytest.mark.unit
+def test_render_writes_every_engine_from_one_project(tmp_path):
+    m = _by_kind(render(RenderOptions(_project(tmp_path), "2026-01-02", "reg.example/recpipe:1", volume_claim="data")))
     assert set(m) == {"ConfigMap", "DaskJob", "TFJob", "MPIJob", "Job", "Service"}
     tf = m["TFJob"]["spec"]["tfReplicaSpecs"]
     assert {k: v["replicas"] for k, v in tf.items()} == {"Chief": 1, "Worker": 3, "PS": 2}
@@ -67,8 +68,9 @@ def test_render_writes_every_engine_from_one_project(project):
     assert "project-horovod-host-4.yaml" not in data
 
 
-def test_validator_rejects_what_the_api_server_would(project):
-    good = _by_kind(render(RenderOptions(project, "2026-01-02", "img")))
+@pytest.mark.unit
+def test_validator_rejects_what_the_api_server_would(tmp_path):
+    good = _by_kind(render(RenderOptions(_project(tmp_path), "2026-01-02", "img")))
     cases = []
     bad = copy.deepcopy(good["TFJob"])
     bad["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
@@ -104,7 +106,9 @@ def test_validator_rejects_what_the_api_server_would(project):
         validate({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "x"}})
 
 
-def test_cli_render_and_daily_options(project, tmp_path):
+@pytest.mark.integration
+def test_cli_render_and_daily_options(tmp_path):
+    project = _project(tmp_path)
     out = subprocess.run([sys.executable, "-m", "recpipe.cli", "cluster", "render", "--project", project, "--day",
                           "2026-01-02", "--image", "img", "--out", str(tmp_path / "k8s")],
                          capture_output=True, text=True, timeout=120)

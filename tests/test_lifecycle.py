@@ -27,6 +27,7 @@ from serving.prune import PruneError, prune_vocabularies
 from serving.version import ExportBase
 
 
+@pytest.mark.unit
 def test_admission_counts_the_window_of_days():
     spec = VocabSpec(min_count=3, window_days=2)
     d0 = advance_vocabulary(None, [("x", 2), ("y", 5)], 10, spec)
@@ -40,6 +41,7 @@ def test_admission_counts_the_window_of_days():
     assert one_day.values == [] and one_day.pending == []  # window_days 1 keeps nothing pending
 
 
+@pytest.mark.unit
 def test_runs_without_days_extend_a_plain_vocabulary():
     """No dt= partition and no --day (allowed when nothing evicts or admits over a window): a second run
     extends the first run's vocabulary; it used to fail with a TypeError on the missing day."""
@@ -48,6 +50,7 @@ def test_runs_without_days_extend_a_plain_vocabulary():
     assert first.values == ["a"] and second.values == ["a", "c", "b"] and second.day is None
 
 
+@pytest.mark.unit
 def test_eviction_frees_slots_that_new_values_reuse_and_kept_ids_never_change():
     spec = VocabSpec(min_count=1, max_size=3, evict_unseen_days=2)
     s = advance_vocabulary(None, [("a", 5), ("b", 4), ("c", 3)], 0, spec)
@@ -62,6 +65,7 @@ def test_eviction_frees_slots_that_new_values_reuse_and_kept_ids_never_change():
     assert s.values == [None, None, None] and s.counts == [0, 0, 0] and s.live() == 0
 
 
+@pytest.mark.unit
 def test_max_size_keeps_old_values_and_admits_new_ones_by_count_then_value():
     spec = VocabSpec(min_count=2, max_size=4, evict_unseen_days=1)
     s = VocabState(["k1", "k2", "k3"], [1, 1, 1], [4, 4, 4], day=4)
@@ -73,6 +77,7 @@ def test_max_size_keeps_old_values_and_admits_new_ones_by_count_then_value():
     assert kept.values == ["k"]  # a kept value is never displaced, however popular a new one is
 
 
+@pytest.mark.unit
 def test_first_day_and_plain_days_match_the_plain_vocabulary():
     rng = np.random.default_rng(3)
     counts = [(f"v{i}", int(c)) for i, c in enumerate(rng.integers(1, 9, 300))]
@@ -125,6 +130,7 @@ def four_days(tmp_path_factory):
     return cfg, log, outs, [TransformArtifact.read(os.path.join(o, "transform")) for o in outs]
 
 
+@pytest.mark.integration
 def test_day_by_day_runs_admit_evict_and_reuse_slots(four_days):
     cfg, _, _, arts = four_days
     v = [a.vocabularies["item"] for a in arts]
@@ -143,6 +149,7 @@ def test_day_by_day_runs_admit_evict_and_reuse_slots(four_days):
     assert ids[:2].tolist() == [0, 3] and (ids[2:] >= 4).all()  # x evicted and e not admitted: OOV
 
 
+@pytest.mark.integration
 def test_a_lifecycle_vocabulary_needs_the_runs_day_in_order(tmp_path, four_days):
     cfg, log, outs, _ = four_days
     flat = str(tmp_path / "flat.parquet")
@@ -159,6 +166,7 @@ def test_a_lifecycle_vocabulary_needs_the_runs_day_in_order(tmp_path, four_days)
     assert TransformArtifact.read(str(tmp_path / "o4" / "transform")).day == "2026-02-01"
 
 
+@pytest.mark.integration
 def test_warm_start_rows_follow_the_values(four_days):
     from trainers.warm_start import _row_map
     cfg, _, _, arts = four_days
@@ -168,6 +176,7 @@ def test_warm_start_rows_follow_the_values(four_days):
     assert today.tolist() == earlier.tolist() == [0, 1, 2]  # b reuses x's slot: initialised fresh
 
 
+@pytest.mark.integration
 def test_prune_keeps_the_values_seen_in_the_last_days_and_compacts_the_table(four_days):
     _, _, _, arts = four_days
     p = prune_vocabularies(arts[3], 1)  # day 4: [a, d, c, b], d and c last seen on day 3
@@ -185,6 +194,7 @@ def test_prune_keeps_the_values_seen_in_the_last_days_and_compacts_the_table(fou
         prune_vocabularies(dayless, 1)
 
 
+@pytest.mark.system
 def test_pruned_export_maps_unseen_values_to_oov_and_passes_the_skew_check(tmp_path, four_days):
     from serving.export import export_model
     from serving.registry import load_version
@@ -212,6 +222,7 @@ def test_pruned_export_maps_unseen_values_to_oov_and_passes_the_skew_check(tmp_p
     np.testing.assert_allclose(served, trained, atol=1e-6)  # d and c: OOV tokens now, with the trained OOV rows
 
 
+@pytest.mark.system
 def test_pruned_retrieval_export_leaves_stale_candidates_out_of_the_index(tmp_path, four_days):
     """Two towers over the same four days: the day-4 export with --prune-unseen-days 1 recommends only
     the items seen on day 4 (a, b), and its skew check passes; so does an index read from the data
@@ -262,6 +273,7 @@ def test_pruned_retrieval_export_leaves_stale_candidates_out_of_the_index(tmp_pa
         assert abs(want[label] - got[label]) < 1e-5, (label, want, got)
 
 
+@pytest.mark.unit
 def test_pruned_candidates_leave_the_index_and_attributes_are_renumbered():
     """pruned_candidates: a candidate whose own value was pruned leaves the index; the kept ones' IDs
     and attribute IDs (multivalent too) are the pruned graph's, a pruned attribute value its OOV bucket."""
@@ -288,6 +300,7 @@ def test_pruned_candidates_leave_the_index_and_attributes_are_renumbered():
     assert [t.tolist() for t in out.features["tags"]] == [[0, y_bucket], [y_bucket, 1], []]  # z: 2 -> 1
 
 
+@pytest.mark.unit
 def test_the_truth_column_changes_nothing_else_and_scores_each_days_eval_rows(tmp_path):
     """pipeline.synthetic's `truth_column` adds each row's click probability and leaves every other
     column as it was; the lifecycle bench's oracle AUC scores the day's eval rows (those after the
@@ -310,6 +323,7 @@ def test_the_truth_column_changes_nothing_else_and_scores_each_days_eval_rows(tm
     assert all(0.7 < a < 1 for a in aucs), aucs  # the hidden model itself: what a trained model aims at
 
 
+@pytest.mark.unit
 def test_lifelong_popularity_keeps_each_items_rank_and_day_one_of_the_drift_free_log(tmp_path):
     """pipeline.synthetic's item_popularity="lifelong": every day's window holds every Zipf rank once, an item
     keeps its rank from its first day to its last (the stopping items take random ranks, not the top ones as

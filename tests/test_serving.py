@@ -48,6 +48,7 @@ def _raw_rows(small_log, small_cfg, n=6):
     return rest_rows(files[-1], columns, n)
 
 
+@pytest.mark.integration
 def test_export_layout(exported, trained):
     base, path = exported
     assert os.path.basename(path) == "1" and [v.version for v in ExportBase(base).versions()] == [1]
@@ -59,6 +60,7 @@ def test_export_layout(exported, trained):
         export_model(trained, base, version=1)
 
 
+@pytest.mark.integration
 def test_export_skew_check_report(exported, preprocessed):
     _, path = exported
     report = json.loads(Path(os.path.join(path, "skew_check.json")).read_text())
@@ -66,6 +68,7 @@ def test_export_skew_check_report(exported, preprocessed):
     assert report["max_abs_diff"] <= report["tolerance"] == 1e-5
 
 
+@pytest.mark.integration
 def test_export_fails_on_skew_and_publishes_nothing(tmp_path, trained, monkeypatch):
     import serving.export as export_mod
     real = export_mod.read_single_batch
@@ -82,6 +85,7 @@ def test_export_fails_on_skew_and_publishes_nothing(tmp_path, trained, monkeypat
     assert os.listdir(base) == []  # neither version 7 nor its temp folder
 
 
+@pytest.mark.integration
 def test_saved_model_scores_raw_rows_like_the_trainer(exported, trained, small_log, small_cfg):
     """Raw rows through the SavedModel == the same rows through Arrow canonicalisation + trainer model."""
     from features.canonical import LABEL_KEY, canonicalize
@@ -107,6 +111,7 @@ def test_saved_model_scores_raw_rows_like_the_trainer(exported, trained, small_l
                                   lv.fn(**request)["score"].numpy())
 
 
+@pytest.mark.integration
 def test_rest_response_leaves_in_one_write(server, small_log, small_cfg, monkeypatch):
     """Header and body of a response are handed to the transport together (one write, so one send),
     for a prediction and for an error; the client still reads both whole."""
@@ -137,6 +142,7 @@ def test_rest_response_leaves_in_one_write(server, small_log, small_cfg, monkeyp
         assert json.loads(payload) == out and f"Content-Length: {len(payload)}".encode() in head
 
 
+@pytest.mark.integration
 def test_rest_predict_row_and_columnar(server, exported, small_log, small_cfg):
     rows, _ = _raw_rows(small_log, small_cfg)
     url = f"http://127.0.0.1:{server.rest_port}/v1/models/small"
@@ -153,6 +159,7 @@ def test_rest_predict_row_and_columnar(server, exported, small_log, small_cfg):
     np.testing.assert_allclose(body2["outputs"], direct, atol=1e-6)
 
 
+@pytest.mark.integration
 def test_rest_status_metadata_health_and_errors(server):
     base = f"http://127.0.0.1:{server.rest_port}"
     code, body = _http("GET", base + "/v1/models/small")
@@ -170,6 +177,7 @@ def test_rest_status_metadata_health_and_errors(server):
     assert _http("GET", base + "/v1/models/small")[0] == 200  # still serving
 
 
+@pytest.mark.unit
 def test_parse_and_format_helpers():
     specs = {"a": tf.TensorSpec([None], tf.string), "x": tf.TensorSpec([None], tf.float32)}
     cols, row = parse_predict_body({"instances": [{"a": "u", "x": 1}, {"a": None}]}, specs)
@@ -181,6 +189,7 @@ def test_parse_and_format_helpers():
         "outputs": {"s": [1.0], "t": [2.0]}}
 
 
+@pytest.mark.integration
 def test_grpc_with_official_stub(server, small_log, small_cfg):
     rows, _ = _raw_rows(small_log, small_cfg, 4)
     lv = server.registry.get()
@@ -221,6 +230,7 @@ def _json_examples(table, artifact):
     return rows
 
 
+@pytest.mark.integration
 def test_classify_and_regress_on_tf_examples(server, preprocessed, small_log):
     """tf.Examples of raw columns score like the same rows as columns: gRPC Classify/Regress with the
     official stub (example_list and example_list_with_context) and REST :classify/:regress."""
@@ -307,6 +317,7 @@ def _trained_on(tmp_path, log):
     return PreprocessedData(str(tmp_path / "pre"))
 
 
+@pytest.mark.system
 def test_integer_ids_null_list_items_and_string_numbers_export_and_serve(tmp_path, small_log):
     """A log whose ID column is integers, some of them null (the Beam job reads a null ID as ""), whose
     list column has null items (the Beam job drops them) and whose dense column is numbers in strings,
@@ -356,22 +367,31 @@ def test_integer_ids_null_list_items_and_string_numbers_export_and_serve(tmp_pat
     assert 0.0 < sample_auc(version, sample) < 1.0
 
 
-def test_new_version_is_picked_up_and_corrupt_one_refused(server, exported, trained):
-    base, _ = exported
-    os.makedirs(os.path.join(base, "3"))
-    open(os.path.join(base, "3", "saved_model.pb"), "wb").write(b"garbage")
-    time.sleep(1.0)
-    assert server.registry.get().version == 1  # corrupt version 3 refused, 1 still serves
-    shutil.rmtree(os.path.join(base, "3"))
-    export_model(trained, base, version=4)
-    deadline = time.monotonic() + 60
-    while server.registry.get().version != 4 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert server.registry.get().version == 4
-    code, body = _http("GET", f"http://127.0.0.1:{server.rest_port}/v1/models/small")
-    assert body["model_version_status"][0]["version"] == "4"
+@pytest.mark.integration
+def test_new_version_is_picked_up_and_corrupt_one_refused(tmp_path, exported, trained):
+    """On a base of its own (a copy of the exported version 1): a corrupt version 3 is refused while 1 serves,
+    and a new version 4 is then picked up and reported."""
+    base = str(tmp_path / "base")
+    shutil.copytree(exported[1], os.path.join(base, "1"))
+    server = ModelServer(ServeOptions(base, "small", rest_port=0, grpc_port=None, poll_seconds=0.2)).start()
+    try:
+        os.makedirs(os.path.join(base, "3"))
+        open(os.path.join(base, "3", "saved_model.pb"), "wb").write(b"garbage")
+        time.sleep(1.0)
+        assert server.registry.get().version == 1  # corrupt version 3 refused, 1 still serves
+        shutil.rmtree(os.path.join(base, "3"))
+        export_model(trained, base, version=4)
+        deadline = time.monotonic() + 60
+        while server.registry.get().version != 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert server.registry.get().version == 4
+        code, body = _http("GET", f"http://127.0.0.1:{server.rest_port}/v1/models/small")
+        assert body["model_version_status"][0]["version"] == "4"
+    finally:
+        server.stop()
 
 
+@pytest.mark.system
 def test_retrieval_export_and_serving(tmp_path, preprocessed, small_log, small_cfg):
     import yaml
 
@@ -410,6 +430,7 @@ def test_retrieval_export_and_serving(tmp_path, preprocessed, small_log, small_c
     assert first["scores"] == sorted(first["scores"], reverse=True)
 
 
+@pytest.mark.system
 def test_uint64_ids_of_2_to_the_63_and_more_serve_like_the_trainer(tmp_path, small_log):
     """A uint64 ID column (64-bit hashed user IDs: half of them 2**63 and more) trained, as decimal strings,
     but no int64 input could carry its upper half: the REST server answered 400 for those users. Now such a
