@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.recpipe-installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench horovod clean
+.PHONY: install demo test test-fast bench horovod clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "recpipe needs Python 3.11 (TensorFlow 2.21 stack); set PYTHON=python3.11")'
@@ -34,8 +34,13 @@ install: $(STAMP)
 demo: install
 	$(BIN)/recpipe demo
 
+# Every tier (unit first); pytest.ini prints the 25 slowest tests.
 test: install $(HVD_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The unit tier alone: no process, Beam job, training or Horovod, in a few minutes.
+test-fast: install
+	$(BIN)/python -m pytest -m unit $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/recpipe bench

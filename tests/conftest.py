@@ -1,7 +1,19 @@
-"""Shared, session-scoped artifacts: a small synthetic log, its preprocessed form, a trained model, an export.
+"""Test tiers and the shared, session-scoped artifacts.
 
-Each stage is produced by the real component (Beam DirectRunner, TFRS training, SavedModel export);
-tests that need a later stage reuse these instead of rebuilding the chain.
+Every test carries exactly one tier marker (registered in pytest.ini, checked at collection):
+
+- unit: pure logic and small I/O in this process: no subprocess, no Beam job, no training, no traffic
+  beyond loopback (_unit_guard fails the test), and no session or module fixture but the light ones
+  (UNIT_FIXTURES). `make test-fast` runs this tier.
+- integration: one stage end to end in this process or its own (a Beam run, a training, an export, a server).
+- system: several stages or processes together: the CLI chain, clusters in network namespaces, Airflow,
+  Dask, servers under load.
+- quality: statistical claims about models (each with margins that hold across seeds).
+- bench: the quick run of every `recpipe bench` suite.
+
+`make test` runs every tier, the unit tier first. The session fixtures produce each stage once with the
+real component (Beam DirectRunner, TFRS training, SavedModel export); tests that need a later stage reuse
+them instead of rebuilding the chain.
 """
 from __future__ import annotations
 
@@ -18,6 +30,74 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 SHARED_DATA = REPO.parent / "shared" / "data" / "criteo_sample"
 IN_MEMORY = ["--runner=DirectRunner", "--direct_running_mode=in_memory"]
+
+
+# ----------------------------------------------------------------------------- tiers
+TIERS = ("unit", "integration", "system", "quality", "bench")
+# The session fixtures a unit test may ask for: they cost no Beam job or training. Function-scoped fixtures run
+# under _unit_guard; wider-scoped ones are set up before it, so a unit test may use only these.
+UNIT_FIXTURES = {"tmp_path_factory", "small_cfg", "small_cfg_path", "small_log"}
+
+
+def _tier_problems(item) -> list[str]:
+    tiers = [m.name for m in item.iter_markers() if m.name in TIERS]
+    if len(tiers) != 1:
+        return [f"{item.nodeid}: {len(tiers)} tier markers ({', '.join(tiers) or 'none'}); give it exactly one of "
+                f"{', '.join(TIERS)}"]
+    if tiers[0] != "unit":
+        return []
+    defs = item._fixtureinfo.name2fixturedefs
+    heavy = sorted(name for name in item.fixturenames
+                   if name in defs and defs[name][-1].scope != "function" and name not in UNIT_FIXTURES)
+    return [f"{item.nodeid}: a unit test uses the {', '.join(heavy)} fixture(s), set up before the unit guard; "
+            "mark it integration or give it a lighter fixture"] if heavy else []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Refuse a test without exactly one tier (or a unit test on a heavy fixture); run the unit tier first."""
+    problems = [p for item in items for p in _tier_problems(item)]
+    if problems:
+        raise pytest.UsageError("test tiers:\n  " + "\n  ".join(problems))
+    items.sort(key=lambda item: item.get_closest_marker("unit") is None)  # stable: file order within each
+
+
+class UnitTierError(AssertionError):
+    """A unit test did what only a heavier tier may do."""
+
+
+def _refuse(what: str):
+    def refuse(*args, **kwargs):
+        raise UnitTierError(f"a unit test {what}; mark it integration or system")
+    return refuse
+
+
+@pytest.fixture(autouse=True)
+def _unit_guard(request, monkeypatch):
+    """In a unit test, starting a process, running a Beam pipeline or a training, or connecting beyond
+    loopback fails the test (so the fast tier stays fast and hermetic)."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    import socket
+    import subprocess
+
+    import apache_beam
+
+    import trainers.train
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", _refuse("started a process"))
+    monkeypatch.setattr(apache_beam.Pipeline, "run", _refuse("ran a Beam pipeline"))
+    monkeypatch.setattr(trainers.train, "_train", _refuse("trained a model"))
+    connect = socket.socket.connect
+
+    def loopback_only(sock, address):
+        host = address[0] if isinstance(address, tuple) else address
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and host not in ("127.0.0.1", "::1", "localhost"):
+            raise UnitTierError(f"a unit test connected to {address}; mark it integration or system")
+        return connect(sock, address)
+    monkeypatch.setattr(socket.socket, "connect", loopback_only)
+    yield
 
 
 def small_config_dict(steps: int = 150) -> dict:

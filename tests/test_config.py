@@ -5,6 +5,8 @@ import pytest
 from conftest import CONFIGS, small_config_dict
 from features.config import ConfigError, config_to_dict, embedding_dim, load_config, parse_config
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("name", ["synthetic.yaml", "criteo.yaml"])
 def test_shipped_configs_load(name):

@@ -17,6 +17,8 @@ from features.record_codec import Ragged, RecordError, count_rows, encode_batch,
 from features.records import parse_record
 from features.transform import FeatureTransform, canonical_to_tensors, canonicalize_request, request_spec
 
+pytestmark = pytest.mark.unit
+
 
 def _cfg():
     return parse_config({

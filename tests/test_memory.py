@@ -14,6 +14,7 @@ from trainers.options import RunOptions, TrainOptions
 from trainers.train import _check_ps_task_memory, train
 
 
+@pytest.mark.unit
 def test_the_verdict_weighs_the_state_of_every_process_against_what_is_available():
     state = StateSize({"item_id": (30_000_000, 16), "user_id": (1_000, 8)}, slots=1, optimizer="adagrad")
     assert state.total == (30_000_000 * 16 + 1_000 * 8) * 4 * 2
@@ -36,6 +37,7 @@ def test_the_verdict_weighs_the_state_of_every_process_against_what_is_available
     assert "need 3.58 GiB on this host (its 2 PS tasks hold one copy between them)" in error
 
 
+@pytest.mark.unit
 def test_the_tightest_memory_cgroup_up_the_hierarchy_counts_without_its_inactive_page_cache(tmp_path):
     root = tmp_path / "cgroup"
     v1 = root / "memory" / "job" / "step"
@@ -60,6 +62,7 @@ def test_the_tightest_memory_cgroup_up_the_hierarchy_counts_without_its_inactive
     assert _cgroup_headroom(str(v2), str(proc)) is None  # no limit
 
 
+@pytest.mark.unit
 def test_who_holds_the_tables_on_this_host():
     assert holders_on_this_host(RunOptions(strategy="local"), False) == Holders()
     assert holders_on_this_host(RunOptions(strategy="horovod", np=3), False).processes == 3
@@ -70,6 +73,7 @@ def test_who_holds_the_tables_on_this_host():
                                                                            # their own hosts
 
 
+@pytest.mark.integration
 def test_train_refuses_tables_no_host_can_hold_naming_them(tmp_path, small_log):
     d = small_config_dict()
     d["features"]["sparse"][0]["hash_buckets"] = 4_000_000_000  # user_id: 4e9 x 8 x 4 B x 2 = 238 GiB

@@ -3,6 +3,8 @@ import pytest
 
 from features.metrics import auc_standard_error, log_loss, roc_auc
 
+pytestmark = pytest.mark.unit
+
 
 def _pairwise_auc(y, s):
     pos, neg = s[y == 1], s[y == 0]

@@ -2,8 +2,11 @@
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from pipeline.repeats import Repeats, bucketed, find_repeats, pairs_bytes, pairs_from_bytes, row_hashes
+
+pytestmark = pytest.mark.unit
 
 LONG = "x" * 30
 

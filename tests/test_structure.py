@@ -5,7 +5,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO
+
+pytestmark = pytest.mark.unit
 
 PACKAGES = ("features", "pipeline", "trainers", "serving", "recpipe")
 # What each package may import from the project (data flows one way: features <- the rest).
