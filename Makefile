@@ -15,7 +15,7 @@ $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "recpipe needs Python 3.11 (TensorFlow 2.21 stack); set PYTHON=python3.11")'
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): setup.cfg pyproject.toml scripts/system_deps.sh | $(BIN)/python
+$(STAMP): setup.cfg setup.py pyproject.toml scripts/system_deps.sh | $(BIN)/python
 	@scripts/system_deps.sh
 	@echo "installing recpipe and its pinned stack into $(VENV) (log: $(VENV)/pip-install.log)"
 	@$(BIN)/pip install -e '.[dev,airflow]' > $(VENV)/pip-install.log 2>&1 || { tail -40 $(VENV)/pip-install.log; exit 1; }

@@ -6,7 +6,7 @@ the serving export (lookup tables inside the graph). Layout of ``DIR``:
     config.yaml        the config the job ran with
     transform.json     raw schema, ID-space sizes, dense statistics, split, row counts, versions
     vocab/NAME.json    {"values": [...], "counts": [...], "last_seen": [...], "pending": [...]} in ID
-                       order, one per vocabulary owner; a null value is a free slot (pipeline.lifecycle)
+                       order, one per vocabulary owner; a null value is a free slot (recpipe.pipeline.lifecycle)
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import Any, Optional
 
 import yaml
 
-from features.config import Config, SparseFeature, dump_config, parse_config
-from features import fsio
-from features.errors import RecpipeError
+from recpipe.features.config import Config, SparseFeature, dump_config, parse_config
+from recpipe.common import fsio
+from recpipe.common.errors import RecpipeError
 
 __all__ = ["RAW_KINDS", "TransformArtifact", "ArtifactError", "FORMAT_VERSION", "summary_differences"]
 
@@ -45,7 +45,7 @@ class TransformArtifact:
     versions: dict[str, str] = field(default_factory=dict)
     lineage: dict[str, Any] = field(default_factory=dict)  # e.g. the previous day's transform it extends
     day: Optional[str] = None  # YYYY-MM-DD of the run (--day, or the input's dt= partitions)
-    # the vocabularies' lifecycle state (pipeline.lifecycle)
+    # the vocabularies' lifecycle state (recpipe.pipeline.lifecycle)
     vocab_last_seen: dict[str, list[Optional[int]]] = field(default_factory=dict)  # ID -> day (since 1970-01-01)
     vocab_pending: dict[str, list[list]] = field(default_factory=dict)  # [value, day, rows] not admitted yet
 

@@ -1,11 +1,11 @@
 """The batch path of the one transform, for the Beam job: canonical Arrow columns -> the model
-inputs FeatureTransform (features.transform) makes, with Arrow, numpy and farmhash instead of
+inputs FeatureTransform (recpipe.features.transform) makes, with Arrow, numpy and farmhash instead of
 TensorFlow, so the job never loads TensorFlow.
 
 - vocabulary IDs: `pc.index_in` against the vocabulary (a free slot matches nothing);
-- OOV tokens and hashed features: slots + Fingerprint64(token) % buckets (features.hashing), the
+- OOV tokens and hashed features: slots + Fingerprint64(token) % buckets (recpipe.features.hashing), the
   value TF's FarmHash op gives;
-- dense: features.canonical.dense_prenorm (fill, log1p) and the z-score / bucket index in float32.
+- dense: recpipe.features.canonical.dense_prenorm (fill, log1p) and the z-score / bucket index in float32.
 
 IDs equal FeatureTransform's exactly; dense values agree to float32 rounding (numpy's log1p and
 Eigen's may differ in the last bit). tests/test_features.py checks both, and every export's skew
@@ -17,10 +17,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from features.artifact import TransformArtifact
-from features.canonical import dense_prenorm, list_parts
-from features.hashing import hash_buckets
-from features.record_codec import Ragged
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.canonical import dense_prenorm, list_parts
+from recpipe.features.hashing import hash_buckets
+from recpipe.features.record_codec import Ragged
 
 __all__ = ["BatchTransform", "MIN_STD", "zscore_std"]
 

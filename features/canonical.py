@@ -5,8 +5,8 @@ Canonical form, keyed by FEATURE name (two features may read one column):
   sparse multivalent pa.list_(pa.string()), no nulls (null -> []), empty tokens dropped
   dense              pa.float32, missing -> NaN (the transform fills it)
   LABEL_KEY          pa.float32 0/1
-The TF transform (features.transform) maps canonical columns to IDs; the serving graph builds
-the same canonical tensors from request tensors (features.transform.canonicalize_request).
+The TF transform (recpipe.features.transform) maps canonical columns to IDs; the serving graph builds
+the same canonical tensors from request tensors (recpipe.features.transform.canonicalize_request).
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from features.config import Config, SparseFeature
-from features.errors import RecpipeError
+from recpipe.features.config import Config, SparseFeature
+from recpipe.common.errors import RecpipeError
 
 __all__ = ["LABEL_KEY", "SchemaError", "NULL_KIND", "plain_type", "plain_columns", "raw_kind", "merged_kind",
            "check_schema", "validate_batch", "canonicalize", "as_string", "list_parts", "dense_prenorm", "numeric",

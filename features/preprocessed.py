@@ -1,7 +1,7 @@
 """The folder `recpipe preprocess` writes: the interface between the Beam job, the trainers and the export.
 
     ROOT/transform/             the TransformArtifact (its transform.json carries the row counts)
-    ROOT/train/part-*.tfrecord  training shards (features.records batches)
+    ROOT/train/part-*.tfrecord  training shards (recpipe.features.records batches)
     ROOT/validation/part-*.tfrecord  validation shards (empty unless split.validation_fraction > 0):
                                 early stopping and model selection
     ROOT/eval/part-*.tfrecord   evaluation shards: touched once, at the end
@@ -19,8 +19,8 @@ import os
 import posixpath
 from dataclasses import dataclass
 
-from features import fsio
-from features.artifact import ArtifactError, TransformArtifact
+from recpipe.common import fsio
+from recpipe.features.artifact import ArtifactError, TransformArtifact
 
 __all__ = ["PreprocessedData", "SPLITS", "shard_differences"]
 
@@ -48,6 +48,11 @@ def shard_differences(expected: dict | None, found: dict | None, shown: int = 3)
 
 @dataclass(frozen=True)
 class PreprocessedData:
+    """A `recpipe preprocess` output folder (the layout above); nothing is read until a method asks.
+
+    Attributes:
+        root: the folder: a local path (made absolute, as other artifacts record it) or a URI (kept as given).
+    """
     root: str
 
     def __post_init__(self):
@@ -56,7 +61,14 @@ class PreprocessedData:
 
     @classmethod
     def at(cls, path: str) -> "PreprocessedData":
-        """The output folder, also when given its transform/ folder (as --previous-transform may be)."""
+        """The output folder, also when given its transform/ folder (as --previous-transform may be).
+
+        Args:
+            path: the output folder, or its transform/ folder (one holding transform.json and no transform/).
+
+        Returns:
+            The PreprocessedData of the output folder.
+        """
         if fsio.exists(fsio.join(path, "transform.json")) and not fsio.exists(fsio.join(path, "transform")):
             return cls(posixpath.dirname(path.rstrip("/")) if "://" in path else
                        os.path.dirname(os.path.abspath(path)))
@@ -69,29 +81,70 @@ class PreprocessedData:
     eval_sample_parquet = fsio.SubPath("eval_sample.parquet")
     eval_sample_records = fsio.SubPath("eval_sample.tfrecord")
     row_counts_path = fsio.SubPath("_row_counts.json")  # the job's own count, moved into the artifact
-    repeats_path = fsio.SubPath("_repeats.json")  # rows equal to earlier rows (pipeline.repeats), read and removed
+    repeats_path = fsio.SubPath("_repeats.json")  # rows equal to earlier rows (recpipe.pipeline.repeats), read and removed
     row_hashes_dir = fsio.SubPath("_row_hashes")  # the repeated-rows check's staged hashes, removed with it
 
     def split_dir(self, split: str) -> str:
+        """The folder of one split's shards.
+
+        Args:
+            split: one of SPLITS ("train", "validation", "eval").
+
+        Returns:
+            ROOT/<split>.
+
+        Raises:
+            ValueError: `split` is not one of SPLITS.
+        """
         if split not in SPLITS:
             raise ValueError(f"split {split!r}: use {', '.join(SPLITS)}")
         return fsio.join(self.root, split)
 
     def shard_prefix(self, split: str) -> str:
+        """The path prefix the Beam job writes one split's shards under (ROOT/<split>/part).
+
+        Args:
+            split: one of SPLITS.
+
+        Returns:
+            ROOT/<split>/part.
+
+        Raises:
+            ValueError: `split` is not one of SPLITS.
+        """
         return fsio.join(self.split_dir(split), "part")
 
     # ------------------------------------------------------------ contents
     def shard_files(self, split: str) -> list[str]:
+        """One split's shard files.
+
+        Args:
+            split: one of SPLITS.
+
+        Returns:
+            The paths of the split's *.tfrecord files, sorted ([] when its folder does not exist).
+
+        Raises:
+            ValueError: `split` is not one of SPLITS.
+        """
         return fsio.list_files(self.split_dir(split), ".tfrecord")
 
     def shard_sizes(self) -> dict[str, dict[str, int]]:
-        """{split: {shard file name: bytes}}, from one listing per split (no shard is opened)."""
+        """Each split's shard sizes, from one listing per split (no shard is opened).
+
+        Returns:
+            {split: {shard file name: bytes}} for every split of SPLITS ({} for a split without a folder).
+        """
         return {split: fsio.file_sizes(self.split_dir(split), ".tfrecord") for split in SPLITS}
 
     def copy_differences(self) -> list[str]:
         """How the shards here differ from those the job wrote (the row counts' `shard_bytes`): a copy of the
-        folder cut short or still going on, or an older run's shards left beside this run's ([]: none, or a
-        folder written before the job recorded them)."""
+        folder cut short or still going on, or an older run's shards left beside this run's.
+
+        Returns:
+            One line per difference (see shard_differences); [] when there is none, when the artifact cannot
+            be read, or when its row counts record no `shard_bytes` (a folder written before the job recorded them).
+        """
         try:
             written = (TransformArtifact.read_meta(self.transform_dir).get("row_counts") or {}).get("shard_bytes")
         except ArtifactError:
@@ -99,9 +152,19 @@ class PreprocessedData:
         return shard_differences(written, self.shard_sizes()) if written is not None else []
 
     def dead_letter_files(self) -> list[str]:
+        """The dead-letter Parquet files (rows that cannot be used).
+
+        Returns:
+            The paths of ROOT/dead_letter/*.parquet, sorted ([] when there is no such folder).
+        """
         return fsio.list_files(self.dead_letter_dir, ".parquet")
 
     def has_eval_sample(self) -> bool:
+        """Whether the folder holds the eval sample the export's skew check compares.
+
+        Returns:
+            True when both eval_sample.parquet and eval_sample.tfrecord exist.
+        """
         return fsio.exists(self.eval_sample_parquet) and fsio.exists(self.eval_sample_records)
 
     def eval_sample_table(self):
@@ -113,13 +176,26 @@ class PreprocessedData:
         return pq.read_table(path, filesystem=fs)
 
     def transform(self) -> TransformArtifact:
+        """The TransformArtifact the job wrote to ROOT/transform/.
+
+        Returns:
+            The artifact, read whole (metadata, config and vocabularies).
+
+        Raises:
+            ArtifactError: ROOT/transform/ holds no readable artifact (the folder is not a `recpipe preprocess`
+                output, or is incomplete).
+        """
         try:
             return TransformArtifact.read(self.transform_dir)
         except ArtifactError as e:
             raise ArtifactError(f"{self.root}: not a `recpipe preprocess` output ({e})") from None
 
     def is_complete(self) -> bool:
-        """The job finished and published this folder (the row counts are written last)."""
+        """Whether the job finished and published this folder (the row counts are written last).
+
+        Returns:
+            True when the artifact's metadata holds row counts; False when it has none or cannot be read.
+        """
         try:
             return bool(TransformArtifact.read_meta(self.transform_dir).get("row_counts"))
         except ArtifactError:

@@ -1,5 +1,5 @@
 """The training-shard record format written and counted without TensorFlow (the Beam job's side;
-features.records parses it in tf.data).
+recpipe.features.records parses it in tf.data).
 
 A record is one column-wise batch: a tf.train.Example whose features hold one serialized
 TensorProto each (``NAME`` for [n] columns, ``NAME/values`` + ``NAME/row_lengths`` for ragged
@@ -15,8 +15,8 @@ from typing import Iterator, NamedTuple
 import google_crc32c
 import numpy as np
 
-from features import fsio
-from features.canonical import LABEL_KEY
+from recpipe.common import fsio
+from recpipe.features.canonical import LABEL_KEY
 
 __all__ = ["Ragged", "RecordError", "encode_batch", "frame_record", "write_records", "read_records", "count_rows"]
 
@@ -149,7 +149,7 @@ def frame_record(data: bytes) -> bytes:
 
 
 def write_records(path: str, records: list[bytes]) -> None:
-    """A TFRecord file of `records` (uncompressed), on any filesystem features.fsio knows."""
+    """A TFRecord file of `records` (uncompressed), on any filesystem recpipe.common.fsio knows."""
     fsio.write_bytes(path, b"".join(frame_record(r) for r in records))
 
 

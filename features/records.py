@@ -1,14 +1,14 @@
 """Training-shard records read by TensorFlow: one TFRecord record = one column-wise batch of
-transformed rows, in the layout features.record_codec writes (a tf.train.Example of one serialized
+transformed rows, in the layout recpipe.features.record_codec writes (a tf.train.Example of one serialized
 TensorProto per column: ``NAME``, or ``NAME/values`` + ``NAME/row_lengths`` when ragged). Reading is
-`tf.io.parse_tensor` + `unbatch`, all in tf.data's C++ runtime; trainers.data and the export use it.
+`tf.io.parse_tensor` + `unbatch`, all in tf.data's C++ runtime; recpipe.trainers.data and the export use it.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 
-from features.canonical import LABEL_KEY
-from features.config import Config
+from recpipe.features.canonical import LABEL_KEY
+from recpipe.features.config import Config
 
 __all__ = ["column_specs", "parse_record", "read_single_batch"]
 

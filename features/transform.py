@@ -1,11 +1,11 @@
 """The feature transform in TensorFlow ops: the graph the trainer and the serving export run.
 
-`FeatureTransform` maps canonical tensors (see features.canonical) to model inputs:
+`FeatureTransform` maps canonical tensors (see recpipe.features.canonical) to model inputs:
   sparse  -> int64 IDs [B] (vocabulary + OOV buckets, or FarmHash fingerprint buckets)
   multivalent -> int64 RaggedTensor [B, None]
   dense   -> float32 [B] (fill, optional log1p, z-score or bucket index / num buckets)
 The serving export embeds it in the SavedModel behind `canonicalize_request`, which builds canonical
-tensors from raw request tensors. The Beam job applies features.batch_transform.BatchTransform to
+tensors from raw request tensors. The Beam job applies recpipe.features.batch_transform.BatchTransform to
 whole Arrow record batches: the same transform without TensorFlow, tested equal and checked against
 the graph by every export's skew check.
 """
@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 import tensorflow as tf
 
-from features.artifact import TransformArtifact
-from features.batch_transform import zscore_std
-from features.canonical import CROSS_SEPARATOR, DEFAULT_SEPARATOR, FLOAT32_MAX, list_parts, numeric
-from features.config import Config
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.batch_transform import zscore_std
+from recpipe.features.canonical import CROSS_SEPARATOR, DEFAULT_SEPARATOR, FLOAT32_MAX, list_parts, numeric
+from recpipe.features.config import Config
 
 __all__ = ["FeatureTransform", "PackedVocabularies", "canonical_to_tensors", "canonicalize_request", "request_spec",
            "request_from_arrow", "int64_nulls", "string_ids", "INTEGER_ID_DTYPES", "example_spec",
@@ -198,7 +198,7 @@ def request_spec(artifact: TransformArtifact, features: list[str] | None = None)
 
 
 def canonicalize_request(inputs: dict[str, tf.Tensor], artifact: TransformArtifact) -> dict[str, tf.Tensor]:
-    """Raw request tensors -> the canonical tensors features.canonical builds from Arrow, for every
+    """Raw request tensors -> the canonical tensors recpipe.features.canonical builds from Arrow, for every
     feature whose column the request carries."""
     cfg = artifact.config
     out: dict[str, tf.Tensor] = {}
@@ -213,7 +213,7 @@ def canonicalize_request(inputs: dict[str, tf.Tensor], artifact: TransformArtifa
             out[f.name] = tf.ragged.boolean_mask(tokens, tf.not_equal(tokens, ""))
         else:
             out[f.name] = x
-    for f in cfg.crosses:  # the strings features.canonical joins for the Beam job
+    for f in cfg.crosses:  # the strings recpipe.features.canonical joins for the Beam job
         if all(s in out for s in f.cross):
             out[f.name] = tf.strings.join([out[s] for s in f.cross], separator=CROSS_SEPARATOR)
     dense = [d for d in cfg.features.dense if d.column in inputs]
@@ -231,7 +231,7 @@ def _finite(columns: list[tf.Tensor], names: list[str]) -> list[tf.Tensor]:
     """Dense request columns as the trainer's data has them: a value that is inf (or was beyond float32
     before the cast) is an InvalidArgumentError naming its columns, as the Beam job dead-letters such
     rows; NaN stays NaN, a missing value. In the graph, so TF Serving itself refuses them too. One check
-    for all columns: one per column made a call of the default model 10 % slower."""
+    for all columns: one per column makes a call of the default model 10 % slower."""
     bad = tf.reduce_any(tf.math.is_inf(tf.stack(columns, axis=1)), axis=0)
     check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [
         "dense input(s) with a value that is inf or beyond float32 (the trainer's data dead-letters such rows):",
@@ -242,7 +242,7 @@ def _finite(columns: list[tf.Tensor], names: list[str]) -> list[tf.Tensor]:
 
 def request_from_arrow(table: pa.Table, specs: dict[str, tf.TensorSpec]) -> dict[str, tf.Tensor]:
     """Raw log rows as the serving signature takes them: lists joined by '|', dense values parsed as the
-    Beam job parses them (features.canonical.numeric: a number in a string column too; null or blank is
+    Beam job parses them (recpipe.features.canonical.numeric: a number in a string column too; null or blank is
     NaN), null IDs as "" (an int64 input cannot carry one: int64_nulls() finds such rows; string_ids()
     makes specs that can)."""
     request = {}
@@ -261,7 +261,7 @@ def request_from_arrow(table: pa.Table, specs: dict[str, tf.TensorSpec]) -> dict
 
 
 def _token(v) -> str:
-    """A raw ID as the Beam job writes it: a bool as the integer it is ("1", as features.canonical reads it)."""
+    """A raw ID as the Beam job writes it: a bool as the integer it is ("1", as recpipe.features.canonical reads it)."""
     return str(int(v)) if isinstance(v, bool) else str(v)
 
 

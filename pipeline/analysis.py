@@ -1,6 +1,6 @@
 """Pure analysis functions over canonical Arrow columns (no Beam): the combiners' building blocks.
 
-The Beam job (pipeline.transforms) and the single-process benchmark baseline both use them.
+The Beam job (recpipe.pipeline.transforms) and the single-process benchmark baseline both use them.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from features.canonical import as_string, dense_prenorm, times
-from features.config import Config
+from recpipe.features.canonical import as_string, dense_prenorm, times
+from recpipe.features.config import Config
 
 __all__ = ["ts_histogram", "split_sizes", "split_cutoffs_from_histogram", "split_cutoffs_by_row",
            "user_last_orders", "merge_last_orders", "user_split_masks",

@@ -14,12 +14,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from features.artifact import TransformArtifact
-from features.canonical import DENSE_SUM_SCALE
-from features.config import Config, SparseFeature
-from features.days import day_number
-from pipeline.repeats import Repeats
-from pipeline.sources import InputFile, partition_day
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.canonical import DENSE_SUM_SCALE
+from recpipe.features.config import Config, SparseFeature
+from recpipe.common.days import day_number
+from recpipe.pipeline.repeats import Repeats
+from recpipe.pipeline.sources import InputFile, partition_day
 
 __all__ = ["SplitCounts", "feature_warnings", "timestamp_warnings", "dead_letter_warnings", "copied_file_warnings",
            "repeated_row_warnings", "volume_warnings"]
@@ -42,7 +42,7 @@ _STANDARD_ERRORS = 4.0
 class SplitCounts:
     """What one run's row-counting branch saw per split: its rows and those labelled 1, per column-fed feature
     the rows holding a value, and per dense feature with moments the sum of those values as its statistics
-    see them (features.canonical.dense_sums)."""
+    see them (recpipe.features.canonical.dense_sums)."""
     rows: dict[str, int]
     with_value: dict[str, dict[str, int]] = field(default_factory=dict)
     dense_sums: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -301,7 +301,7 @@ def dead_letter_warnings(rows_in: int, dead_letter: dict[str, int], limit: float
 
 
 def copied_file_warnings(groups: list[list[InputFile]]) -> list[str]:
-    """Input files that hold the same bytes (pipeline.sources.same_files): every row of such a file is read
+    """Input files that hold the same bytes (recpipe.pipeline.sources.same_files): every row of such a file is read
     once per copy, so the model weighs it that many times and, in a time split, the same rows may sit in
     train and in eval."""
     out = []
@@ -321,7 +321,7 @@ def _row_name(inputs: list[InputFile], position: int) -> str:
 
 def repeated_row_warnings(repeats: Repeats, inputs: list[InputFile], copied: list[list[InputFile]],
                           limit: float) -> list[str]:
-    """Rows equal in every column read to an earlier row (pipeline.repeats). A file whose every row
+    """Rows equal in every column read to an earlier row (recpipe.pipeline.repeats). A file whose every row
     repeats rows of other files is named on its own (the same rows written again as another file: a re-run
     beside the first, by another writer or layout, which the same-bytes check at launch cannot see; a copy
     that check named is not named again); the other repeats when they are more than `limit`

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from pipeline.sources import InputError
+from recpipe.pipeline.sources import InputError
 
 __all__ = ["CRITEO_COLUMNS", "criteo_csv_to_parquet"]
 

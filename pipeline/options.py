@@ -2,7 +2,7 @@
 option is one Beam knows (Beam itself only logs "Discarding unparseable args" and runs on), and the
 runner they select.
 
-Short forms: `--runner dask` = `--runner=pipeline.dask_runner.DaskRunner`; `--dask-address ADDR` =
+Short forms: `--runner dask` = `--runner=recpipe.pipeline.dask_runner.DaskRunner`; `--dask-address ADDR` =
 `--dask_client_address=ADDR`.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Optional
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.runners.runner import PipelineRunner
 
-from features.errors import RecpipeError
+from recpipe.common.errors import RecpipeError
 
 __all__ = ["DEFAULT_BEAM_ARGS", "DASK_RUNNER", "BeamOptionsError", "beam_args_with_defaults", "unknown_options",
            "check_beam_args", "pipeline_runner"]
@@ -22,7 +22,7 @@ __all__ = ["DEFAULT_BEAM_ARGS", "DASK_RUNNER", "BeamOptionsError", "beam_args_wi
 # is not the default: it once dropped rows (the row accounting check failed the run) and, since the job
 # was restructured, balances but is slower on 2 cores. Figures in README "Runners".
 DEFAULT_BEAM_ARGS = ("--runner=DirectRunner", "--direct_running_mode=in_memory")
-DASK_RUNNER = "pipeline.dask_runner.DaskRunner"
+DASK_RUNNER = "recpipe.pipeline.dask_runner.DaskRunner"
 _RUNNER_ALIASES = {"dask": DASK_RUNNER, "direct": "DirectRunner"}
 
 
@@ -86,7 +86,7 @@ def unknown_options(args: list[str]) -> list[str]:
     """The flags in `args` that no registered Beam PipelineOptions class declares."""
     args = _normalized(args)
     if _runner(args) == DASK_RUNNER:
-        import pipeline.dask_runner  # noqa: F401  (registers Beam's DaskOptions; dask is imported only for it)
+        import recpipe.pipeline.dask_runner  # noqa: F401  (registers Beam's DaskOptions; dask is imported only for it)
     found: list[str] = []
 
     def collect(parser) -> None:

@@ -1,7 +1,7 @@
-"""The `recpipe preprocess` Beam job: Parquet click logs -> a features.preprocessed.PreprocessedData
+"""The `recpipe preprocess` Beam job: Parquet click logs -> a recpipe.features.preprocessed.PreprocessedData
 folder (transform artifact, train/validation/eval shards, dead letter, eval sample).
 
-Runs on any Beam runner given by `beam_args` (default: pipeline.options.DEFAULT_BEAM_ARGS). The run
+Runs on any Beam runner given by `beam_args` (default: recpipe.pipeline.options.DEFAULT_BEAM_ARGS). The run
 fails unless rows in = rows train + rows validation + rows eval + rows dead-lettered, exactly.
 """
 from __future__ import annotations
@@ -18,20 +18,20 @@ import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from features import fsio
-from features.artifact import TransformArtifact
-from features.canonical import NULL_KIND, SchemaError, merged_kind
-from features.config import Config, config_to_dict
-from features.days import day_number
-from features.errors import RecpipeError
-from features.preprocessed import SPLITS, PreprocessedData
-from pipeline.anomalies import (SplitCounts, copied_file_warnings, dead_letter_warnings, feature_warnings,
+from recpipe.common import fsio
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.canonical import NULL_KIND, SchemaError, merged_kind
+from recpipe.features.config import Config, config_to_dict
+from recpipe.common.days import day_number
+from recpipe.common.errors import RecpipeError
+from recpipe.features.preprocessed import SPLITS, PreprocessedData
+from recpipe.pipeline.anomalies import (SplitCounts, copied_file_warnings, dead_letter_warnings, feature_warnings,
                                 repeated_row_warnings, timestamp_warnings, volume_warnings)
-from pipeline.leakage import leak_warnings
-from pipeline.options import beam_args_with_defaults, check_beam_args, pipeline_runner
-from pipeline.repeats import Repeats
-from pipeline.sources import inspect_inputs, list_input_files, partition_day, partition_days, same_files
-from pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
+from recpipe.pipeline.leakage import leak_warnings
+from recpipe.pipeline.options import beam_args_with_defaults, check_beam_args, pipeline_runner
+from recpipe.pipeline.repeats import Repeats
+from recpipe.pipeline.sources import inspect_inputs, list_input_files, partition_day, partition_days, same_files
+from recpipe.pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
                                  ComputeDenseStats, ComputeVocabularies, CountRows, FindRepeatedRows, PackArtifact,
                                  ReadClickLogs, SplitCutoffs, SplitRows, ValidateRows, WriteEvalSample)
 
@@ -265,7 +265,7 @@ def _check_written(data: PreprocessedData, res: PreprocessResult) -> None:
     that loses written files (a sink step re-run after a worker died) fails the run here instead."""
     import pyarrow.parquet as pq
 
-    from features.record_codec import count_rows
+    from recpipe.features.record_codec import count_rows
     found = {split: count_rows(data.shard_files(split)) for split in SPLITS}
     found["dead_letter"] = sum(pq.read_metadata(path, filesystem=fs).num_rows
                                for fs, path in map(fsio.resolve, data.dead_letter_files()))
@@ -280,8 +280,8 @@ def _check_usable(cfg: Config, artifact: TransformArtifact, res: PreprocessResul
                   say, eval_sample=None, repeated: list[str] | None = None) -> None:
     """Nothing is published that training cannot use: finite statistics, non-empty splits; features the
     train split gives nothing to learn from, or whose splits (or this day and the previous) disagree, are
-    named (pipeline.anomalies), and so are those that give the label away on the eval sample
-    (pipeline.leakage) and the `repeated` rows' warnings."""
+    named (recpipe.pipeline.anomalies), and so are those that give the label away on the eval sample
+    (recpipe.pipeline.leakage) and the `repeated` rows' warnings."""
     for name, stats in artifact.dense_stats.items():
         values = [stats.get("mean"), stats.get("std"), *stats.get("boundaries", [])]
         if not all(v is None or math.isfinite(v) for v in values):
@@ -323,10 +323,10 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
                    say=print, previous_transform: str | None = None, day: str | None = None) -> PreprocessResult:
     """Run the job; publish OUTPUT atomically (local paths) and check the row accounting.
 
-    beam_args: Beam options on top of pipeline.options.DEFAULT_BEAM_ARGS.
+    beam_args: Beam options on top of recpipe.pipeline.options.DEFAULT_BEAM_ARGS.
     previous_transform: extend that run's vocabularies (IDs of kept values never change).
     day: YYYY-MM-DD of this run (default: the input's latest dt= partition), for the vocabularies'
-    admission window and eviction (pipeline.lifecycle).
+    admission window and eviction (recpipe.pipeline.lifecycle).
     """
     beam_args = beam_args_with_defaults(beam_args)
     check_beam_args(beam_args)

@@ -1,7 +1,7 @@
 """Rows read more than once (pure, vectorised; no Beam): every column a run reads hashed into one 64-bit
 value per row, and rows of equal value found.
 
-Copies of a file's bytes are named at launch (pipeline.sources.same_files). What that cannot see: the
+Copies of a file's bytes are named at launch (recpipe.pipeline.sources.same_files). What that cannot see: the
 same rows written again as another file (a re-run's output beside the first run's, by another writer or
 with another row-group layout, in another order), or rows repeated within files (a join that fanned out
 upstream, an appended retry). Each such row is trained on once per copy, and in a time split the copies
@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from features.canonical import one_array
+from recpipe.features.canonical import one_array
 
 __all__ = ["row_hashes", "bucketed", "pairs_bytes", "pairs_from_bytes", "find_repeats", "Repeats", "BUCKET_ROWS"]
 
@@ -130,7 +130,7 @@ def _list_word(arr: pa.Array) -> np.ndarray:
 def row_hashes(table: pa.Table) -> np.ndarray:
     """One uint64 per row over every column in the table's order: equal rows hash equal, whatever the
     batch, file, slice, chunking or row-group layout they were read in. Computed _CHUNK_ROWS rows at a
-    time: arrays of a whole 64k-row batch are fresh memory each (page faults), which took a third longer."""
+    time: arrays of a whole 64k-row batch are fresh memory each (page faults), which takes a third longer."""
     parts = []
     for s in range(0, table.num_rows, _CHUNK_ROWS):
         chunk = table.slice(s, _CHUNK_ROWS)

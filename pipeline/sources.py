@@ -18,10 +18,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from features.canonical import NULL_KIND, SchemaError, check_schema, merged_kind
-from features.config import Config
-from features.errors import RecpipeError
-from features.fsio import resolve
+from recpipe.features.canonical import NULL_KIND, SchemaError, check_schema, merged_kind
+from recpipe.features.config import Config
+from recpipe.common.errors import RecpipeError
+from recpipe.common.fsio import resolve
 
 __all__ = ["InputError", "InputFile", "list_input_files", "inspect_inputs", "open_parquet", "partition_day",
            "partition_days", "same_files"]

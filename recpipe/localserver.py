@@ -11,7 +11,7 @@ import urllib.request
 
 import pyarrow.parquet as pq
 
-from features.ports import free_ports
+from recpipe.common.ports import free_ports
 
 __all__ = ["free_port", "free_ports", "start_server", "wait_healthy", "stop_server", "post_json", "rest_rows"]
 

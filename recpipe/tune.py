@@ -1,7 +1,7 @@
 """`recpipe tune`: search the config space declared under `tune:` on the validation split.
 
 Each trial is a full `recpipe train` (any strategy: the run flags are passed through) in its own
-model dir, scored by the best checkpoint on validation (trainers.validation), so the eval split is
+model dir, scored by the best checkpoint on validation (recpipe.trainers.evaluation.validation), so the eval split is
 never read. Optuna's TPE sampler proposes the trials (seeded: a rerun proposes the same ones).
 Writes OUT/trials.csv and OUT/trials.md (one row per trial: its values, score and best step) and
 OUT/best.yaml (the config with the best trial's values), and says which trial won.
@@ -23,12 +23,13 @@ from typing import Any, Callable
 
 import yaml
 
-from features.config import ConfigError, TuneParam, parse_config, read_yaml
-from features.errors import RecpipeError
-from features.preprocessed import PreprocessedData
-from trainers.model_dir import ModelDir
-from trainers.scoring import HIGHER_IS_BETTER
-from trainers.validation import ValidationHistory, selection_metric
+from recpipe.common.typed_yaml import read_yaml
+from recpipe.features.config import ConfigError, TuneParam, parse_config
+from recpipe.common.errors import RecpipeError
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.trainers.model_dir import ModelDir
+from recpipe.trainers.evaluation.scoring import HIGHER_IS_BETTER
+from recpipe.trainers.evaluation.validation import ValidationHistory, selection_metric
 
 __all__ = ["TuneError", "tune", "with_values"]
 

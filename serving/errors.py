@@ -1,7 +1,7 @@
 """The model server's request error, shared by the registry, the APIs and the warmup replay."""
 from __future__ import annotations
 
-from features.errors import RecpipeError
+from recpipe.common.errors import RecpipeError
 
 __all__ = ["RequestError"]
 

@@ -1,6 +1,6 @@
 """TF Serving's Classify and Regress APIs over a ranking export's `predict_examples` signature.
 
-The request holds tf.Examples of raw log columns (features.transform.example_spec): gRPC sends the
+The request holds tf.Examples of raw log columns (recpipe.features.transform.example_spec): gRPC sends the
 protos (`input.example_list`, or `example_list_with_context` whose context features every example
 gets, its own features winning), REST sends them as JSON (`{"examples": [...], "context": {...}}`:
 a string is a bytes_list value, `{"b64": ...}` raw bytes, an integer an int64_list value, any other
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from tensorflow.core.example import example_pb2, feature_pb2
 
-from serving.errors import RequestError
-from serving.version import EXAMPLES_SIGNATURE, SIGNATURE
+from recpipe.serving.errors import RequestError
+from recpipe.serving.version import EXAMPLES_SIGNATURE, SIGNATURE
 
 __all__ = ["SIGNATURES", "check_signature", "is_b64", "b64_bytes", "examples_from_json", "examples_from_input",
            "classes", "CLASS_LABELS"]

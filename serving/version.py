@@ -17,8 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Optional, get_args
 
-from features import fsio
-from features.config import Config, parse_config
+from recpipe.common import fsio
+from recpipe.features.config import Config, parse_config
 
 __all__ = ["ExportBase", "ExportedVersion", "ExportMeta", "is_version_name", "TEMP_PREFIX", "SIGNATURE",
            "EXAMPLES_SIGNATURE", "WeightDtype", "WEIGHT_DTYPES"]
@@ -44,7 +44,7 @@ class ExportMeta:
     model_dir: str
     version: int
     metrics: dict[str, Any] = field(default_factory=dict)  # the model's eval metrics, when known
-    weights: dict[str, Any] = field(default_factory=dict)  # serving.quantize: stored dtypes, tables/layers swapped
+    weights: dict[str, Any] = field(default_factory=dict)  # recpipe.serving.export.quantize: stored dtypes, tables/layers swapped
 
     def typed_config(self) -> Config:
         return parse_config(self.config)
@@ -61,13 +61,19 @@ class ExportMeta:
 
 @dataclass(frozen=True)
 class ExportedVersion:
+    """One version folder of an export base (BASE/<version>/, the layout above), complete or not.
+
+    Attributes:
+        path: the version's folder (BASE/<version>), on the local file system.
+        version: the version number (the folder's name).
+    """
     path: str
     version: int
 
     saved_model_pb = fsio.SubPath("saved_model.pb")
     variables_index = fsio.SubPath("variables", "variables.index")
     meta_path = fsio.SubPath("assets.extra", "recpipe.json")
-    warmup_path = fsio.SubPath("assets.extra", "tf_serving_warmup_requests")  # serving.warmup
+    warmup_path = fsio.SubPath("assets.extra", "tf_serving_warmup_requests")  # recpipe.serving.warmup
     skew_report_path = fsio.SubPath("skew_check.json")
 
     @property
@@ -75,25 +81,61 @@ class ExportedVersion:
         return self.path
 
     def is_complete(self) -> bool:
-        """saved_model.pb and the variables index are there (a copy in progress usually lacks one)."""
+        """Whether the version can be loaded (a copy in progress usually lacks one of its files).
+
+        Returns:
+            True when saved_model.pb and variables/variables.index are both there.
+        """
         return os.path.isfile(self.saved_model_pb) and os.path.isfile(self.variables_index)
 
     def meta(self) -> Optional[ExportMeta]:
-        """recpipe's metadata; None for a SavedModel exported by something else."""
+        """recpipe's metadata (assets.extra/recpipe.json).
+
+        Returns:
+            The ExportMeta, or None when the file is absent (a SavedModel exported by something else).
+
+        Raises:
+            ValueError: the file holds no valid JSON.
+            KeyError: the file lacks one of config, raw_schema, model_dir or version.
+        """
         return ExportMeta.from_dict(fsio.read_json(self.meta_path)) if os.path.exists(self.meta_path) else None
 
     def write_meta(self, meta: ExportMeta) -> None:
+        """Write recpipe's metadata to assets.extra/recpipe.json, creating assets.extra/ if need be.
+
+        Args:
+            meta: the ExportMeta of this version.
+        """
         os.makedirs(os.path.dirname(self.meta_path), exist_ok=True)
         fsio.write_json(self.meta_path, asdict(meta), sort_keys=False)
 
     def skew_report(self) -> dict:
+        """The export's skew-check report (skew_check.json).
+
+        Returns:
+            The report as written by write_skew_report.
+
+        Raises:
+            FileNotFoundError: the version has no skew_check.json.
+            ValueError: the file holds no valid JSON.
+        """
         return fsio.read_json(self.skew_report_path)
 
     def write_skew_report(self, report: dict) -> None:
+        """Write the export's skew-check report to skew_check.json (atomically).
+
+        Args:
+            report: the report, JSON-serialisable.
+        """
         fsio.write_json(self.skew_report_path, report, sort_keys=False)
 
     def files_signature(self) -> tuple:
-        """(relative path, size, mtime) of every file: changes while a copy is in progress."""
+        """A fingerprint of the version's files, which changes while a copy is in progress.
+
+        Returns:
+            Sorted (path relative to the version folder, size in bytes, mtime in ns) of every file under it;
+            files that vanish while it is walked are left out.
+        """
         out = []
         for root, _, names in os.walk(self.path):
             for n in names:
@@ -106,7 +148,11 @@ class ExportedVersion:
         return tuple(sorted(out))
 
     def disk_bytes(self) -> int:
-        """The bytes of every file of the version (what loading it reads)."""
+        """The size of the version on disk (what loading it reads).
+
+        Returns:
+            The sum of the sizes, in bytes, of every file under the version folder.
+        """
         return sum(size for _, size, _ in self.files_signature())
 
 

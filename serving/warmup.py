@@ -16,10 +16,10 @@ import tensorflow as tf
 from tensorflow.core.example import example_pb2
 from tensorflow_serving.apis import classification_pb2, predict_pb2, prediction_log_pb2, regression_pb2
 
-from features.config import Config
-from features.transform import examples_from_arrow, int64_nulls, request_from_arrow
-from serving.examples import examples_from_input
-from serving.version import EXAMPLES_SIGNATURE, SIGNATURE
+from recpipe.features.config import Config
+from recpipe.features.transform import examples_from_arrow, int64_nulls, request_from_arrow
+from recpipe.serving.examples import examples_from_input
+from recpipe.serving.version import EXAMPLES_SIGNATURE, SIGNATURE
 
 __all__ = ["WARMUP_ROWS", "missing_rows", "warmup_logs", "write_warmup", "read_warmup", "replay"]
 
@@ -78,7 +78,7 @@ def read_warmup(path: str) -> list[prediction_log_pb2.PredictionLog]:
 
 
 def replay(lv, logs: list[prediction_log_pb2.PredictionLog], source: str) -> None:
-    """Run each request of `source` on the loaded version `lv` (serving.registry.LoadedVersion), as TF
+    """Run each request of `source` on the loaded version `lv` (recpipe.serving.server.registry.LoadedVersion), as TF
     Serving does before a version serves: one that fails fails the load, naming its record."""
     for i, log in enumerate(logs):
         kind = log.WhichOneof("log_type")

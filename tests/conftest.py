@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from features import tf_env  # noqa: F401  (before any test module imports TensorFlow)
+from recpipe.common import tf_env  # noqa: F401  (before any test module imports TensorFlow)
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -84,11 +84,11 @@ def _unit_guard(request, monkeypatch):
 
     import apache_beam
 
-    import trainers.train
+    import recpipe.trainers.train
 
     monkeypatch.setattr(subprocess.Popen, "_execute_child", _refuse("started a process"))
     monkeypatch.setattr(apache_beam.Pipeline, "run", _refuse("ran a Beam pipeline"))
-    monkeypatch.setattr(trainers.train, "_train", _refuse("trained a model"))
+    monkeypatch.setattr(recpipe.trainers.train, "_train", _refuse("trained a model"))
     connect = socket.socket.connect
 
     def loopback_only(sock, address):
@@ -129,7 +129,7 @@ def small_config_dict(steps: int = 150) -> dict:
 
 @pytest.fixture(scope="session")
 def small_cfg():
-    from features.config import parse_config
+    from recpipe.features.config import parse_config
     return parse_config(small_config_dict())
 
 
@@ -143,7 +143,7 @@ def small_cfg_path(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def small_log(tmp_path_factory):
-    from pipeline.synthetic import GenerateSpec, generate_log
+    from recpipe.pipeline.synthetic import GenerateSpec, generate_log
     out = tmp_path_factory.mktemp("log")
     generate_log(GenerateSpec(rows=6000, days=2, seed=3, num_users=500, num_items=300), str(out))
     return str(out)
@@ -151,7 +151,7 @@ def small_log(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def preprocessed(tmp_path_factory, small_cfg, small_log):
-    from pipeline.preprocess import run_preprocess
+    from recpipe.pipeline.preprocess import run_preprocess
     out = tmp_path_factory.mktemp("pre") / "out"
     result = run_preprocess(small_cfg, small_log, str(out), IN_MEMORY, say=lambda _: None)
     return str(out), result
@@ -159,8 +159,8 @@ def preprocessed(tmp_path_factory, small_cfg, small_log):
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory, preprocessed, small_cfg_path):
-    from trainers.options import TrainOptions
-    from trainers.train import train
+    from recpipe.trainers.options import TrainOptions
+    from recpipe.trainers.train import train
     model_dir = tmp_path_factory.mktemp("model") / "m"
     train(TrainOptions(data_dir=preprocessed[0], model_dir=str(model_dir), config_path=small_cfg_path),
           say=lambda _: None)
@@ -169,7 +169,7 @@ def trained(tmp_path_factory, preprocessed, small_cfg_path):
 
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory, trained):
-    from serving.export import export_model
+    from recpipe.serving.export.savedmodel import export_model
     base = tmp_path_factory.mktemp("export")
     return str(base), export_model(trained, str(base), version=1)
 
@@ -177,8 +177,8 @@ def exported(tmp_path_factory, trained):
 @pytest.fixture(scope="session")
 def preprocessed_with_validation(tmp_path_factory, small_log):
     """The small log with a validation split (the last quarter of the train rows by time), and its config dict."""
-    from features.config import parse_config
-    from pipeline.preprocess import run_preprocess
+    from recpipe.features.config import parse_config
+    from recpipe.pipeline.preprocess import run_preprocess
     data = small_config_dict()
     data["split"]["validation_fraction"] = 0.25
     out = tmp_path_factory.mktemp("pre_val") / "out"

@@ -86,7 +86,7 @@ def test_daily_runs_bless_push_idempotent_and_refuse_a_worse_model(airflow, tmp_
     payload never runs, every task reads the project) and the first model is blessed and pushed, trained
     under the config's allocator. Days 2 and 3 run the same steps in this process, as the tasks call them:
     day 2 extends day 1's vocabularies, re-running it writes nothing, and day 3's worse model is refused."""
-    from pipeline.synthetic import GenerateSpec, generate_log
+    from recpipe.pipeline.synthetic import GenerateSpec, generate_log
     from recpipe.daily import STEPS, run_step
     generate_log(GenerateSpec(rows=6000, days=3, seed=21, num_users=500, num_items=300), str(tmp_path / "log"))
     good = tmp_path / "evil'; touch \"$AIRFLOW_HOME\"-pwned; echo '.yaml"  # no '/': one file name
@@ -208,9 +208,9 @@ def test_a_retrieval_model_is_blessed_against_the_served_one_on_the_same_eval_ro
     import pyarrow.parquet as pq
     import tensorflow as tf
 
-    from features.transform import request_from_arrow
+    from recpipe.features.transform import request_from_arrow
     from recpipe.daily import run_step
-    from serving.export import export_model
+    from recpipe.serving.export.savedmodel import export_model
     shutil.copytree(small_log, tmp_path / "log")
     cfg = small_config_dict(steps=60)
     cfg["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user_id", "hist", "I1"],
@@ -267,7 +267,7 @@ def test_a_partition_is_ready_when_its_writer_marks_it_complete(tmp_path):
     (part / "_SUCCESS").touch()
     assert run_step("ready", marked, "2026-01-02", lines.append) == 0
 
-    from pipeline.synthetic import GenerateSpec, generate_log
+    from recpipe.pipeline.synthetic import GenerateSpec, generate_log
     generate_log(GenerateSpec(rows=300, days=2, seed=4, num_users=10, num_items=10), str(tmp_path / "gen"))
     assert sorted(p.parent.name for p in (tmp_path / "gen").glob("dt=*/_SUCCESS")) == ["dt=2026-01-01",
                                                                                       "dt=2026-01-02"]

@@ -1,4 +1,4 @@
-"""What preprocess names and what it lets pass (pipeline.anomalies, pipeline.leakage): the messages of each
+"""What preprocess names and what it lets pass (recpipe.pipeline.anomalies, recpipe.pipeline.leakage): the messages of each
 anomaly, from the figures a run counts (SplitCounts, a transform artifact, each file's timestamp range,
 the repeats, the eval sample), built here by hand. That a whole run counts those figures and reports these
 warnings (or refuses them under preprocess.on_anomaly: fail) is tests/test_pipeline.py's."""
@@ -12,14 +12,14 @@ import pytest
 import yaml
 
 from conftest import CONFIGS, small_config_dict
-from features.artifact import TransformArtifact
-from features.canonical import DENSE_SUM_SCALE
-from features.config import parse_config
-from pipeline.anomalies import (SplitCounts, copied_file_warnings, dead_letter_warnings, feature_warnings,
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.canonical import DENSE_SUM_SCALE
+from recpipe.features.config import parse_config
+from recpipe.pipeline.anomalies import (SplitCounts, copied_file_warnings, dead_letter_warnings, feature_warnings,
                                 repeated_row_warnings, timestamp_warnings, volume_warnings)
-from pipeline.leakage import leak_warnings
-from pipeline.repeats import Repeats
-from pipeline.sources import InputFile
+from recpipe.pipeline.leakage import leak_warnings
+from recpipe.pipeline.repeats import Repeats
+from recpipe.pipeline.sources import InputFile
 
 pytestmark = pytest.mark.unit
 

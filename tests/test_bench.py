@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from recpipe.bench.targets import SUITES, TARGETS
-from recpipe.netns import netns_available
+from recpipe.bench.netns import netns_available
 
 # The cluster suite needs network namespaces (root); without them `bench` skips it and says why.
 CLUSTER = netns_available()[0]
@@ -219,13 +219,13 @@ def test_duckdb_peer_does_the_same_split_and_vocabularies(tmp_path):
     """The peer is a fair yardstick: same split, same vocabularies, same in-vocabulary IDs as ours."""
     import pyarrow.parquet as pq
 
-    from features.canonical import LABEL_KEY
-    from features.config import load_config
+    from recpipe.features.canonical import LABEL_KEY
+    from recpipe.features.config import load_config
     from recpipe.bench.baseline import baseline_preprocess
     from recpipe.bench.criteo_like import write_criteo_like
     from recpipe.bench.duckdb_peer import duckdb_preprocess
     from recpipe.samples import repo_configs
-    from trainers.data import make_dataset
+    from recpipe.trainers.data import make_dataset
 
     cfg = load_config(repo_configs() / "criteo.yaml")
     log = write_criteo_like(3_000, str(tmp_path / "log"), file_rows=1_000)
@@ -233,7 +233,7 @@ def test_duckdb_peer_does_the_same_split_and_vocabularies(tmp_path):
     peer = duckdb_preprocess(cfg, log, str(tmp_path / "peer"))
     splits = ("train", "validation", "eval")
     assert [peer[s] for s in splits] == [ours[s] for s in splits] == [2_430, 270, 300]
-    from features.preprocessed import PreprocessedData
+    from recpipe.features.preprocessed import PreprocessedData
     vocabs = PreprocessedData(str(tmp_path / "ours")).transform().vocabularies
     assert peer["vocab_sizes"] == {name: len(v) for name, v in vocabs.items()}
     peer_train = pq.read_table(tmp_path / "peer" / "train.parquet")
@@ -250,9 +250,9 @@ def test_tfrs_peer_is_our_model_trained_the_tutorial_way(preprocessed, small_cfg
     """The `train_vs_tfrs_fit` peer has exactly our model's weights (tables, cross, deep, logit) and trains."""
     import math
 
-    from features.preprocessed import PreprocessedData
+    from recpipe.features.preprocessed import PreprocessedData
     from recpipe.bench.tfrs_peer import TutorialDCN, in_memory, run_peer
-    from trainers.models import build_model, dummy_batch
+    from recpipe.trainers.models import build_model, dummy_batch
 
     artifact = PreprocessedData(preprocessed[0]).transform()
     ours = build_model(small_cfg, artifact)
@@ -273,7 +273,7 @@ def test_step_parts_times_every_matmul_of_the_dense_layers(preprocessed, small_c
     yet built: listed before the layers were built, the weights had no gradients in the step's result, TensorFlow
     pruned those matmuls, and the bound came out 1.66 where 1.26 was measured with them."""
     from recpipe.bench.step_parts import _dense_layers_step, _model_step
-    from trainers.data import make_dataset
+    from recpipe.trainers.data import make_dataset
 
     batch = next(iter(make_dataset(small_cfg, preprocessed[0], "train", 64, training=False)))
     model, _ = _model_step(small_cfg, preprocessed[0])

@@ -25,7 +25,7 @@ def recpipe(*args, check=True, timeout=600):
 @pytest.mark.unit
 def test_every_command_has_help(capsys):
     """`recpipe --help` names every command, and each has its own help (the parser the CLI runs)."""
-    from recpipe.cli import build_parser
+    from recpipe.cli_parser import build_parser
 
     def help_of(*args: str) -> str:
         with pytest.raises(SystemExit) as done:
@@ -119,7 +119,7 @@ def test_a_keras_layer_error_is_reported_by_its_cause_not_its_call_arguments():
     names the layer and the cause instead."""
     import tensorflow as tf
 
-    from recpipe.cli import _one_line
+    from recpipe.runtime import one_line
 
     class Failing(tf.keras.layers.Layer):
         def call(self, x):
@@ -128,7 +128,7 @@ def test_a_keras_layer_error_is_reported_by_its_cause_not_its_call_arguments():
     with pytest.raises(ValueError) as raised:
         Failing(name="cross_0")(tf.zeros([2, 3]))
     assert "Call arguments received" in str(raised.value)
-    assert _one_line(raised.value) == "layer 'cross_0' (Failing): variable must be of type tf.ResourceVariable"
+    assert one_line(raised.value) == "layer 'cross_0' (Failing): variable must be of type tf.ResourceVariable"
 
 
 @pytest.mark.unit
@@ -137,7 +137,7 @@ def test_only_a_ps_chief_takes_a_temp_folder_of_its_own(tmp_path, monkeypatch):
     task that TF_CONFIG starts serves until it is killed, so it takes none (each used to leave one)."""
     import tempfile
 
-    from recpipe.cli import _own_tempdir
+    from recpipe.runtime import own_tempdir
     cluster = {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222"], "ps": ["10.0.0.3:2222"]}
     for task, own in (("worker", False), ("ps", False), ("chief", True), (None, True)):
         monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
@@ -145,7 +145,7 @@ def test_only_a_ps_chief_takes_a_temp_folder_of_its_own(tmp_path, monkeypatch):
             monkeypatch.delenv("TF_CONFIG", raising=False)
         else:
             monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": task, "index": 0}}))
-        _own_tempdir()
+        own_tempdir()
         made = [p.name for p in tmp_path.iterdir()]
         assert (tempfile.tempdir != str(tmp_path)) == own and len(made) == int(own), (task, made)
         for p in tmp_path.iterdir():

@@ -1,5 +1,5 @@
 """The cluster paths over a real network stack: several hosts are network namespaces on a bridge
-(recpipe.netns), each task in its own. PS training from TF_CONFIG across 5 hosts survives a killed
+(recpipe.bench.netns), each task in its own. PS training from TF_CONFIG across 5 hosts survives a killed
 worker and a killed coordinator; a killed PS task, and a worker whose host holds another copy of the data,
 are named. Horovod runs one process per host from a host list, no ssh."""
 from __future__ import annotations
@@ -17,11 +17,11 @@ from typing import Callable, Optional
 
 import pytest
 
-from recpipe.netns import VirtualHosts, netns_available
-from trainers.errors import TrainError
-from trainers.evaluate import evaluate
-from trainers.model_dir import ModelDir
-from trainers.ps import tf_config
+from recpipe.bench.netns import VirtualHosts, netns_available
+from recpipe.trainers.errors import TrainError
+from recpipe.trainers.evaluation.evaluate import evaluate
+from recpipe.trainers.model_dir import ModelDir
+from recpipe.trainers.strategies.ps import tf_config
 
 USABLE, WHY = netns_available()
 needs_netns = pytest.mark.skipif(not USABLE, reason=f"network namespaces unavailable: {WHY}")
@@ -426,7 +426,7 @@ def test_horovod_hosts_must_train_one_model_and_resume_from_rank_0(tmp_path, pre
     """Hosts with their own disks and model dirs: a host whose copy of the data is another run's (a stale copy
     at the same path, another day's) numbered the values otherwise, and the averaged gradients trained each
     row on other values by rank, without a word (now every host names it; the ranks' other checks, of their
-    config and code, are trainers.hvd._check_ranks_train_one_model's, in test_strategies.py, and of a partial
+    config and code, are recpipe.trainers.strategies.hvd._check_ranks_train_one_model's, in test_strategies.py, and of a partial
     copy, in test_horovod_across_hosts_without_ssh); a resume hung, since only rank 0's model dir holds
     checkpoints, so the other ranks started over and looped more steps than rank 0; a rank killed mid-run was
     named by no host; a host whose command failed before starting its ranks left the others to die by SIGABRT

@@ -1,9 +1,13 @@
+"""Config loading: the shipped configs load and round-trip, and a config that would fail later (an unknown or
+misspelt key, a bad value, a name or number the pipeline cannot use, a YAML quirk) fails at load naming its
+key."""
 import copy
 
 import pytest
+import yaml
 
 from conftest import CONFIGS, small_config_dict
-from features.config import ConfigError, config_to_dict, embedding_dim, load_config, parse_config
+from recpipe.features.config import ConfigError, config_to_dict, embedding_dim, load_config, parse_config
 
 pytestmark = pytest.mark.unit
 
@@ -92,3 +96,37 @@ def test_load_config_names_the_file(tmp_path):
         load_config(broken)
     with pytest.raises(ConfigError, match="missing.yaml: cannot read config"):
         load_config(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda d: d["features"]["dense"][0].update(fill=float("nan")), "features.dense[0].fill: must be a finite"),
+    (lambda d: d["train"].update(learning_rate=float("inf")), "train.learning_rate: must be a finite"),
+])
+def test_config_rejects_non_finite_numbers(mutate, key):
+    d = small_config_dict()
+    mutate(d)
+    with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
+        parse_config(d)
+
+
+@pytest.mark.parametrize("mutate, key", [
+    (lambda d: d["features"]["sparse"][0].update(name="user_id\n"), "features.sparse[0].name"),
+    (lambda d: d["features"]["sparse"][0].update(column="user id"), "features.sparse[0].column: 'user id' cannot"),
+    (lambda d: d["features"]["dense"][1].update(column="label"), "features.dense[1].column: 'label' is the label"),
+])
+def test_names_that_would_fail_later_fail_at_config_load(mutate, key):
+    d = small_config_dict()
+    mutate(d)
+    with pytest.raises(ConfigError) as e:
+        parse_config(d)
+    assert key in str(e.value)
+
+
+def test_config_yaml_quirks(tmp_path):
+    text = yaml.safe_dump(small_config_dict())
+    (tmp_path / "dup.yaml").write_text(text + "name: again\n")
+    with pytest.raises(ConfigError, match="duplicate key 'name'"):
+        load_config(tmp_path / "dup.yaml")
+    d = small_config_dict()
+    d["train"]["learning_rate"] = "1e-9"  # what PyYAML (YAML 1.1) makes of an unquoted 1e-9
+    assert parse_config(d).train.learning_rate == 1e-9

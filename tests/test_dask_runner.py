@@ -1,5 +1,5 @@
-"""pipeline.dask_runner on a real dask.distributed cluster (a scheduler and two one-thread worker
-processes started here): each fix beside the stock DaskRunner behaviour it changes, and the
+"""recpipe.pipeline.dask_runner on a real dask.distributed cluster (a scheduler and two one-thread worker
+processes started here): each change to the stock DaskRunner beside the behaviour it replaces, and the
 unchanged preprocess job giving DirectRunner's outputs, also with a worker killed mid-run."""
 from __future__ import annotations
 
@@ -24,13 +24,14 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from conftest import IN_MEMORY, small_config_dict
-from features.canonical import LABEL_KEY
-from features.config import parse_config
-from features.preprocessed import PreprocessedData
-from pipeline.preprocess import run_preprocess
+from helpers import installed_copy
+from recpipe.features.canonical import LABEL_KEY
+from recpipe.features.config import parse_config
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.pipeline.preprocess import run_preprocess
 
 STOCK = "apache_beam.runners.dask.dask_runner.DaskRunner"
-OURS = "pipeline.dask_runner.DaskRunner"
+OURS = "recpipe.pipeline.dask_runner.DaskRunner"
 TESTS = str(Path(__file__).resolve().parent)
 
 pytestmark = pytest.mark.system
@@ -111,7 +112,7 @@ class _SplitEvenOdd(beam.DoFn):
         yield x if x % 2 == 0 else beam.pvalue.TaggedOutput("odd", x)
 
 
-def test_fix1_each_output_gets_its_own_tag(dask_cluster, tmp_path):
+def test_each_output_gets_its_own_tag(dask_cluster, tmp_path):
     def build(p, out):
         outs = p | beam.Create(list(range(8))) | beam.ParDo(_SplitEvenOdd()).with_outputs("odd", main="even")
         _ = outs.even | "Even" >> beam.Map(_record, str(out / "even"))
@@ -123,7 +124,7 @@ def test_fix1_each_output_gets_its_own_tag(dask_cluster, tmp_path):
     assert _recorded(tmp_path / "ours" / "even") == [0, 2, 4, 6]
 
 
-def test_fix2_every_leaf_runs(dask_cluster, tmp_path):
+def test_every_leaf_runs(dask_cluster, tmp_path):
     def build(p, out):
         items = p | beam.Create([1, 2, 3])
         _ = items | "First" >> beam.Map(_record, str(out / "first"))
@@ -148,7 +149,7 @@ class _SumInFinishBundle(beam.DoFn):
         yield WindowedValue(self.total, 0, [GlobalWindow()])
 
 
-def test_fix3_finish_bundle_outputs_are_kept(dask_cluster, tmp_path):
+def test_finish_bundle_outputs_are_kept(dask_cluster, tmp_path):
     def build(p, out):
         _ = (p | beam.Create([1, 2, 3, 4]) | beam.ParDo(_SumInFinishBundle())
              | beam.Map(_record, str(out)))
@@ -183,7 +184,7 @@ class _DieOnce(beam.DoFn):
         yield kv
 
 
-def test_fix4_metrics_are_merged_and_count_a_retried_task_once(dask_cluster, tmp_path):
+def test_metrics_are_merged_and_count_a_retried_task_once(dask_cluster, tmp_path):
     def build(p, executions):
         os.makedirs(executions, exist_ok=True)
         _ = (p | beam.Create(list(range(300))) | beam.ParDo(_Counted(executions)) | beam.GroupByKey()
@@ -208,7 +209,7 @@ def _second(t, s):
     return t[1], s
 
 
-def test_fix5_one_side_input_value_for_every_reader(dask_cluster, tmp_path):
+def test_one_side_input_value_for_every_reader(dask_cluster, tmp_path):
     """Like a file sink's InitializeWrite (a fresh temp dir name each time it runs): read by two
     transforms that run one after the other."""
     def build(p, out):
@@ -248,7 +249,7 @@ def _kill_side_worker(x, side, runs: str, marker: str):
     return x + side
 
 
-def test_fix6_a_lost_worker_never_reruns_a_step_computed_for_a_side_input(dask_cluster, tmp_path):
+def test_a_lost_worker_never_reruns_a_step_computed_for_a_side_input(dask_cluster, tmp_path):
     runs, marker = str(tmp_path / "runs"), str(tmp_path / "killed")
 
     def build(p):
@@ -269,7 +270,7 @@ def _ignore(x, _side):
     return x
 
 
-def test_fix7_a_lost_worker_never_reruns_a_step_whose_readers_are_built(dask_cluster, tmp_path):
+def test_a_lost_worker_never_reruns_a_step_whose_readers_are_built(dask_cluster, tmp_path):
     """The kill comes while the runner still builds the graph: a later side input's round runs a step
     that kills the worker holding _SideEffect's result, after every reader of that result was built.
     Kept wanted, the result was recomputed: a file sink's pre-finalize ran again after its finalize had
@@ -294,7 +295,7 @@ def test_fix7_a_lost_worker_never_reruns_a_step_whose_readers_are_built(dask_clu
 def _shard_rows(data: PreprocessedData, split: str) -> collections.Counter:
     import tensorflow as tf
 
-    from features.records import parse_record
+    from recpipe.features.records import parse_record
     parse, out = parse_record(data.transform().config), collections.Counter()
     for f in data.shard_files(split):
         for rec in tf.data.TFRecordDataset(f):
@@ -405,19 +406,15 @@ def _config(tmp_path) -> str:
 
 def test_a_worker_with_other_code_is_named_before_the_job_starts(dask_cluster, tmp_path, log_with_bad_rows,
                                                                  monkeypatch):
-    """Fix 8. Beam pickles the job's DoFns by reference, so each worker runs its own install's copy: a worker
+    """Beam pickles the job's DoFns by reference, so each worker runs its own install's copy: a worker
     with another version of recpipe's `features` (here hashing IDs otherwise) turned its rows into other IDs
     than the rest, and the job published them without a word. A third worker joins with that copy first on
     its path; the job stops before it starts, naming it. A worker joining later is named by its first bundle."""
-    import shutil
-
     import distributed
 
-    import features
-    from pipeline.dask_runner import DaskWorkersError
+    from recpipe.pipeline.dask_runner import DaskWorkersError
     other = tmp_path / "other_install"
-    shutil.copytree(Path(features.__file__).parent, other / "features", ignore=shutil.ignore_patterns("__pycache__"))
-    hashing = other / "features" / "hashing.py"
+    hashing = installed_copy(other) / "features" / "hashing.py"
     hashing.write_text(hashing.read_text().replace("(fingerprints % np.uint64(buckets))",
                                                    "((fingerprints >> np.uint64(1)) % np.uint64(buckets))"))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(other), TESTS, os.environ.get("PYTHONPATH", "")]))
@@ -434,7 +431,7 @@ def test_a_worker_with_other_code_is_named_before_the_job_starts(dask_cluster, t
             run_preprocess(parse_config(small_config_dict()), log_with_bad_rows, str(out),
                            ["--runner", "dask", "--dask-address", dask_cluster], say=lambda _: None)
         text = str(e.value)
-        assert text.startswith(f"Dask workers with other code than this client: {address} runs features "), text
+        assert text.startswith(f"Dask workers with other code than this client: {address} runs recpipe.features "), text
         named = text.split(". A worker runs")[0]
         assert "; " not in named and ", " not in named and "install the same recpipe" in text, text  # only it
         assert not (out / "transform").exists()
@@ -444,7 +441,7 @@ def test_a_worker_with_other_code_is_named_before_the_job_starts(dask_cluster, t
 
     # A worker that joins after that check: here the job's check is skipped, on a cluster of that worker
     # alone; its first bundle compares its code with the client's, and the job stops naming it.
-    from pipeline import dask_runner
+    from recpipe.pipeline import dask_runner
     monkeypatch.setattr(dask_runner, "check_workers_run_our_code",
                         lambda client: dask_runner.code_identity(dask_runner.SAME_SOURCE, dask_runner.SAME_VERSIONS))
     sched_file = str(tmp_path / "late.json")
@@ -458,7 +455,7 @@ def test_a_worker_with_other_code_is_named_before_the_job_starts(dask_cluster, t
         with distributed.Client(late) as client:
             client.wait_for_workers(1, timeout=120)
         with pytest.raises(DaskWorkersError, match=r"^Dask workers with other code than this client: tcp://\S+ "
-                                                   r"runs features \w+ \(the client's: \w+\) \(it joined after the "
+                                                   r"runs recpipe.features \w+ \(the client's: \w+\) \(it joined after the "
                                                    r"job started\)\. A worker runs"):
             run_preprocess(parse_config(small_config_dict()), log_with_bad_rows, str(tmp_path / "late"),
                            ["--runner", "dask", "--dask-address", late], say=lambda _: None)

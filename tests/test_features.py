@@ -7,15 +7,15 @@ import pyarrow as pa
 import pytest
 import tensorflow as tf
 
-from features.artifact import TransformArtifact, summary_differences
-from features.canonical import (LABEL_KEY, SchemaError, canonicalize, check_schema, dense_prenorm, numeric,
+from recpipe.features.artifact import TransformArtifact, summary_differences
+from recpipe.features.canonical import (LABEL_KEY, SchemaError, canonicalize, check_schema, dense_prenorm, numeric,
                                 times, validate_batch)
-from features.config import parse_config
-from features.batch_transform import BatchTransform
-from features.hashing import hash_buckets
-from features.record_codec import Ragged, RecordError, count_rows, encode_batch, read_records, write_records
-from features.records import parse_record
-from features.transform import FeatureTransform, canonical_to_tensors, canonicalize_request, request_spec
+from recpipe.features.config import parse_config
+from recpipe.features.batch_transform import BatchTransform
+from recpipe.features.hashing import hash_buckets
+from recpipe.features.record_codec import Ragged, RecordError, count_rows, encode_batch, read_records, write_records
+from recpipe.features.records import parse_record
+from recpipe.features.transform import FeatureTransform, canonical_to_tensors, canonicalize_request, request_spec
 
 pytestmark = pytest.mark.unit
 
@@ -71,7 +71,7 @@ def test_schema_errors_name_file_and_column():
     # uint64 is a kind of its own (served as uint64); with int64 files of the same column it is int, as before
     assert check_schema(_table().set_column(5, "x", pa.array([1] * 5, pa.uint64())).schema, cfg, "f")["x"] == "uint64"
     assert check_schema(_table().set_column(5, "x", pa.array([1] * 5, pa.uint32())).schema, cfg, "f")["x"] == "int"
-    from features.canonical import NULL_KIND, merged_kind
+    from recpipe.features.canonical import NULL_KIND, merged_kind
     assert [merged_kind(a, b) for a, b in [("int", "uint64"), ("uint64", "int"), ("list<uint64>", "list<int>"),
                                            ("uint64", NULL_KIND), (NULL_KIND, "uint64"), ("uint64", "string")]] == [
         "int", "int", "list<int>", "uint64", "uint64", None]
@@ -374,7 +374,7 @@ def test_tf_example_requests_cost_the_same_ops_for_2_or_20_columns():
     """predict_examples' parsing densifies the single-valued columns of each dtype together, so its
     op count does not grow with the columns either; absent values become "" / NaN, and a second value
     is an error naming every column that has one."""
-    from features.transform import example_spec, request_from_examples
+    from recpipe.features.transform import example_spec, request_from_examples
 
     def parse(art, serialized):
         return request_from_examples(tf.io.parse_example(serialized, example_spec(art.config, art.raw_schema)), art)
@@ -402,7 +402,7 @@ def test_raw_rows_become_requests_as_the_beam_job_reads_them():
     """The export's checks build requests from raw eval rows as the Beam job reads them: a null ID is ""
     (and an error for an int64 input, which cannot carry it), a null list item no token, a bool ID its
     integer, a dense string parsed (blank: missing) and missing values absent from a tf.Example."""
-    from features.transform import examples_from_arrow, int64_nulls, request_from_arrow
+    from recpipe.features.transform import examples_from_arrow, int64_nulls, request_from_arrow
     t = pa.table({"s": pa.array(["a", None, "c"]), "b": pa.array([True, None, False]),
                   "l": pa.array([["x", None, "y"], None, []]), "d": pa.array([" 2.5 ", "", None]),
                   "i": pa.array([7, None, 9], pa.int64())})
@@ -449,7 +449,7 @@ def test_saved_vocabularies_are_packed_and_reloaded(tmp_path):
 
 
 def test_cross_config_checks():
-    from features.config import ConfigError
+    from recpipe.features.config import ConfigError
     base = {"name": "t", "features": {"sparse": [{"name": "a", "column": "a", "hash_buckets": 9},
                                                  {"name": "m", "column": "m", "hash_buckets": 9, "multivalent": True}]}}
 

@@ -1,4 +1,4 @@
-"""serving.http_loop, the REST front end's transport, against raw sockets: order, limits, slow and
+"""recpipe.serving.server.http_loop, the REST front end's transport, against raw sockets: order, limits, slow and
 hostile clients (a small async app stands in for the REST routes, which tests/test_serving.py covers)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from serving.http_loop import MAX_HEAD_BYTES, HttpServer, Request, Response
+from recpipe.serving.server.http_loop import MAX_HEAD_BYTES, HttpServer, Request, Response
 
 pytestmark = pytest.mark.unit
 

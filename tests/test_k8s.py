@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from conftest import small_config_dict
-from features.config import build_typed
+from recpipe.common.typed_yaml import build_typed
 from recpipe.daily import DailyConfig
 from recpipe.k8s import ManifestError, RenderOptions, render, validate
 

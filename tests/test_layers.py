@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 from conftest import small_config_dict
-from features.config import parse_config
-from trainers.layers import CrossStack, DotInteractionBlock, SparseEmbeddings
-from trainers.models import RankingModel, RetrievalModel, build_model, dummy_batch
+from recpipe.features.config import parse_config
+from recpipe.trainers.layers import CrossStack, DotInteractionBlock, SparseEmbeddings
+from recpipe.trainers.models import RankingModel, RetrievalModel, build_model, dummy_batch
 
 pytestmark = pytest.mark.unit  # layers and models built and called in this process: nothing trained
 
@@ -63,7 +63,7 @@ def test_cross_layers_compute_in_the_mixed_precision_dtype(tmp_path, low_rank):
     """Under mixed_bfloat16 every cross matmul runs in bfloat16 on float32 variables (TFRS 0.7.7's Cross ran
     them in float32), and a checkpoint of TFRS's own Cross stack loads into ours, value for value."""
     import tensorflow_recommenders as tfrs
-    from trainers.optim import precision_policy
+    from recpipe.trainers.optim import precision_policy
     embedded = [tf.random.normal([5, 4]), tf.random.normal([5, 4])]
     with precision_policy("bf16"):
         stack = CrossStack(2, low_rank)
@@ -97,7 +97,7 @@ def test_dot_interaction_roundtrip():
 
 
 def _artifact(cfg):
-    from features.artifact import TransformArtifact
+    from recpipe.features.artifact import TransformArtifact
     vocabs = {f.name: [f"v{i}" for i in range(20)] for f in cfg.features.sparse
               if f.vocab is not None and f.share_embedding_with is None}
     stats = {d.name: {"mean": 0.0, "std": 1.0, "boundaries": [0.0, 1.0]} for d in cfg.features.dense}

@@ -1,4 +1,4 @@
-"""Embedding lifecycle across days (pipeline.lifecycle, `vocab: {window_days, evict_unseen_days}`):
+"""Embedding lifecycle across days (recpipe.pipeline.lifecycle, `vocab: {window_days, evict_unseen_days}`):
 admission over a window of days, eviction of values unseen for days, freed slots reused while kept
 values keep their IDs, the max_size rule; the same rules through day-by-day Beam runs, evicted values
 mapping to OOV in the one transform, warm start following values into their new slots, and exports
@@ -15,16 +15,16 @@ import tensorflow as tf
 import yaml
 
 from conftest import IN_MEMORY
-from features.artifact import TransformArtifact
-from features.canonical import LABEL_KEY, canonicalize
-from features.config import VocabSpec, config_to_dict, parse_config
-from features.days import day_name, day_number
-from features.batch_transform import BatchTransform
-from pipeline.analysis import select_vocabulary
-from pipeline.lifecycle import VocabState, advance_vocabulary
-from pipeline.preprocess import PreprocessError, run_preprocess
-from serving.prune import PruneError, prune_vocabularies
-from serving.version import ExportBase
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.canonical import LABEL_KEY, canonicalize
+from recpipe.features.config import VocabSpec, config_to_dict, parse_config
+from recpipe.common.days import day_name, day_number
+from recpipe.features.batch_transform import BatchTransform
+from recpipe.pipeline.analysis import select_vocabulary
+from recpipe.pipeline.lifecycle import VocabState, advance_vocabulary
+from recpipe.pipeline.preprocess import PreprocessError, run_preprocess
+from recpipe.serving.export.prune import PruneError, prune_vocabularies
+from recpipe.serving.version import ExportBase
 
 
 @pytest.mark.unit
@@ -168,7 +168,7 @@ def test_a_lifecycle_vocabulary_needs_the_runs_day_in_order(tmp_path, four_days)
 
 @pytest.mark.integration
 def test_warm_start_rows_follow_the_values(four_days):
-    from trainers.warm_start import _row_map
+    from recpipe.trainers.warm_start import _row_map
     cfg, _, _, arts = four_days
     today, earlier = _row_map(cfg, arts[1], arts[3], "item", 6, 6)  # [a, b, c, x] -> [a, d, c, b]
     assert today.tolist() == [0, 2, 3] and earlier.tolist() == [0, 2, 1]  # b moved from ID 1 to 3; d is new: fresh
@@ -196,11 +196,11 @@ def test_prune_keeps_the_values_seen_in_the_last_days_and_compacts_the_table(fou
 
 @pytest.mark.system
 def test_pruned_export_maps_unseen_values_to_oov_and_passes_the_skew_check(tmp_path, four_days):
-    from serving.export import export_model
-    from serving.registry import load_version
-    from trainers.model_dir import load_trained
-    from trainers.options import TrainOptions
-    from trainers.train import train
+    from recpipe.serving.export.savedmodel import export_model
+    from recpipe.serving.server.registry import load_version
+    from recpipe.trainers.model_dir import load_trained
+    from recpipe.trainers.options import TrainOptions
+    from recpipe.trainers.train import train
     _, _, outs, _ = four_days
     model_dir = str(tmp_path / "m")
     train(TrainOptions(data_dir=outs[3], model_dir=model_dir), say=lambda _: None)
@@ -227,10 +227,10 @@ def test_pruned_retrieval_export_leaves_stale_candidates_out_of_the_index(tmp_pa
     """Two towers over the same four days: the day-4 export with --prune-unseen-days 1 recommends only
     the items seen on day 4 (a, b), and its skew check passes; so does an index read from the data
     (two candidate features), whose kept candidates are scored as the pruned model scores them."""
-    from serving.export import export_model
-    from serving.registry import load_version
-    from trainers.options import TrainOptions
-    from trainers.train import train
+    from recpipe.serving.export.savedmodel import export_model
+    from recpipe.serving.server.registry import load_version
+    from recpipe.trainers.options import TrainOptions
+    from recpipe.trainers.train import train
     _, log, _, _ = four_days
     d = config_to_dict(_cfg())
     d["features"]["sparse"] += [{"name": "user", "column": "user", "hash_buckets": 4, "embedding_dim": 4},
@@ -277,8 +277,8 @@ def test_pruned_retrieval_export_leaves_stale_candidates_out_of_the_index(tmp_pa
 def test_pruned_candidates_leave_the_index_and_attributes_are_renumbered():
     """pruned_candidates: a candidate whose own value was pruned leaves the index; the kept ones' IDs
     and attribute IDs (multivalent too) are the pruned graph's, a pruned attribute value its OOV bucket."""
-    from serving.prune import pruned_candidates
-    from trainers.candidates import Candidates
+    from recpipe.serving.export.prune import pruned_candidates
+    from recpipe.trainers.evaluation.candidates import Candidates
     cfg = parse_config({"name": "c", "label": {"column": "label"}, "features": {"sparse": [
         {"name": "item", "column": "item", "vocab": {"min_count": 1, "oov_buckets": 2}},
         {"name": "tags", "column": "tags", "multivalent": True, "vocab": {"min_count": 1, "oov_buckets": 3}},
@@ -302,11 +302,11 @@ def test_pruned_candidates_leave_the_index_and_attributes_are_renumbered():
 
 @pytest.mark.unit
 def test_the_truth_column_changes_nothing_else_and_scores_each_days_eval_rows(tmp_path):
-    """pipeline.synthetic's `truth_column` adds each row's click probability and leaves every other
+    """recpipe.pipeline.synthetic's `truth_column` adds each row's click probability and leaves every other
     column as it was; the lifecycle bench's oracle AUC scores the day's eval rows (those after the
     Beam job's time cutoff) with it."""
-    from features.metrics import roc_auc
-    from pipeline.synthetic import TRUTH_COLUMN, GenerateSpec, generate_log
+    from recpipe.common.metrics import roc_auc
+    from recpipe.pipeline.synthetic import TRUTH_COLUMN, GenerateSpec, generate_log
     from recpipe.bench.lifecycle import oracle_aucs
     spec = dict(rows=6_000, days=2, seed=7, num_users=200, num_items=100, item_drift=20)
     generate_log(GenerateSpec(**spec), str(tmp_path / "plain"))
@@ -325,10 +325,10 @@ def test_the_truth_column_changes_nothing_else_and_scores_each_days_eval_rows(tm
 
 @pytest.mark.unit
 def test_lifelong_popularity_keeps_each_items_rank_and_day_one_of_the_drift_free_log(tmp_path):
-    """pipeline.synthetic's item_popularity="lifelong": every day's window holds every Zipf rank once, an item
+    """recpipe.pipeline.synthetic's item_popularity="lifelong": every day's window holds every Zipf rank once, an item
     keeps its rank from its first day to its last (the stopping items take random ranks, not the top ones as
     with "window"), and the drifting log's first day is the drift-free log's."""
-    from pipeline.synthetic import GenerateSpec, _items_of_ranks, generate_log
+    from recpipe.pipeline.synthetic import GenerateSpec, _items_of_ranks, generate_log
     n, drift, days = 50, 10, 4
     spec = GenerateSpec(rows=1, days=days, seed=3, num_items=n, item_drift=drift, item_popularity="lifelong")
     held = [_items_of_ranks(spec, np.arange(n), d * drift) for d in range(days)]  # held[d][rank] = item

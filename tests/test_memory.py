@@ -1,17 +1,17 @@
-"""trainers.memory: a config whose embedding tables cannot fit in the memory a training process may use fails
+"""recpipe.trainers.memory: a config whose embedding tables cannot fit in the memory a training process may use fails
 before they are built, naming them, instead of the process being killed for memory with no word (exit 137)."""
 from __future__ import annotations
 
 import pytest
 
 from conftest import IN_MEMORY, small_config_dict
-from features.config import parse_config
-from pipeline.preprocess import run_preprocess
-from trainers.errors import TrainError
-from features.hostmem import GIB, _cgroup_headroom
-from trainers.memory import Holders, StateSize, holders_on_this_host, memory_verdict
-from trainers.options import RunOptions, TrainOptions
-from trainers.train import _check_ps_task_memory, train
+from recpipe.features.config import parse_config
+from recpipe.pipeline.preprocess import run_preprocess
+from recpipe.trainers.errors import TrainError
+from recpipe.common.hostmem import GIB, _cgroup_headroom
+from recpipe.trainers.memory import Holders, StateSize, holders_on_this_host, memory_verdict
+from recpipe.trainers.options import RunOptions, TrainOptions
+from recpipe.trainers.train import _check_ps_task_memory, train
 
 
 @pytest.mark.unit

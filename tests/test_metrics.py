@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from features.metrics import auc_standard_error, log_loss, roc_auc
+from recpipe.common.metrics import auc_standard_error, log_loss, roc_auc
 
 pytestmark = pytest.mark.unit
 
@@ -36,7 +36,7 @@ def test_log_loss():
 
 
 def test_rank_recall_ndcg():
-    from features.metrics import ndcg_at_k, rank_of_true, recall_at_k
+    from recpipe.common.metrics import ndcg_at_k, rank_of_true, recall_at_k
     scores = np.array([[0.9, 0.1, 0.5], [0.2, 0.2, 0.1], [0.0, 1.0, 2.0]])
     ranks = rank_of_true(scores, np.array([0, 1, 0]))
     assert ranks.tolist() == [0, 1, 2]  # a tie counts against the true item

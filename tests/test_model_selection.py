@@ -7,12 +7,12 @@ import os
 import pytest
 import yaml
 
-from trainers.evaluate import evaluate
-from trainers.model_dir import ModelDir, load_trained
-from trainers.options import RunOptions, TrainOptions
-from trainers.scoring import score
-from trainers.train import train
-from trainers.validation import ValidationHistory
+from recpipe.trainers.evaluation.evaluate import evaluate
+from recpipe.trainers.model_dir import ModelDir, load_trained
+from recpipe.trainers.options import RunOptions, TrainOptions
+from recpipe.trainers.evaluation.scoring import score
+from recpipe.trainers.train import train
+from recpipe.trainers.evaluation.validation import ValidationHistory
 
 # Each test's tier is marked on it: the config checks are unit, the trainings integration, the Beam ->
 # train -> evaluate/export chains system, and the two statistical claims (DCN-v2 over logistic regression,
@@ -94,7 +94,7 @@ def test_without_a_validation_split_patience_is_reported_and_the_latest_checkpoi
 def test_wide_logit_config_checks():
     from conftest import small_config_dict
 
-    from features.config import ConfigError, parse_config
+    from recpipe.features.config import ConfigError, parse_config
     d = small_config_dict()
     d["model"].update(type="logistic", wide=True)
     with pytest.raises(ConfigError, match="model.wide: only dcn_v2 and dlrm"):
@@ -115,10 +115,10 @@ def test_a_cross_declared_in_yaml_runs_through_beam_training_and_the_served_grap
     compute the same crossed IDs (the export's skew check scores raw eval rows through the graph)."""
     from conftest import IN_MEMORY, small_config_dict
 
-    from features.config import parse_config
-    from pipeline.preprocess import run_preprocess
-    from serving.export import export_model
-    from serving.version import ExportBase
+    from recpipe.features.config import parse_config
+    from recpipe.pipeline.preprocess import run_preprocess
+    from recpipe.serving.export.savedmodel import export_model
+    from recpipe.serving.version import ExportBase
     data = small_config_dict(steps=10)
     data["features"]["sparse"].append({"name": "user_x_item", "cross": ["user_id", "item_id"], "hash_buckets": 4000,
                                        "embedding_dim": 8})
@@ -143,8 +143,8 @@ def test_the_sklearn_baseline_one_hot_encodes_the_same_ids(preprocessed_with_val
     candidate item (one block of columns for both gave "item 7 in the history" the candidate's weight)."""
     import numpy as np
 
-    from features.config import parse_config
-    from features.preprocessed import PreprocessedData
+    from recpipe.features.config import parse_config
+    from recpipe.features.preprocessed import PreprocessedData
     from recpipe.bench.sklearn_peer import design_matrix, sklearn_logistic
     data_dir, pre, data = preprocessed_with_validation
     cfg = parse_config(data)
@@ -155,7 +155,7 @@ def test_the_sklearn_baseline_one_hot_encodes_the_same_ids(preprocessed_with_val
     width = sum(n for _, n in blocks)
     assert x.shape == (pre.rows_validation, width + len(cfg.features.dense)) and len(y) == pre.rows_validation
     single = [f for f in cfg.features.sparse if not f.multivalent]
-    from trainers.data import make_dataset
+    from recpipe.trainers.data import make_dataset
     hist_rows = np.concatenate([b["hist"].row_lengths().numpy() > 0
                                 for b in make_dataset(cfg, data_dir, "validation", 4096, training=False)])
     sparse_part = np.asarray(x[:, :width].sum(axis=1)).ravel()
@@ -174,7 +174,7 @@ def test_tune_searches_the_declared_space_on_validation_and_writes_the_best_conf
     trial's values are written back as a config."""
     import csv
 
-    from features.config import load_config
+    from recpipe.features.config import load_config
     from recpipe.tune import tune
     data_dir, _, data = preprocessed_with_validation
     d = copy.deepcopy(data)
@@ -211,9 +211,9 @@ def interaction_log(tmp_path_factory):
     with a validation split, and its config dict."""
     from conftest import IN_MEMORY, small_config_dict
 
-    from features.config import parse_config
-    from pipeline.preprocess import run_preprocess
-    from pipeline.synthetic import GenerateSpec, generate_log
+    from recpipe.features.config import parse_config
+    from recpipe.pipeline.preprocess import run_preprocess
+    from recpipe.pipeline.synthetic import GenerateSpec, generate_log
     base = tmp_path_factory.mktemp("interactions")
     d = small_config_dict()
     d["split"]["validation_fraction"] = 0.15
@@ -234,7 +234,7 @@ def _train_eval(tmp_path, data_dir: str, d: dict, name: str, **train_keys) -> di
 
 @pytest.mark.quality
 def test_the_synthetic_log_rewards_learning_interactions(tmp_path, interaction_log):
-    """pipeline.synthetic draws labels with user-taste x item-topic and pairwise terms: DCN-v2 beats
+    """recpipe.pipeline.synthetic draws labels with user-taste x item-topic and pairwise terms: DCN-v2 beats
     logistic regression on it by a wide margin (what DCN-v2 is for). Eval AUC measured over training seeds
     1-5 (logistic, 200 steps at learning rate 1.0, where its validation AUC has levelled off) and 1-6
     (DCN-v2, 400 steps at 0.5): logistic 0.728-0.732, DCN-v2 0.795-0.803, a margin of at least 0.063."""
@@ -270,7 +270,7 @@ def test_logq_correction_and_temperature_lift_two_tower_retrieval_past_popularit
 def test_retrieval_options_are_checked():
     from conftest import small_config_dict
 
-    from features.config import ConfigError, parse_config
+    from recpipe.features.config import ConfigError, parse_config
     d = small_config_dict()
     d["model"]["temperature"] = 0.5
     with pytest.raises(ConfigError, match="model.temperature: temperature, logq_correction, uniform_negatives and "
@@ -293,8 +293,8 @@ def test_splits_of_one_label_give_null_metrics_named_not_bare_nan(tmp_path, smal
     import pyarrow.parquet as pq
 
     from conftest import IN_MEMORY, small_config_dict
-    from features.config import parse_config
-    from pipeline.preprocess import run_preprocess
+    from recpipe.features.config import parse_config
+    from recpipe.pipeline.preprocess import run_preprocess
     from recpipe.cli import main
     data = small_config_dict()
     data["split"]["validation_fraction"] = 0.25

@@ -23,21 +23,21 @@ from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from conftest import CONFIGS, IN_MEMORY, SHARED_DATA, small_config_dict
-from features.artifact import TransformArtifact
-from features.canonical import DENSE_SUM_SCALE, LABEL_KEY, SchemaError, canonicalize, dense_prenorm, plain_columns
-from features.canonical import raw_kind, validate_batch
-from features.config import parse_config
-from features.preprocessed import SPLITS, PreprocessedData
-from features.records import parse_record
-from pipeline.analysis import (merge_count_tables, merge_dense_stats, select_vocabulary, select_vocabulary_table,
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.canonical import DENSE_SUM_SCALE, LABEL_KEY, SchemaError, canonicalize, dense_prenorm, plain_columns
+from recpipe.features.canonical import raw_kind, validate_batch
+from recpipe.features.config import parse_config
+from recpipe.features.preprocessed import SPLITS, PreprocessedData
+from recpipe.features.records import parse_record
+from recpipe.pipeline.analysis import (merge_count_tables, merge_dense_stats, select_vocabulary, select_vocabulary_table,
                                split_cutoffs_by_row, split_cutoffs_from_histogram, split_sizes, token_count_tables)
-from pipeline.anomalies import dead_letter_warnings, feature_warnings, timestamp_warnings
-from pipeline.leakage import leak_warnings
-from pipeline.options import pipeline_runner
-from pipeline.preprocess import PreprocessError, run_preprocess
-from pipeline.repeats import row_hashes
-from pipeline.sources import InputError, inspect_inputs, list_input_files
-from pipeline.transforms import (ComputeVocabularies, RawBatch, RawBatchCoder, ReadClickLogs, ValidateRows,
+from recpipe.pipeline.anomalies import dead_letter_warnings, feature_warnings, timestamp_warnings
+from recpipe.pipeline.leakage import leak_warnings
+from recpipe.pipeline.options import pipeline_runner
+from recpipe.pipeline.preprocess import PreprocessError, run_preprocess
+from recpipe.pipeline.repeats import row_hashes
+from recpipe.pipeline.sources import InputError, inspect_inputs, list_input_files
+from recpipe.pipeline.transforms import (ComputeVocabularies, RawBatch, RawBatchCoder, ReadClickLogs, ValidateRows,
                                  _MergeCountTables)
 
 
@@ -270,13 +270,13 @@ def test_the_cli_runs_the_job_in_process_without_tensorflow_or_prism(tmp_path, s
     assert (tmp_path / "work" / day / "preprocessed").is_dir()
     assert not list(temp.glob("beam-temp*"))
     assert pipeline_runner(PipelineOptions(["--runner=PrismRunner"])) is None
-    assert pipeline_runner(PipelineOptions(["--runner=pipeline.dask_runner.DaskRunner"])) is None
+    assert pipeline_runner(PipelineOptions(["--runner=recpipe.pipeline.dask_runner.DaskRunner"])) is None
 
 
 @pytest.mark.integration
 def test_written_files_must_hold_the_counted_rows(tmp_path, preprocessed):
     """The last check before publishing reads what is on disk: a lost shard fails the run, naming the split."""
-    from pipeline.preprocess import _check_written
+    from recpipe.pipeline.preprocess import _check_written
     out, result = preprocessed
     copy = shutil.copytree(out, tmp_path / "copy")
     _check_written(PreprocessedData(str(copy)), result)  # complete: passes
@@ -517,8 +517,8 @@ def test_a_tables_hidden_folders_and_markers_are_not_input(tmp_path, small_log, 
 # ----------------------------------------------------------------------------- incremental days
 @pytest.mark.unit
 def test_incremental_vocabulary_keeps_ids():
-    from features.config import VocabSpec
-    from pipeline.lifecycle import VocabState, advance_vocabulary
+    from recpipe.features.config import VocabSpec
+    from recpipe.pipeline.lifecycle import VocabState, advance_vocabulary
     prev = VocabState(["a", "b"], [5, 3], [0, 0])
     new = advance_vocabulary(prev, [("c", 4), ("b", 1), ("d", 1), ("e", 4)], 1, VocabSpec(min_count=2, max_size=3))
     assert new.values == ["a", "b", "c"] and new.counts == [5, 4, 4]  # room for one: c beats e on the tie by value

@@ -1,4 +1,4 @@
-"""Smaller served models (serving.quantize, `recpipe export --embedding-dtype/--dense-dtype`): int8 codes
+"""Smaller served models (recpipe.serving.export.quantize, `recpipe export --embedding-dtype/--dense-dtype`): int8 codes
 stay within half a step of every weight, a quantized model keeps no float32 copy of what it swapped and
 scores close to the float one, and an int8 export is served, skew-checked exactly and much smaller."""
 from __future__ import annotations
@@ -11,14 +11,16 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from serving.export import export_model
-from serving.quantize import (MIN_EXPONENT, MIN_ROW_WIDTH, PackedEmbeddings, PackedTables, QuantizedDense,
+from recpipe.serving.export.savedmodel import export_model
+from recpipe.serving.export.quantize import (MIN_EXPONENT, MIN_ROW_WIDTH, PackedEmbeddings, PackedTables, QuantizedDense,
                               pow2_exponents, quantize_int8, quantize_model)
-from trainers.layers import SparseEmbeddings
-from serving.registry import load_version
-from serving.rest import parse_predict_body
-from serving.version import ExportBase
-from trainers.model_dir import load_trained
+from recpipe.trainers.layers import SparseEmbeddings
+from recpipe.serving.server.registry import load_version
+from recpipe.serving.server.rest import parse_predict_body
+from recpipe.serving.version import ExportBase
+from recpipe.trainers.model_dir import load_trained
+
+from helpers import raw_rows
 
 
 @pytest.mark.unit
@@ -56,7 +58,7 @@ def _variable_bytes(model) -> int:
 
 
 def _batch(cfg, n=64, seed=0):
-    from trainers.models import dummy_batch
+    from recpipe.trainers.models import dummy_batch
     rng = np.random.default_rng(seed)
     batch = dummy_batch(cfg, n)
     for f in cfg.features.sparse:
@@ -112,7 +114,6 @@ def test_packed_tables_look_up_their_own_rows_and_narrow_tables_share_one_scale(
 
 @pytest.mark.integration
 def test_int8_export_is_smaller_skew_checked_and_served(tmp_path, trained, exported, small_log, small_cfg):
-    from test_serving import _raw_rows
     base = str(tmp_path / "exp")
     path = export_model(trained, base, version=3, embedding_dtype="int8", dense_dtype="int8")
     report = json.loads(Path(os.path.join(path, "skew_check.json")).read_text())
@@ -125,7 +126,7 @@ def test_int8_export_is_smaller_skew_checked_and_served(tmp_path, trained, expor
         folder = os.path.join(p, "variables")
         return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
     assert weight_bytes(path) < 0.35 * weight_bytes(exported[1])
-    rows, _ = _raw_rows(small_log, small_cfg, 6)
+    rows, _ = raw_rows(small_log, small_cfg, 6)
     int8, fp32 = load_version(path, 3), load_version(exported[1], 1)
     request = parse_predict_body({"instances": rows}, fp32.inputs)[0]
     a, b = np.asarray(int8.predict(request)["score"]), np.asarray(fp32.predict(request)["score"])

@@ -1,10 +1,10 @@
-"""pipeline.repeats: a row's hash depends on its values alone, and tells apart values that differ."""
+"""recpipe.pipeline.repeats: a row's hash depends on its values alone, and tells apart values that differ."""
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.repeats import Repeats, bucketed, find_repeats, pairs_bytes, pairs_from_bytes, row_hashes
+from recpipe.pipeline.repeats import Repeats, bucketed, find_repeats, pairs_bytes, pairs_from_bytes, row_hashes
 
 pytestmark = pytest.mark.unit
 

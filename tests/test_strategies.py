@@ -3,7 +3,6 @@ import json
 import math
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -12,11 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from trainers.errors import TrainError
-from trainers.evaluate import evaluate
-from trainers.model_dir import ModelDir
-from trainers.options import RunOptions, TrainOptions
-from trainers.train import train
+from recpipe.trainers.errors import TrainError
+from recpipe.trainers.evaluation.evaluate import evaluate
+from recpipe.trainers.model_dir import ModelDir
+from recpipe.trainers.options import RunOptions, TrainOptions
+from recpipe.trainers.train import train
+
+from conftest import small_config_dict
+from helpers import config_file, installed_copy
 
 
 def _children(pid: int) -> list[tuple[int, str]]:
@@ -102,13 +104,13 @@ def test_ps_strategy_trains_sharded_in_mixed_precision_and_restores_locally(tmp_
     Dense kernels too."""
     import tensorflow as tf
 
-    import trainers.ps
-    from trainers.ps import TablePartitioner
+    import recpipe.trainers.strategies.ps
+    from recpipe.trainers.strategies.ps import TablePartitioner
     partitioner = TablePartitioner({(1000, 16)}, 1 << 10, 4)
     assert partitioner(tf.TensorShape([1000, 16]), tf.float32) == [4, 1]
     assert partitioner(tf.TensorShape([477, 477]), tf.float32) == [1, 1]
     assert partitioner(tf.TensorShape([477]), tf.float32) == [1]
-    monkeypatch.setattr(trainers.ps, "MIN_SHARD_BYTES", 1 << 10)
+    monkeypatch.setattr(recpipe.trainers.strategies.ps, "MIN_SHARD_BYTES", 1 << 10)
     model_dir = str(tmp_path / "ps")
     said = []
     r = train(TrainOptions(preprocessed[0], model_dir, small_cfg_path,
@@ -132,7 +134,7 @@ def test_ps_job_survives_a_killed_worker(tmp_path, preprocessed, small_cfg_path)
                       env={**os.environ, "TMPDIR": str(temp)})
     try:
         _wait_for_checkpoint(proc, model_dir)
-        workers = [pid for pid, cmd in _children(proc.pid) if "trainers.ps" in cmd and " worker " in cmd]
+        workers = [pid for pid, cmd in _children(proc.pid) if "recpipe.trainers.strategies.ps" in cmd and " worker " in cmd]
         assert len(workers) == 2
         os.kill(workers[0], signal.SIGKILL)
         out, _ = proc.communicate(timeout=600)
@@ -169,7 +171,7 @@ def test_killed_trainer_resumes_from_last_checkpoint(tmp_path, preprocessed, sma
 def test_horovod_two_ranks_rank0_writes_and_resumes(tmp_path, preprocessed, trained):
     """Two ranks train, rank 0 alone writing the checkpoints. A rank killed mid-run (as by the kernel's OOM killer)
     is named with its signal and the last checkpoint by the launcher, which runs without TensorFlow
-    (trainers.hvd_job: it reads that step from the checkpoints' state file), its error the run's last line; a rerun
+    (recpipe.trainers.strategies.hvd_job: it reads that step from the checkpoints' state file), its error the run's last line; a rerun
     resumes from that checkpoint, and the model is as good as the local strategy's. The two runs exchange the
     embedding gradients in the two ways other than the default (auto through the tape in one grouped exchange, as
     every run in test_cluster.py): densified, every table, then per table (auto: the C tables of a few values go
@@ -222,12 +224,37 @@ def test_horovod_two_ranks_rank0_writes_and_resumes(tmp_path, preprocessed, trai
     assert hvd_auc > 0.6 and abs(hvd_auc - local_auc) < 0.08, (hvd_auc, local_auc)
 
 
+@pytest.mark.system
+def test_a_dead_ps_task_is_named_with_its_signal_and_the_checkpoint(tmp_path, preprocessed):
+    """A PS task of the local PS cluster killed mid-run: the chief failed with TensorFlow's
+    'UnavailableError: ... Connection reset by peer [Op:__inference_tf_function_save_...]' and then
+    about 380 lines of its remote context's teardown."""
+    d = small_config_dict()
+    d["train"]["checkpoint_every"] = 5  # the kill comes right after the first
+    model_dir = str(tmp_path / "ps")
+    proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "train", "--model-dir", model_dir, "--data",
+                             preprocessed[0], "--config", config_file(tmp_path, d), "--strategy", "ps", "--ps-workers",
+                             "1", "--steps", "20000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _kill_once_checkpointed(proc, model_dir, lambda pid, cmd: "-m recpipe.trainers.strategies.ps" in cmd
+                                and cmd.split()[-2:] == ["ps", "1"])
+        err = proc.communicate(timeout=300)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-3000:]
+    line = err.strip().splitlines()[-1]  # the last line: not buried under what TensorFlow logs at exit
+    assert re.search(r"PS task 1 \(127\.0\.0\.1:\d+: killed by SIGKILL\) died, so the job stopped: a PS task holds "
+                     r"its share of the variables in memory and cannot rejoin; ", line), line
+    assert "the last checkpoint is step" in line and "rerun the same command to resume" in line, line
+
+
 @pytest.mark.unit
 def test_auto_sparse_gradients_densify_only_tables_a_dense_allreduce_moves_less_of():
     """sparse_gradients auto: per table, from static shapes (every rank decides alike)."""
     import tensorflow as tf
 
-    from trainers.hvd import _exchange_dense
+    from recpipe.trainers.strategies.hvd import _exchange_dense
 
     def auto(rows, width=16, ranks=2, batch=1024):
         return _exchange_dense("auto", tf.TensorShape([rows, width]), ranks, batch)
@@ -245,13 +272,13 @@ def test_auto_sparse_gradients_densify_only_tables_a_dense_allreduce_moves_less_
 
 _ONE_RANK_STEP = """
 import json, sys
-from features.config import load_config  # first: features sets TF_USE_LEGACY_KERAS before TensorFlow loads
+from recpipe.features.config import load_config  # first: features sets TF_USE_LEGACY_KERAS before TensorFlow loads
 import horovod.tensorflow as hvd
-from features.preprocessed import PreprocessedData
-from trainers.data import make_dataset
-from trainers.hvd import _step_function
-from trainers.models import compiled_model
-from trainers.optim import optimizer_for
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.trainers.data import make_dataset
+from recpipe.trainers.strategies.hvd import _step_function
+from recpipe.trainers.models import compiled_model
+from recpipe.trainers.optim import optimizer_for
 data, cfg_path, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 hvd.init()
 cfg = load_config(cfg_path)
@@ -282,10 +309,10 @@ def test_a_one_rank_horovod_step_runs_no_collective_and_takes_its_batch_in_the_f
 def test_horovod_cycle_time_comes_from_the_config_unless_the_environment_sets_it(monkeypatch):
     """train.horovod_cycle_time_ms reaches Horovod as HOROVOD_CYCLE_TIME; a value the environment
     already has (horovodrun --cycle-time-ms sets it) wins; a value Horovod would misread is refused."""
-    from features.config import ConfigError, config_to_dict, load_config, parse_config
+    from recpipe.features.config import ConfigError, config_to_dict, load_config, parse_config
     from recpipe.samples import repo_configs
-    from trainers.errors import TrainError
-    from trainers.hvd import CYCLE_TIME_ENV, horovod_cycle_time_ms
+    from recpipe.trainers.errors import TrainError
+    from recpipe.trainers.strategies.hvd import CYCLE_TIME_ENV, horovod_cycle_time_ms
     cfg = load_config(str(repo_configs() / "synthetic.yaml"))
     monkeypatch.delenv(CYCLE_TIME_ENV, raising=False)
     assert horovod_cycle_time_ms(cfg) == cfg.train.horovod_cycle_time_ms == 5.0
@@ -304,7 +331,7 @@ def test_horovod_cycle_time_comes_from_the_config_unless_the_environment_sets_it
 @pytest.mark.unit
 def test_every_rank_gets_the_launchers_input_flags(tmp_path):
     """A rank is a `recpipe train` of its own: what the launcher was told about input reaches it."""
-    from trainers.hvd_launch import rank_command
+    from recpipe.trainers.strategies.hvd_launch import rank_command
     opts = TrainOptions("DATA", str(tmp_path), None, run=RunOptions(strategy="horovod", np=2), warm_start="OLD",
                         synthetic_input=True)
     cmd = rank_command(opts)
@@ -325,7 +352,7 @@ def test_hosts_are_for_horovod():
 
 @pytest.mark.unit
 def test_advisor_traffic_model():
-    from trainers.advisor import predict
+    from recpipe.trainers.advisor import predict
     # dense-heavy (50M dense, few embedding rows touched): ring-allreduce wins
     ar, ps = predict(sparse=1_000_000, dense=50_000_000, unique_rows=2_000, dim=16, step_s=0.05, workers=8,
                      ps_tasks=2, bandwidth_gbps=10)
@@ -340,7 +367,7 @@ def test_advisor_traffic_model():
 def test_advisor_counts_the_tables_auto_allreduces_whole():
     """The advisor's Horovod bytes follow train.sparse_gradients: with auto, a small table goes whole into
     the ring (as the trainer exchanges it) instead of N-1 ranks' rows into the allgather."""
-    from trainers.advisor import TableTraffic, Traffic, link_bytes
+    from recpipe.trainers.advisor import TableTraffic, Traffic, link_bytes
     small, big = TableTraffic(500, 16, 400, 1_024), TableTraffic(1_000_000, 16, 1_000, 1_024)
     t = Traffic(1_000, 500 * 16 + 1_000_000 * 16, 1_024, 1_400, 2_048, 1_400 * 72, 2_048 * 72, (small, big))
     n = 512
@@ -362,7 +389,7 @@ def test_advise_refuses_a_calibration_with_a_null_overhead(tmp_path):
     --calibration` names the key, where it built its prediction on it."""
     import json
 
-    from trainers.advisor import Overheads
+    from recpipe.trainers.advisor import Overheads
     path = tmp_path / "cluster.json"
     path.write_text(json.dumps({"calibration": {"overheads": {"allreduce_s": 0.012, "ps_s": 0.03}}}))
     assert Overheads.from_calibration(str(path)) == Overheads(0.012, 0.03)
@@ -388,8 +415,8 @@ def test_advise_refuses_a_calibration_with_a_null_overhead(tmp_path):
 def test_advise_probe_and_cli(tmp_path, preprocessed, small_cfg, small_cfg_path):
     import json
 
-    from features.artifact import TransformArtifact
-    from trainers.advisor import advise
+    from recpipe.features.artifact import TransformArtifact
+    from recpipe.trainers.advisor import advise
     art = TransformArtifact.read(os.path.join(preprocessed[0], "transform"))
     advice = advise(small_cfg, art, preprocessed[0], workers=2, ps_tasks=2)
     assert advice.strategy in ("ps", "horovod") and advice.step_compute_s > 0 and advice.unique_rows_per_batch > 0
@@ -408,7 +435,7 @@ def test_advise_probe_and_cli(tmp_path, preprocessed, small_cfg, small_cfg_path)
 def test_a_dead_ranks_own_error_reaches_the_launchers_message(tmp_path):
     """The launcher names why a rank died: that rank's own last error line, not horovodrun's and not
     another rank's (a collective failing because this rank was killed)."""
-    from trainers.hvd_launch import rank_died
+    from recpipe.trainers.strategies.hvd_launch import rank_died
     opts = TrainOptions(str(tmp_path), str(tmp_path / "m"), None)
     output = ["[1]<stderr>:recpipe train: error: Horovod ranks ended with different weights (sums ...)",
               "[0]<stderr>:tensorflow.python.framework.errors_impl.UnknownError: Gloo: connection closed by peer",
@@ -443,7 +470,7 @@ def test_a_dead_ranks_own_error_reaches_the_launchers_message(tmp_path):
 def test_a_rank_death_that_only_shows_another_ranks_end_is_not_first_hand():
     """Across hosts, a host reports its rank's death to the others only when it is first-hand: a rank whose
     collectives failed because another rank ended would otherwise be named in place of the one that did."""
-    from trainers.hvd_launch import rank_death
+    from recpipe.trainers.strategies.hvd_launch import rank_death
     assert rank_death(1, -9).first_hand  # killed (the OOM killer): the others see only their collectives fail
     assert rank_death(1, 1, output=["recpipe train: error: Horovod ranks ended with different weights"]).first_hand
     assert rank_death(1, 1, output=["RuntimeError: out of memory"]).first_hand
@@ -461,8 +488,8 @@ def test_horovod_ranks_must_hold_the_same_shards():
     passed the ranks' check, which compared the transform alone: each rank reads its share of the shards it
     lists, so rows were read twice or never, without a word."""
     import copy
-    from trainers.errors import TrainError
-    from trainers.hvd import _check_ranks_train_one_model
+    from recpipe.trainers.errors import TrainError
+    from recpipe.trainers.strategies.hvd import _check_ranks_train_one_model
     shards = {split: {f"part-0000{i}-of-00004.tfrecord": 1000 + i for i in range(4)}
               for split in ("train", "validation", "eval")}
     rank = {"host": "10.0.0.1", "data": "/data", "code": {}, "transform": {"vocabularies": "v", "dense": {}},
@@ -482,7 +509,7 @@ def test_horovod_ranks_must_hold_the_same_shards():
 
 
 def _rank(**given) -> dict:
-    """What a Horovod rank tells the others before training (trainers.hvd.run_rank), as rank 0 on 10.0.0.1."""
+    """What a Horovod rank tells the others before training (recpipe.trainers.strategies.hvd.run_rank), as rank 0 on 10.0.0.1."""
     return {"host": "10.0.0.1", "data": "/data", "code": {}, "transform": {"vocabularies": "v", "dense": {}},
             "config": {"train": {"steps": 10}}, "steps": 10, "precision": "fp32", "shards": None, **given}
 
@@ -493,8 +520,8 @@ def test_horovod_ranks_must_train_with_one_config(tmp_path, small_cfg_path):
     configs their hosts loaded and name the keys that differ (across hosts: test_cluster.py's ranks' checks)."""
     import yaml
 
-    from features.config import config_to_dict, load_config
-    from trainers.hvd import _check_ranks_train_one_model
+    from recpipe.features.config import config_to_dict, load_config
+    from recpipe.trainers.strategies.hvd import _check_ranks_train_one_model
     other = yaml.safe_load(Path(small_cfg_path).read_text())
     other["train"]["learning_rate"] *= 2
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
@@ -512,14 +539,12 @@ def test_horovod_ranks_must_run_one_install(tmp_path):
     """A host with another install of recpipe (here its own trainers/, another optimizer epsilon, first on its
     path) built and stepped the model with its own code, without a word: the code identity a rank computes
     (a hash of the source its imports find) differs there, and the ranks' check names the package."""
-    import trainers
-    from features.code_identity import code_identity
-    from trainers.hvd import SAME_SOURCE, SAME_VERSIONS, _check_ranks_train_one_model
+    from recpipe.common.code_identity import code_identity
+    from recpipe.trainers.strategies.hvd import SAME_SOURCE, SAME_VERSIONS, _check_ranks_train_one_model
     install = tmp_path / "install"
-    shutil.copytree(Path(trainers.__file__).parent, install / "trainers", ignore=shutil.ignore_patterns("__pycache__"))
-    optim = install / "trainers" / "optim.py"
+    optim = installed_copy(install) / "trainers" / "optim.py"
     optim.write_text(optim.read_text() + "\nADAGRAD_EPSILON = 1e-6  # another version\n")
-    probe = ("import json, sys; from features.code_identity import code_identity; "
+    probe = ("import json, sys; from recpipe.common.code_identity import code_identity; "
              "print(json.dumps(code_identity(*json.loads(sys.argv[1]))))")
 
     def identity(*path: str) -> dict:  # as a rank on a host with `path` first finds it, from outside the source tree
@@ -534,6 +559,6 @@ def test_horovod_ranks_must_run_one_install(tmp_path):
     with pytest.raises(TrainError) as e:
         _check_ranks_train_one_model([_rank(code=ours), _rank(host="10.0.0.2", code=theirs)])
     assert str(e.value).startswith(
-        f"rank 1 (host 10.0.0.2, /data) runs other code than rank 0 (host 10.0.0.1, /data): trainers "
-        f"{theirs['trainers']} (rank 0: {ours['trainers']}); each rank builds and steps the model with its own "
+        f"rank 1 (host 10.0.0.2, /data) runs other code than rank 0 (host 10.0.0.1, /data): recpipe.trainers "
+        f"{theirs['recpipe.trainers']} (rank 0: {ours['recpipe.trainers']}); each rank builds and steps the model with its own "
         f"host's install"), e.value

@@ -10,16 +10,16 @@ import tensorflow as tf
 import yaml
 
 from conftest import small_config_dict
-from features.config import parse_config as parse_cfg
-from features.canonical import LABEL_KEY
-from trainers.data import DataError, make_dataset, record_count, shard_files
-from features.records import parse_record
-from trainers.evaluate import evaluate
-from trainers.models import dummy_batch
-from trainers.errors import TrainError
-from trainers.model_dir import load_trained
-from trainers.options import RunOptions, TrainOptions
-from trainers.train import train
+from recpipe.features.config import parse_config as parse_cfg
+from recpipe.features.canonical import LABEL_KEY
+from recpipe.trainers.data import DataError, make_dataset, record_count, shard_files
+from recpipe.features.records import parse_record
+from recpipe.trainers.evaluation.evaluate import evaluate
+from recpipe.trainers.models import dummy_batch
+from recpipe.trainers.errors import TrainError
+from recpipe.trainers.model_dir import load_trained
+from recpipe.trainers.options import RunOptions, TrainOptions
+from recpipe.trainers.train import train
 
 
 @pytest.mark.integration
@@ -110,7 +110,7 @@ def test_the_model_dir_finds_the_latest_checkpoint_as_tensorflow_does(tmp_path):
     """ModelDir.latest_checkpoint reads the checkpoints' state file without TensorFlow; it gives what
     tf.train.latest_checkpoint gives: no state file, CheckpointManager's relative paths, an absolute path
     with escaped characters, a checkpoint gone, a state file that names none."""
-    from trainers.model_dir import ModelDir
+    from recpipe.trainers.model_dir import ModelDir
     md = ModelDir(str(tmp_path / "m é"))
     assert md.latest_checkpoint() is None and md.latest_step() == 0
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=tf.Variable(1.0)), md.checkpoints_dir, max_to_keep=2)
@@ -158,7 +158,7 @@ def test_mixed_precision_trains(tmp_path, preprocessed, small_cfg_path, precisio
     """Mixed precision computes in bf16/fp16 on float32 variables: every model weight the checkpoint saved
     is float32 (read from the checkpoint itself: load_trained rebuilds the model in float32 whatever was
     saved), fp16's loss scale is saved with the optimizer, and Keras' global policy is restored."""
-    from trainers.model_dir import ModelDir
+    from recpipe.trainers.model_dir import ModelDir
     r = train(TrainOptions(preprocessed[0], str(tmp_path / precision), small_cfg_path,
                            run=RunOptions(precision=precision, steps=10)),
               say=lambda _: None)
@@ -210,10 +210,10 @@ def test_warm_start_from_previous_day(tmp_path, small_log, small_cfg, small_cfg_
     import glob as globlib
 
     from conftest import IN_MEMORY
-    from features.artifact import TransformArtifact
-    from pipeline.preprocess import run_preprocess
-    from trainers.models import build_model
-    from trainers.warm_start import WarmStartError, features_difference, warm_start
+    from recpipe.features.artifact import TransformArtifact
+    from recpipe.pipeline.preprocess import run_preprocess
+    from recpipe.trainers.models import build_model
+    from recpipe.trainers.warm_start import WarmStartError, features_difference, warm_start
     days = sorted(globlib.glob(os.path.join(small_log, "dt=*")))
     d1, d2 = str(tmp_path / "d1"), str(tmp_path / "d2")
     run_preprocess(small_cfg, days[0], d1, IN_MEMORY, say=lambda _: None)
@@ -293,8 +293,8 @@ def test_two_tower_retrieval_trains_and_beats_random(tmp_path, preprocessed):
 
 @pytest.mark.integration
 def test_synthetic_input_switch(tmp_path, preprocessed, small_cfg, small_cfg_path):
-    from features.artifact import TransformArtifact
-    from trainers.data import synthetic_dataset
+    from recpipe.features.artifact import TransformArtifact
+    from recpipe.trainers.data import synthetic_dataset
     art = TransformArtifact.read(os.path.join(preprocessed[0], "transform"))
     sizes = {f.name: art.id_space_size(f) for f in small_cfg.features.sparse}
     b = next(iter(synthetic_dataset(small_cfg, sizes, 64)))

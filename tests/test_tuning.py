@@ -14,8 +14,8 @@ import tensorflow as tf
 import yaml
 
 from conftest import small_config_dict
-from features.artifact import TransformArtifact
-from features.config import ConfigError, parse_config
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.config import ConfigError, parse_config
 
 
 def _cfg(**tuning):
@@ -25,12 +25,12 @@ def _cfg(**tuning):
 
 
 def _batch(preprocessed, cfg, n=128):
-    from trainers.data import make_dataset
+    from recpipe.trainers.data import make_dataset
     return next(iter(make_dataset(cfg, preprocessed[0], "train", n, training=False)))
 
 
 def _model(cfg, preprocessed, seed=5):
-    from trainers.models import build_model, dummy_batch
+    from recpipe.trainers.models import build_model, dummy_batch
     artifact = TransformArtifact.read(os.path.join(preprocessed[0], "transform"))
     tf.keras.utils.set_random_seed(seed)
     model = build_model(cfg, artifact)
@@ -44,7 +44,7 @@ def _dense(grads):
 
 @pytest.mark.integration
 def test_id_dedup_gives_the_same_outputs_and_gradients_with_fewer_rows(preprocessed):
-    from trainers.models import accumulated_gradients
+    from recpipe.trainers.models import accumulated_gradients
     plain_cfg, dedup_cfg = _cfg(dedup_ids=False), _cfg(dedup_ids=True)
     batch = _batch(preprocessed, plain_cfg)
     plain, dedup = _model(plain_cfg, preprocessed), _model(dedup_cfg, preprocessed)
@@ -67,7 +67,7 @@ def _sparse_indices(grads) -> list[np.ndarray]:
 
 def _two_steps(cfg, preprocessed, batch, accum, opt) -> list[np.ndarray]:
     """A fresh model's weights and the optimizer's slots after two steps of the same gradients."""
-    from trainers.models import accumulated_gradients
+    from recpipe.trainers.models import accumulated_gradients
     m = _model(cfg, preprocessed)
     grads, _ = accumulated_gradients(m, batch, accum)
     for _ in range(2):  # the second step divides by the accumulators the first one left
@@ -90,11 +90,11 @@ def _assert_same_steps(stock: list, ours: list) -> None:
                                    {"type": "logistic"}])
 def test_the_optimizer_skips_re_deduplicating_only_gradients_that_are_unique(preprocessed, model):
     """With ID dedup a model's sparse gradients have unique indices, so its optimizer need not make them
-    unique again (trainers.optim.sparse_grads_are_unique): checked for every ranking model, and two steps of
+    unique again (recpipe.trainers.optim.sparse_grads_are_unique): checked for every ranking model, and two steps of
     the trusting optimizer (Adagrad's fused kernels) update every weight and accumulator as the stock one
     does, but for where the kernels add epsilon."""
-    from trainers.models import accumulated_gradients
-    from trainers.optim import optimizer_for, sparse_grads_are_unique
+    from recpipe.trainers.models import accumulated_gradients
+    from recpipe.trainers.optim import optimizer_for, sparse_grads_are_unique
     d = small_config_dict()
     d["model"] = {"task": "ranking", **model}
     cfg = parse_config(d)
@@ -113,8 +113,8 @@ def test_repeated_sparse_gradients_keep_the_optimizers_dedup(preprocessed):
     """Gradient accumulation (micro-batches' rows concatenated) and a retrieval model's uniform negatives (a
     second lookup of the item table) repeat indices: sparse_grads_are_unique says so, and the fused
     optimizer keeps tf-keras' dedup, stepping as the stock one does."""
-    from trainers.models import accumulated_gradients
-    from trainers.optim import optimizer_for, sparse_grads_are_unique
+    from recpipe.trainers.models import accumulated_gradients
+    from recpipe.trainers.optim import optimizer_for, sparse_grads_are_unique
     accumulating = _cfg(grad_accum_steps=4)
     accumulating_batch = _batch(preprocessed, accumulating)
     grads, _ = accumulated_gradients(_model(accumulating, preprocessed), accumulating_batch, 4)
@@ -136,7 +136,7 @@ def test_repeated_sparse_gradients_keep_the_optimizers_dedup(preprocessed):
 
 @pytest.mark.integration
 def test_gradient_accumulation_matches_one_big_batch(preprocessed):
-    from trainers.models import accumulated_gradients
+    from recpipe.trainers.models import accumulated_gradients
     cfg = _cfg(grad_accum_steps=4)
     batch = _batch(preprocessed, cfg)
     model = _model(cfg, preprocessed)
@@ -174,7 +174,7 @@ def test_tuning_is_validated_with_the_key_named():
 
 @pytest.mark.integration
 def test_data_budget_and_prefetch_are_applied(preprocessed):
-    from trainers.data import make_dataset
+    from recpipe.trainers.data import make_dataset
     cfg = _cfg(data_ram_budget_mb=64, prefetch_batches=2)
     ds = make_dataset(cfg, preprocessed[0], "train", 64, training=True)
     assert ds.options().autotune.ram_budget == 64 << 20
@@ -183,7 +183,7 @@ def test_data_budget_and_prefetch_are_applied(preprocessed):
 
 @pytest.mark.unit
 def test_progress_bar_renders_and_draws_in_place():
-    from trainers.progress import ProgressBar, render
+    from recpipe.trainers.progress import ProgressBar, render
     line = render(150, 300, 12345.0, 0.4512, 75)
     assert line.startswith("[" + "#" * 14 + "." * 14 + "]") and "150/300" in line and "50%" in line
     assert "12,345 ex/s" in line and "loss 0.4512" in line and "eta 1:15" in line
@@ -201,7 +201,7 @@ def test_progress_bar_renders_and_draws_in_place():
 
 @pytest.mark.unit
 def test_steady_rate_skips_the_first_interval():
-    from trainers.progress import steady_rate
+    from recpipe.trainers.progress import steady_rate
     assert steady_rate((100, 10.0), (300, 12.0), 1000, 5.0) == pytest.approx(100_000)
     assert steady_rate(None, None, 1000, 5.0) == 5.0
     assert steady_rate((300, 10.0), (300, 10.0), 1000, 5.0) == 5.0
@@ -209,7 +209,7 @@ def test_steady_rate_skips_the_first_interval():
 
 @pytest.mark.unit
 def test_allocator_lookup_and_clear_errors(monkeypatch):
-    from trainers import allocator
+    from recpipe.trainers import allocator
     assert allocator.loaded_allocator() == "system"
     with pytest.raises(allocator.AllocatorError, match="mimalloc"):
         allocator.find_library("mimalloc")
@@ -224,7 +224,7 @@ def test_allocator_lookup_and_clear_errors(monkeypatch):
 
 @pytest.mark.integration
 def test_train_runs_under_tcmalloc_by_default_and_the_system_allocator_when_asked(tmp_path, preprocessed):
-    from trainers.allocator import find_library
+    from recpipe.trainers.allocator import find_library
     find_library("tcmalloc")  # installed by `make install` (scripts/system_deps.sh); fails loudly if not
     # the re-exec says whether TensorFlow was loaded before it: then the process would import it twice
     code = ("import os, sys; real = os.execve; "

@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass, fields
 import numpy as np
 import tensorflow as tf
 
-from features import fsio
-from trainers.data import make_dataset
-from trainers.layers import ids_by_table
-from trainers.models import compiled_model
-from trainers.optim import optimizer_for
+from recpipe.common import fsio
+from recpipe.trainers.data import make_dataset
+from recpipe.trainers.layers import ids_by_table
+from recpipe.trainers.models import compiled_model
+from recpipe.trainers.optim import optimizer_for
 
 __all__ = ["Advice", "Overheads", "TableTraffic", "Traffic", "advise", "allreduces_table", "link_bytes", "predict",
            "step_times", "traffic"]

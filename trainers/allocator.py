@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Callable
 
-from features.errors import RecpipeError
+from recpipe.common.errors import RecpipeError
 
 __all__ = ["AllocatorError", "ALLOCATORS", "AUTO", "find_library", "loaded_allocator", "reexec_with", "resolve"]
 

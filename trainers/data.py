@@ -1,4 +1,4 @@
-"""tf.data input: stream the preprocessed shards (features.records) into model batches."""
+"""tf.data input: stream the preprocessed shards (recpipe.features.records) into model batches."""
 from __future__ import annotations
 
 import contextlib
@@ -7,12 +7,12 @@ from typing import Iterator
 
 import tensorflow as tf
 
-from features import fsio
-from features.canonical import LABEL_KEY
-from features.config import Config
-from features.preprocessed import SPLITS, PreprocessedData
-from features.records import parse_record
-from trainers.data_copy import DataError
+from recpipe.common import fsio
+from recpipe.features.canonical import LABEL_KEY
+from recpipe.features.config import Config
+from recpipe.features.preprocessed import SPLITS, PreprocessedData
+from recpipe.features.records import parse_record
+from recpipe.trainers.data_copy import DataError
 
 __all__ = ["DataError", "shard_files", "make_dataset", "record_count", "synthetic_dataset",
            "naming_bad_shards", "SameCopyCheck"]

@@ -2,8 +2,8 @@
 No TensorFlow here: a Horovod launcher checks its host's copy before it starts the ranks."""
 from __future__ import annotations
 
-from features.errors import RecpipeError
-from features.preprocessed import PreprocessedData
+from recpipe.common.errors import RecpipeError
+from recpipe.features.preprocessed import PreprocessedData
 
 __all__ = ["DataError", "check_whole_copy"]
 
@@ -13,10 +13,17 @@ class DataError(RecpipeError, ValueError):
 
 
 def check_whole_copy(data: PreprocessedData) -> None:
-    """The shards are the ones `recpipe preprocess` wrote, by name and size (the row counts' list; one
-    listing per split, no shard opened): a partial copy of the folder (a shard missing, one cut short at a
-    record's end) was read as fewer rows, and an older run's shards left beside this run's (a copy over an
-    old folder) as rows numbered by another vocabulary, without a word."""
+    """Check that the shards are the ones `recpipe preprocess` wrote, by name and size (the row counts' list;
+    one listing per split, no shard opened): otherwise a partial copy of the folder (a shard missing, one cut
+    short at a record's end) would be read as fewer rows, and an older run's shards left beside this run's (a
+    copy over an old folder) as rows numbered by another vocabulary, without a word.
+
+    Args:
+        data: the preprocessed data folder to check.
+
+    Raises:
+        DataError: the shards differ from those the run recorded; the message names the differences.
+    """
     differences = data.copy_differences()
     if differences:
         raise DataError(f"{data.root} holds other shards than its preprocess run wrote: {'; '.join(differences)} "

@@ -2,7 +2,7 @@
 status in words."""
 import signal
 
-from features.errors import RecpipeError
+from recpipe.common.errors import RecpipeError
 
 __all__ = ["TrainError", "how_it_ended"]
 

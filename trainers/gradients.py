@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from features.canonical import LABEL_KEY
+from recpipe.features.canonical import LABEL_KEY
 
 __all__ = ["micro_batches", "accumulated_gradients"]
 

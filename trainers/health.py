@@ -5,10 +5,10 @@ import math
 
 import numpy as np
 
-from features.config import Config
-from features.preprocessed import PreprocessedData
-from trainers.data import make_dataset
-from trainers.errors import TrainError
+from recpipe.features.config import Config
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.trainers.data import make_dataset
+from recpipe.trainers.errors import TrainError
 
 __all__ = ["check_loss"]
 

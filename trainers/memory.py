@@ -4,7 +4,7 @@ process being killed by the kernel's or its container's OOM killer with no messa
 in the daily DAG, then retried three times).
 
 The state is every embedding table's float32 weights plus the optimizer's slots of the same shape
-(Adagrad 1, Adam 2, SGD 0). What a process may use is features.hostmem.available_memory(): the smaller of
+(Adagrad 1, Adam 2, SGD 0). What a process may use is recpipe.common.hostmem.available_memory(): the smaller of
 the host's MemAvailable and its memory cgroup's headroom (a container's limit).
 More state than that cannot fit: an error. Peak RSS measured in `recpipe bench` is about 1.6x the state
 plus about 0.8 GiB of TensorFlow and input pipeline per process (the initialiser's copy of a table, the
@@ -19,12 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from features.artifact import TransformArtifact
-from features.config import Config, embedding_dim
-from features.hostmem import GIB, available_memory
-from trainers.errors import TrainError
-from trainers.hvd_launch import inside_horovod_job
-from trainers.options import RunOptions, host_list
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.config import Config, embedding_dim
+from recpipe.common.hostmem import GIB, available_memory
+from recpipe.trainers.errors import TrainError
+from recpipe.trainers.strategies.hvd_launch import inside_horovod_job
+from recpipe.trainers.options import RunOptions, host_list
 
 __all__ = ["StateSize", "Holders", "state_size", "memory_verdict", "check_memory", "holders_on_this_host"]
 
@@ -83,7 +83,7 @@ def holders_on_this_host(run: RunOptions, tf_config_cluster: bool) -> Optional[H
     """Who this `recpipe train` has hold the embedding tables on this host (None: no one): one local process;
     the Horovod ranks of this host, a copy each (checked once, by their launcher; a rank started with --np 1
     holds its own); a local PS cluster's PS tasks, one copy between them; the chief of a TF_CONFIG cluster
-    none (each PS task checks its own host: trainers.train)."""
+    none (each PS task checks its own host: recpipe.trainers.train)."""
     if run.strategy == "local":
         return Holders()
     if run.strategy == "horovod" and not inside_horovod_job():

@@ -5,7 +5,7 @@
     ROOT/checkpoints/       tf.train.CheckpointManager checkpoints (model + optimizer + step)
     ROOT/logs/              TensorBoard event files
     ROOT/train_state.json   TrainState of the last run, written by every training loop alike
-    ROOT/validation.json    each checkpoint's validation scores (trainers.validation.ValidationHistory)
+    ROOT/validation.json    each checkpoint's validation scores (recpipe.trainers.evaluation.validation.ValidationHistory)
     ROOT/best/weights.*     the model weights of the best checkpoint on validation: what evaluate, export
                             and warm start read when present (else the latest checkpoint)
     ROOT/reliability.png    the eval split's reliability curve, written by `recpipe evaluate` (ranking)
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from features import fsio
-from features.artifact import TransformArtifact
-from features.config import Config, config_to_dict, dump_config, load_config
-from features.preprocessed import PreprocessedData
-from trainers.errors import TrainError
+from recpipe.common import fsio
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.config import Config, config_to_dict, dump_config, load_config
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.trainers.errors import TrainError
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -47,7 +47,7 @@ class TrainState:
     steps_this_run: int
     resumed_from: int
     examples_per_sec_last_run: float    # over the whole run, tracing and checkpoints included
-    examples_per_sec_steady: float      # after the first checkpoint interval (see trainers.progress)
+    examples_per_sec_steady: float      # after the first checkpoint interval (see recpipe.trainers.progress)
     final_loss: float
     strategy: str
     precision: str
@@ -58,7 +58,7 @@ class TrainState:
     cycle_time_ms: Optional[float] = None   # Horovod: its background thread's cycle (HOROVOD_CYCLE_TIME)
     data_dir: str = ""
     best_step: Optional[int] = None     # the checkpoint kept by validation (None: no validation split)
-    allocator: str = ""                 # the trainer process's malloc (trainers.allocator.loaded_allocator)
+    allocator: str = ""                 # the trainer process's malloc (recpipe.trainers.allocator.loaded_allocator)
 
     @classmethod
     def unchanged(cls, steps_done: int, strategy: str, precision: str, batch_size: int, data_dir: str) -> "TrainState":
@@ -109,6 +109,15 @@ def _unquoted(text: bytes) -> bytes:
 
 
 class ModelDir:
+    """A model directory (the layout above) on the local file system; nothing is read until a method asks.
+
+    Args:
+        root: the directory (--model-dir); it need not exist yet (prepare creates it).
+
+    Attributes:
+        root: the directory, as given.
+    """
+
     def __init__(self, root: str):
         self.root = root
 
@@ -126,20 +135,47 @@ class ModelDir:
 
     # ------------------------------------------------------------ contents
     def has_config(self) -> bool:
+        """Whether the directory holds the config a training run wrote.
+
+        Returns:
+            True when ROOT/config.yaml exists.
+        """
         return os.path.exists(self.config_path)
 
     def config(self) -> Config:
+        """The config the model was trained with.
+
+        Returns:
+            The Config read from ROOT/config.yaml.
+
+        Raises:
+            TrainError: the directory holds no config.yaml (it is not a model directory).
+            ConfigError: config.yaml is unreadable or invalid.
+        """
         if not self.has_config():
             raise TrainError(f"{self.root}: not a model directory (no config.yaml; run `recpipe train`)")
         return load_config(self.config_path)
 
     def transform(self) -> TransformArtifact:
+        """The copy of the transform artifact the model was trained with.
+
+        Returns:
+            The TransformArtifact read from ROOT/transform/.
+
+        Raises:
+            ArtifactError: ROOT/transform/ holds no readable artifact.
+        """
         return TransformArtifact.read(self.transform_dir)
 
     def latest_checkpoint(self) -> Optional[str]:
         """tf.train.latest_checkpoint(checkpoints_dir), read without TensorFlow (a Horovod launcher names the
         last checkpoint when its ranks die): the newest prefix the checkpoints' state file names (the text
-        CheckpointState tf.train.CheckpointManager writes), if its index file exists."""
+        CheckpointState tf.train.CheckpointManager writes), if its index file exists.
+
+        Returns:
+            The checkpoint prefix (e.g. ROOT/checkpoints/ckpt-500), or None when there is no state file, it
+            names no checkpoint, or the named checkpoint's .index file is missing.
+        """
         try:
             text = Path(self.checkpoints_dir, "checkpoint").read_bytes()
         except (FileNotFoundError, NotADirectoryError):
@@ -152,27 +188,51 @@ class ModelDir:
         return prefix if os.path.exists(prefix + ".index") else None
 
     def best_weights(self) -> Optional[str]:
-        """The weights kept by validation (a tf.train.Checkpoint prefix), if training kept any."""
+        """The weights kept by validation (a tf.train.Checkpoint prefix), if training kept any.
+
+        Returns:
+            ROOT/best/weights when its .index file exists, else None.
+        """
         return self.best_prefix if os.path.exists(self.best_prefix + ".index") else None
 
     def trained_weights(self) -> str:
         """The checkpoint prefix evaluation, export and warm start read: the best weights on validation, else
-        the latest checkpoint."""
+        the latest checkpoint.
+
+        Returns:
+            best_weights() when training kept any, else latest_checkpoint().
+
+        Raises:
+            TrainError: the directory holds no checkpoint (see no_checkpoint_error).
+        """
         latest = self.latest_checkpoint()
         if latest is None:
             raise self.no_checkpoint_error()
         return self.best_weights() or latest
 
     def resume_hint(self) -> str:
-        """What a rerun of the same command does after a job died: resume from the last checkpoint, or start over."""
+        """What a rerun of the same command does after a job died: resume from the last checkpoint, or start over.
+
+        Returns:
+            A sentence naming the last checkpoint's step and folder, or saying that a rerun starts over.
+        """
         step = self.latest_step()
         return (f"the last checkpoint is step {step} in {self.checkpoints_dir}; rerun the same command to resume "
                 f"from it" if step else "no checkpoint was written yet; a rerun starts over")
 
     def stopped(self, cause: str, way_back: str = "", kept_on: Optional[str] = None) -> TrainError:
-        """The error of a job that `cause` (a rank or task that died, a host that stopped) stopped: the cause,
-        `way_back` (what must happen first, if anything) and what a rerun of the same command does. kept_on:
-        the host whose Horovod rank 0 keeps the run's checkpoints in its own model dir, when this one has none."""
+        """The error of a job that `cause` stopped: the cause, what must happen first, and what a rerun of the
+        same command does. The error is returned, not raised.
+
+        Args:
+            cause: what stopped the job (a rank or task that died, a host that stopped).
+            way_back: what must happen before a rerun, ending in a separator ("" when nothing must).
+            kept_on: the host whose Horovod rank 0 keeps the run's checkpoints in its own model dir; used only
+                when this directory holds no checkpoint.
+
+        Returns:
+            The TrainError to raise.
+        """
         if kept_on and not self.latest_step():
             return TrainError(f"{cause}, so the job stopped: {way_back}rank 0 on {kept_on} keeps the run's checkpoints "
                               f"in its own --model-dir; rerun the same command on every host to resume from its last "
@@ -180,11 +240,25 @@ class ModelDir:
         return TrainError(f"{cause}, so the job stopped: {way_back}{self.resume_hint()}")
 
     def note_kept_elsewhere(self, host: str, model_dir: str, step: int) -> None:
-        """Written by a Horovod host whose own --model-dir holds no checkpoint of the run it took part in:
-        rank 0, on `host`, kept them in its `model_dir`. Read only where no checkpoint is found."""
+        """Record, in ROOT/checkpoints_kept_elsewhere.json, that another host keeps this run's checkpoints.
+
+        Written by a Horovod host whose own --model-dir holds no checkpoint of the run it took part in;
+        read (by no_checkpoint_error) only where no checkpoint is found.
+
+        Args:
+            host: the host of rank 0, which kept the checkpoints.
+            model_dir: rank 0's --model-dir on that host.
+            step: the step of the run's last checkpoint.
+        """
         fsio.write_json(self.kept_elsewhere_path, {"host": host, "model_dir": model_dir, "step": step})
 
     def no_checkpoint_error(self) -> TrainError:
+        """The error for a directory without a checkpoint (returned, not raised).
+
+        Returns:
+            A TrainError telling to run `recpipe train`, or, when note_kept_elsewhere left its record, one
+            naming the host and model dir that keep the run's checkpoints.
+        """
         if not os.path.exists(self.kept_elsewhere_path):
             return TrainError(f"{self.root}: no checkpoint found (run `recpipe train`)")
         kept = fsio.read_json(self.kept_elsewhere_path)
@@ -194,34 +268,79 @@ class ModelDir:
                           f"--model-dir")
 
     def latest_step(self) -> int:
+        """The training step of the latest checkpoint.
+
+        Returns:
+            The step (the number ending the checkpoint prefix), or 0 when there is no checkpoint.
+        """
         latest = self.latest_checkpoint()
         return int(latest.rsplit("-", 1)[1]) if latest else 0
 
     def is_complete(self) -> bool:
-        """Config, transform copy and at least one checkpoint: evaluate and export can use it."""
+        """Whether evaluate and export can use the directory.
+
+        Returns:
+            True when it holds the config, the transform copy and at least one checkpoint.
+        """
         return self.has_config() and os.path.exists(os.path.join(self.transform_dir, "transform.json")) \
             and self.latest_checkpoint() is not None
 
     def state(self) -> Optional[TrainState]:
+        """What the last training run left in train_state.json.
+
+        Returns:
+            The TrainState, or None when the file does not exist.
+        """
         return TrainState.from_dict(fsio.read_json(self.state_path)) if os.path.exists(self.state_path) else None
 
     def write_state(self, state: TrainState) -> None:
+        """Write train_state.json.
+
+        Args:
+            state: the TrainState of the run that ends.
+        """
         fsio.write_json(self.state_path, dataclasses.asdict(state), sort_keys=False)
 
     def data_dir(self) -> Optional[str]:
-        """The preprocessed data the last run trained on."""
+        """The preprocessed data the last run trained on.
+
+        Returns:
+            The data folder recorded in train_state.json, or None when there is no state or it names none.
+        """
         state = self.state()
         return state.data_dir if state and state.data_dir else None
 
     def trained_on_hint(self, data_root: str, text: str) -> str:
-        """`text` with {} as the data the last run trained on, when that is known and not `data_root`; else ""."""
+        """A hint naming the data the last run trained on, for messages about other data.
+
+        Args:
+            data_root: the data folder at hand.
+            text: a format string whose {} becomes the data folder the last run trained on.
+
+        Returns:
+            `text` formatted with that folder, when it is known and is not `data_root`; else "".
+        """
         trained_on = self.data_dir()
         return text.format(trained_on) if trained_on and trained_on != data_root else ""
 
     # ------------------------------------------------------------ training side
     def resolve_config(self, data: PreprocessedData, config_path: Optional[str]) -> tuple[Config, TransformArtifact]:
-        """--config, else this dir's own config (a rerun resumes), else the preprocessing config;
-        checked against the data's features and this dir's model."""
+        """The config to train with: --config, else this dir's own config (a rerun resumes), else the
+        preprocessing config; checked against the data's features and this dir's model.
+
+        Args:
+            data: the preprocessed data to train on.
+            config_path: the --config file, or None.
+
+        Returns:
+            (the config, the data's transform artifact).
+
+        Raises:
+            TrainError: the data was preprocessed with other features, label or input settings than the config;
+                its train split is empty; or this dir holds a model with other features or model settings.
+            ConfigError: the config file is unreadable or invalid.
+            ArtifactError: the data folder is not a `recpipe preprocess` output.
+        """
         if config_path is not None:
             cfg, what = load_config(config_path), config_path
         elif self.has_config():
@@ -240,7 +359,20 @@ class ModelDir:
         return cfg, artifact
 
     def prepare(self, data: PreprocessedData, config_path: Optional[str]) -> tuple[Config, TransformArtifact]:
-        """Create or reuse the dir for training on `data`; return (config, transform artifact)."""
+        """Create or reuse the dir for training on `data`: check the config (resolve_config), copy the data's
+        transform artifact in (once; concurrent Horovod ranks are safe) and write config.yaml when it changed.
+
+        Args:
+            data: the preprocessed data to train on.
+            config_path: the --config file, or None (see resolve_config).
+
+        Returns:
+            (the config, the transform artifact the model is trained with: this dir's copy).
+
+        Raises:
+            TrainError: as resolve_config; or the data's transform maps values to other IDs than this dir's
+                copy (the data comes from another preprocess run than the one the model was trained on).
+        """
         cfg, data_artifact = self.resolve_config(data, config_path)
         os.makedirs(self.root, exist_ok=True)
         if not os.path.exists(os.path.join(self.transform_dir, "transform.json")):
@@ -266,7 +398,16 @@ class ModelDir:
 
     def checkpoint(self, model: tf.keras.Model,
                    optimizer=None) -> tuple[tf.train.Checkpoint, tf.train.CheckpointManager]:
-        """The checkpoint of (model, optimizer) every strategy writes, and its manager."""
+        """The checkpoint of (model, optimizer) every strategy writes, and its manager.
+
+        Args:
+            model: the Keras model.
+            optimizer: the optimizer to checkpoint; None: `model.optimizer`.
+
+        Returns:
+            (the tf.train.Checkpoint, a tf.train.CheckpointManager writing it to ROOT/checkpoints/ and keeping
+            the last MAX_CHECKPOINTS).
+        """
         import tensorflow as tf
         ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer if optimizer is not None else model.optimizer)
         return ckpt, tf.train.CheckpointManager(ckpt, self.checkpoints_dir, max_to_keep=MAX_CHECKPOINTS)
@@ -274,13 +415,23 @@ class ModelDir:
     # ------------------------------------------------------------ reading side
     def load_trained(self, serving: bool = False) -> tuple[Config, TransformArtifact, tf.keras.Model]:
         """Rebuild the model (fp32, no optimizer: evaluation and export need only the weights) and
-        restore the best weights on validation, else the latest checkpoint. serving: built for
-        requests of a few rows, without unique-then-gather ID dedup (tuning.dedup_ids): it adds three
-        ops per table to every call and saves nothing when the rows repeat no ID (the weights and the
-        scores are the same either way)."""
+        restore the best weights on validation, else the latest checkpoint.
+
+        Args:
+            serving: build the model for requests of a few rows, without unique-then-gather ID dedup
+                (tuning.dedup_ids): it adds three ops per table to every call and saves nothing when the rows
+                repeat no ID (the weights and the scores are the same either way).
+
+        Returns:
+            (the config, the transform artifact, the model with its trained weights restored).
+
+        Raises:
+            TrainError: the directory holds no config.yaml or no checkpoint.
+            AssertionError: the checkpoint does not match the rebuilt model's variables.
+        """
         import tensorflow as tf
 
-        from trainers.models import build_model, dummy_batch
+        from recpipe.trainers.models import build_model, dummy_batch
         cfg = self.config()
         artifact = self.transform()
         chosen = self.trained_weights()

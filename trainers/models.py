@@ -1,7 +1,7 @@
 """TFRS models over the sparse embeddings + normalised dense features: ranking (DCN-v2, DLRM,
 logistic regression) and retrieval (two towers).
 
-The models take their building blocks (trainers.layers) as arguments, TFRS style; `build_model`
+The models take their building blocks (recpipe.trainers.layers) as arguments, TFRS style; `build_model`
 makes them from the typed config and the transform artifact (table sizes are produced data, never
 hand-typed numbers). Embedding tables and the final logit stay float32 under mixed precision.
 """
@@ -13,11 +13,11 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
-from features.artifact import TransformArtifact
-from features.canonical import LABEL_KEY
-from features.config import Config, embedding_dim
-from trainers.gradients import accumulated_gradients
-from trainers.layers import CrossStack, DotInteractionBlock, SparseEmbeddings, mlp, register
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.canonical import LABEL_KEY
+from recpipe.features.config import Config, embedding_dim
+from recpipe.trainers.gradients import accumulated_gradients
+from recpipe.trainers.layers import CrossStack, DotInteractionBlock, SparseEmbeddings, mlp, register
 
 __all__ = ["RankingModel", "RetrievalModel", "build_model", "compiled_model", "dummy_batch", "embedding_layer",
            "table_shapes"]
@@ -255,7 +255,7 @@ def embedding_layer(cfg: Config, artifact: TransformArtifact, names: Optional[se
 def table_shapes(cfg: Config, artifact: TransformArtifact) -> set[tuple[int, int]]:
     """Every shape (rows, width) an embedding table of this config can have, as embedding_layer makes it:
     at its width, or one wide (logistic regression, a wide logit). What the PS strategy shards
-    (trainers.ps.TablePartitioner). Layers only: no variable is created."""
+    (recpipe.trainers.strategies.ps.TablePartitioner). Layers only: no variable is created."""
     return {(t["rows"], t["dim"]) for one_wide in (False, True)
             for t in embedding_layer(cfg, artifact, one_wide=one_wide).table_specs.values()}
 

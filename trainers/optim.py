@@ -6,7 +6,7 @@ from typing import Iterator
 
 import tensorflow as tf
 
-from features.config import Config
+from recpipe.features.config import Config
 
 __all__ = ["PRECISION_POLICIES", "optimizer_for", "precision_policy", "sparse_grads_are_unique"]
 
@@ -38,7 +38,7 @@ def sparse_grads_are_unique(cfg: Config) -> bool:
     looks every table up once per step, at its distinct IDs (SparseEmbeddings), unless a retrieval model
     draws uniform negatives (a second lookup, whose gradient the tape concatenates with the first's) or
     gradients are accumulated (micro-batches' rows concatenated). Not for Horovod, which allgathers the
-    ranks' rows (trainers.hvd builds its own optimizer)."""
+    ranks' rows (recpipe.trainers.strategies.hvd builds its own optimizer)."""
     t = cfg.train.tuning
     second_lookup = cfg.model.task == "retrieval" and cfg.model.uniform_negatives > 0
     return t.dedup_ids and t.grad_accum_steps == 1 and not second_lookup

@@ -11,8 +11,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from features.config import ConfigError, check_typed
-from trainers.errors import TrainError
+from recpipe.common.errors import ConfigError
+from recpipe.common.typed_yaml import check_typed
+from recpipe.trainers.errors import TrainError
 
 __all__ = ["Strategy", "Precision", "RunOptions", "TrainOptions", "run_flags", "host_list"]
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from features.artifact import TransformArtifact
-from features.config import Config
-from features.preprocessed import PreprocessedData
-from trainers.data_copy import check_whole_copy
-from trainers.model_dir import ModelDir
-from trainers.options import TrainOptions
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.config import Config
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.trainers.data_copy import check_whole_copy
+from recpipe.trainers.model_dir import ModelDir
+from recpipe.trainers.options import TrainOptions
 
 __all__ = ["PreparedRun", "prepare_run"]
 

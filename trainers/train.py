@@ -1,8 +1,8 @@
 """`recpipe train`: one trainer, three strategies (local, ParameterServerStrategy, Horovod), the same
-model dir layout (trainers.model_dir) and checkpoints that restore into each other.
+model dir layout (recpipe.trainers.model_dir) and checkpoints that restore into each other.
 
 Local and PS run Keras' model.fit in epochs of `checkpoint_every` steps (a checkpoint at each end);
-Horovod runs its own loop (trainers.hvd). Rerunning on a model dir resumes from its last checkpoint.
+Horovod runs its own loop (recpipe.trainers.strategies.hvd). Rerunning on a model dir resumes from its last checkpoint.
 """
 from __future__ import annotations
 
@@ -12,35 +12,35 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from features.artifact import TransformArtifact
-from features.config import Config
-from features.errors import RecpipeError
-from features.preprocessed import PreprocessedData
-from trainers.advisor import advise
-from trainers.allocator import loaded_allocator
-from trainers.data import DataError, SameCopyCheck, make_dataset, naming_bad_shards, synthetic_dataset
-from trainers.data_copy import check_whole_copy
-from trainers.errors import TrainError
-from trainers.health import check_loss
-from trainers.hvd import run_rank
-from trainers.hvd_job import launch_job, launch_ranks, launches_ranks
-from trainers.memory import Holders, check_memory, holders_on_this_host
-from trainers.model_dir import ModelDir, TrainState
-from trainers.models import compiled_model, table_shapes
-from trainers.optim import optimizer_for, precision_policy
-from trainers.options import TrainOptions
-from trainers.prepare import prepare_run
-from trainers.progress import Reporter
-from trainers.ps import (LocalPSCluster, PSCluster, TFConfig, make_strategy, serve_task, silent_tasks, task_names,
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.config import Config
+from recpipe.common.errors import RecpipeError
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.trainers.advisor import advise
+from recpipe.trainers.allocator import loaded_allocator
+from recpipe.trainers.data import DataError, SameCopyCheck, make_dataset, naming_bad_shards, synthetic_dataset
+from recpipe.trainers.data_copy import check_whole_copy
+from recpipe.trainers.errors import TrainError
+from recpipe.trainers.health import check_loss
+from recpipe.trainers.strategies.hvd import run_rank
+from recpipe.trainers.strategies.hvd_job import launch_job, launch_ranks, launches_ranks
+from recpipe.trainers.memory import Holders, check_memory, holders_on_this_host
+from recpipe.trainers.model_dir import ModelDir, TrainState
+from recpipe.trainers.models import compiled_model, table_shapes
+from recpipe.trainers.optim import optimizer_for, precision_policy
+from recpipe.trainers.options import TrainOptions
+from recpipe.trainers.prepare import prepare_run
+from recpipe.trainers.progress import Reporter
+from recpipe.trainers.strategies.ps import (LocalPSCluster, PSCluster, TFConfig, make_strategy, serve_task, silent_tasks, task_names,
                          tf_config, wait_for_tasks)
-from trainers.validation import Validator, validator_for
-from trainers.warm_start import apply_warm_start
+from recpipe.trainers.evaluation.validation import Validator, validator_for
+from recpipe.trainers.warm_start import apply_warm_start
 
 __all__ = ["TrainError", "TrainOptions", "TrainState", "train", "set_threads"]
 
 
 def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
-    if launches_ranks(opts.run):  # `recpipe train` calls trainers.hvd_job itself, before importing TensorFlow
+    if launches_ranks(opts.run):  # `recpipe train` calls recpipe.trainers.strategies.hvd_job itself, before importing TensorFlow
         return launch_job(opts, say)
     with naming_bad_shards(opts.data_dir):
         return _train(opts, say)
@@ -48,8 +48,8 @@ def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
 
 def _check_worker_copy(data_dir: str, cluster: TFConfig) -> None:
     """A PS worker reads the shards on its own host, at the chief's paths, and the chief checks only its own
-    copy: a worker whose copy was cut short at a record's end read fewer rows without a word (its graph checks
-    the shards' names, since a graph has no file-size op). So a worker checks its copy whole before it serves,
+    copy: a worker whose copy is cut short at a record's end would read fewer rows without a word (its graph
+    checks the shards' names, since a graph has no file-size op). So a worker checks its copy whole before it serves,
     and one that cannot stops naming itself and the copy."""
     try:
         check_whole_copy(PreprocessedData(data_dir))

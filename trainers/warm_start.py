@@ -16,10 +16,10 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from features.artifact import TransformArtifact
-from features.config import Config
-from features.errors import RecpipeError
-from trainers.model_dir import ModelDir
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.config import Config
+from recpipe.common.errors import RecpipeError
+from recpipe.trainers.model_dir import ModelDir
 
 __all__ = ["WarmStartError", "warm_start", "apply_warm_start", "features_difference"]
 

@@ -11,16 +11,16 @@ import os
 import numpy as np
 import pyarrow as pa
 
-from features.artifact import TransformArtifact
-from features.canonical import LABEL_KEY, canonicalize, dense_prenorm, times, validate_batch
-from features.preprocessed import SPLITS, PreprocessedData
-from features.batch_transform import BatchTransform
-from features.record_codec import encode_batch, frame_record
-from pipeline.analysis import (add_moments, batch_moments, boundaries_from_quantiles, merge_count_tables,
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.canonical import LABEL_KEY, canonicalize, dense_prenorm, times, validate_batch
+from recpipe.features.preprocessed import SPLITS, PreprocessedData
+from recpipe.features.batch_transform import BatchTransform
+from recpipe.features.record_codec import encode_batch, frame_record
+from recpipe.pipeline.analysis import (add_moments, batch_moments, boundaries_from_quantiles, merge_count_tables,
                                moment_stats, select_vocabulary_table, split_cutoffs_by_row,
                                split_cutoffs_from_histogram, token_count_tables, ts_histogram)
-from pipeline.sources import inspect_inputs, list_input_files, open_parquet
-from pipeline.transforms import RawBatch
+from recpipe.pipeline.sources import inspect_inputs, list_input_files, open_parquet
+from recpipe.pipeline.transforms import RawBatch
 
 __all__ = ["baseline_preprocess"]
 

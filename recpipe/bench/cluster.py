@@ -1,10 +1,10 @@
-"""The cluster suite: PS and Horovod across hosts (network namespaces on a bridge, recpipe.netns) at
-several link speeds (tc tbf), against the advisor's predictions (trainers.advisor).
+"""The cluster suite: PS and Horovod across hosts (network namespaces on a bridge, recpipe.bench.netns) at
+several link speeds (tc tbf), against the advisor's predictions (recpipe.trainers.advisor).
 
 Per repetition and link setting (unshaped veth, then shaped): the link's goodput between two hosts;
 PS training (chief + 2 PS + 2 workers, one task per host, one thread each) and Horovod (2 hosts, one
 rank each, one thread); the per-worker step time from the steady ex/s. The advisor's model
-(trainers.advisor.step_times) is then used two ways: uncalibrated, as `recpipe advise` predicts
+(recpipe.trainers.advisor.step_times) is then used two ways: uncalibrated, as `recpipe advise` predicts
 without measurements across hosts (its local compute probe + bytes over the link's goodput), and
 calibrated: plus the per-step overhead (the CPU communication takes, round trips, the cluster's
 slower compute) measured on the unshaped link. The overheads are written to cluster.json, which
@@ -23,14 +23,14 @@ from typing import Callable
 
 import yaml
 
-from features.config import load_config
-from features.errors import RecpipeError
+from recpipe.features.config import load_config
+from recpipe.common.errors import RecpipeError
 from recpipe.bench.common import CLI, generate_once, preprocess_once, summary
 from recpipe.bench.scaleout import traffic_inputs
-from recpipe.netns import VirtualHosts, netns_available
-from features import fsio
-from trainers.advisor import Overheads, link_bytes, step_times
-from trainers.model_dir import ModelDir
+from recpipe.bench.netns import VirtualHosts, netns_available
+from recpipe.common import fsio
+from recpipe.trainers.advisor import Overheads, link_bytes, step_times
+from recpipe.trainers.model_dir import ModelDir
 
 __all__ = ["ClusterBenchOptions", "bench_cluster", "markdown", "overheads_from"]
 

@@ -14,10 +14,10 @@ import tempfile
 import threading
 import time
 
-from features import fsio
-from features.config import load_config
-from features.preprocessed import PreprocessedData
-from pipeline.synthetic import GenerateSpec, generate_log
+from recpipe.common import fsio
+from recpipe.features.config import load_config
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.pipeline.synthetic import GenerateSpec, generate_log
 from recpipe.bench.baseline import baseline_preprocess
 
 __all__ = ["CLI", "summary", "run_measured", "evaluate_model", "git_commit", "machine_info", "save_result",
@@ -54,10 +54,10 @@ _EVALUATING = threading.Lock()
 
 
 def evaluate_model(model_dir: str, data: str) -> dict:
-    """The metrics `recpipe evaluate --model-dir MODEL_DIR --data DATA` prints (trainers.evaluate), computed in
+    """The metrics `recpipe evaluate --model-dir MODEL_DIR --data DATA` prints (recpipe.trainers.evaluation.evaluate), computed in
     this process: the same numbers without a TensorFlow start-up per model. One evaluation at a time: the
     threads of a suite share this process's Keras and matplotlib state."""
-    from trainers.evaluate import evaluate
+    from recpipe.trainers.evaluation.evaluate import evaluate
     with _EVALUATING:
         return evaluate(model_dir, data)
 

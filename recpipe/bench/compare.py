@@ -6,7 +6,7 @@ import json
 import math
 import os
 
-from features import fsio
+from recpipe.common import fsio
 from recpipe.bench.targets import SUITES, TARGETS
 
 __all__ = ["load_ratios", "compare_ratios", "format_comparison"]

@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import time
 
-from features.config import Config
-from pipeline.analysis import split_sizes
-from pipeline.sources import list_input_files
+from recpipe.features.config import Config
+from recpipe.pipeline.analysis import split_sizes
+from recpipe.pipeline.sources import list_input_files
 
 __all__ = ["duckdb_preprocess", "check_supported"]
 

@@ -1,6 +1,6 @@
 """Export benchmark: smaller served models. One trained model per log (the real Criteo sample with
 `configs/criteo.yaml`, and the synthetic log), exported with its weights stored as float32, bfloat16
-and int8 (serving.quantize; "int8_embeddings": int8 tables, float32 Dense kernels), side by side:
+and int8 (recpipe.serving.export.quantize; "int8_embeddings": int8 tables, float32 Dense kernels), side by side:
 
 - SavedModel bytes (the whole version folder: graph, vocabularies and weights) and weight bytes
   (its variables/) ÷ float32's;
@@ -24,17 +24,17 @@ from typing import Callable, Optional
 
 import pyarrow.parquet as pq
 
-from features.preprocessed import PreprocessedData
-from features.transform import request_from_arrow
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.features.transform import request_from_arrow
 from recpipe.bench.common import CLI, generate_once, preprocess_once
 from recpipe.samples import find_criteo_sample, repo_configs
-from serving.export import export_model
-from serving.quantize import quantize_model
-from serving.registry import load_version
-from trainers.model_dir import load_trained
-from trainers.options import RunOptions, TrainOptions
-from trainers.scoring import score
-from trainers.train import train
+from recpipe.serving.export.savedmodel import export_model
+from recpipe.serving.export.quantize import quantize_model
+from recpipe.serving.server.registry import load_version
+from recpipe.trainers.model_dir import load_trained
+from recpipe.trainers.options import RunOptions, TrainOptions
+from recpipe.trainers.evaluation.scoring import score
+from recpipe.trainers.train import train
 
 __all__ = ["OPTIONS", "bench_export", "markdown", "folder_bytes", "measure_qps"]
 

@@ -11,8 +11,8 @@ import os
 import sys
 import time
 
-from features.artifact import TransformArtifact
-from features.config import Config, embedding_dim
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.config import Config, embedding_dim
 
 __all__ = ["matmul_gflops", "dense_flops_per_example"]
 

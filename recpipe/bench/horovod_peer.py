@@ -1,4 +1,4 @@
-"""The peer of `train_horovod_vs_plain_horovod` (issue 16): the same DCN-v2 trained the way Horovod's
+"""The peer of `train_horovod_vs_plain_horovod`: the same DCN-v2 trained the way Horovod's
 Keras examples do it, one thread per rank.
 
 Each rank builds the TFRS-tutorial model (recpipe.bench.tfrs_peer.TutorialDCN: one Keras Embedding
@@ -24,12 +24,12 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from features.canonical import LABEL_KEY
-from features.config import Config, load_config
-from features.preprocessed import PreprocessedData
+from recpipe.features.canonical import LABEL_KEY
+from recpipe.features.config import Config, load_config
+from recpipe.features.preprocessed import PreprocessedData
 from recpipe.bench.tfrs_peer import SecondHalfTimer, TutorialDCN, check_supported, in_memory
-from trainers.optim import optimizer_for
-from trainers.scoring import ranking_scores
+from recpipe.trainers.optim import optimizer_for
+from recpipe.trainers.evaluation.scoring import ranking_scores
 
 __all__ = ["HorovodTutorialDCN", "run_rank"]
 

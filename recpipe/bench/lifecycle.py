@@ -1,7 +1,7 @@
 """Lifecycle benchmark: the Airflow daily DAG (real Airflow, `dag.test` per day) over consecutive days
-of a generated log whose item population drifts (pipeline.synthetic `item_drift`: new items appear,
+of a generated log whose item population drifts (recpipe.pipeline.synthetic `item_drift`: new items appear,
 old ones stop), with the item vocabulary admitting over a window and evicting unseen items
-(pipeline.lifecycle), against the same DAG without eviction on the same log and with eviction on a
+(recpipe.pipeline.lifecycle), against the same DAG without eviction on the same log and with eviction on a
 drift-free log. Every day is pushed (bless tolerance 1), so every day's export runs its skew check.
 The runs go at once, each DAG in its own Airflow home (they report sizes and AUCs, not speed).
 
@@ -10,7 +10,7 @@ buckets, several times the whole catalogue), so every item has a row from its fi
 no admission, eviction or slot reuse: what the lifecycle costs is the drifting runs' AUC difference.
 
 In the full run, the evicting runs on the drifting and the drift-free logs also go on a second pair of
-logs whose items keep one popularity for life (pipeline.synthetic item_popularity="lifelong": the items that
+logs whose items keep one popularity for life (recpipe.pipeline.synthetic item_popularity="lifelong": the items that
 stop take a random share of the clicks, where in the first pair they are the most clicked):
 lifecycle_auc_gap_vs_no_drift_lifelong (reported, no target) says whether the gap comes with which items stop
 or with the churn itself.
@@ -28,7 +28,7 @@ one-row QPS (round-robin, median of `reps`) and AUC on the day's raw eval sample
 Keys, of the drifting run with eviction: export_prune_{bytes,weight_bytes,qps}_vs_fp32,
 export_prune_auc_delta_abs.
 
-Oracle AUCs: the logs carry each row's true click probability (pipeline.synthetic `truth_column`), so
+Oracle AUCs: the logs carry each row's true click probability (recpipe.pipeline.synthetic `truth_column`), so
 each day's eval rows (split as the Beam job splits them) are also scored by the hidden model itself:
 the best AUC any model reaches on them. The drifting and drift-free logs are different rows from
 different hidden item weights, and their oracle AUCs differ per day too; lifecycle_auc_gap_beyond_oracle
@@ -56,21 +56,21 @@ import numpy as np
 import pyarrow.parquet as pq
 import yaml
 
-from features import fsio
-from features.artifact import TransformArtifact
-from features.metrics import auc_standard_error, roc_auc
-from features.preprocessed import PreprocessedData
-from features.transform import request_from_arrow
-from pipeline.analysis import split_cutoffs_from_histogram, ts_histogram
-from pipeline.synthetic import TRUTH_COLUMN
+from recpipe.common import fsio
+from recpipe.features.artifact import TransformArtifact
+from recpipe.common.metrics import auc_standard_error, roc_auc
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.features.transform import request_from_arrow
+from recpipe.pipeline.analysis import split_cutoffs_from_histogram, ts_histogram
+from recpipe.pipeline.synthetic import TRUTH_COLUMN
 from recpipe.airflow_local import LocalAirflow
 from recpipe.bench.common import generate_once
 from recpipe.bench.export import folder_bytes, measure_qps
 from recpipe.bench.lifecycle_memory import bench_memory_growth
 from recpipe.bench.lifecycle_memory import markdown as memory_markdown
-from serving.export import export_model, sample_auc
-from serving.registry import load_version
-from serving.version import ExportBase
+from recpipe.serving.export.savedmodel import export_model, sample_auc
+from recpipe.serving.server.registry import load_version
+from recpipe.serving.version import ExportBase
 
 __all__ = ["bench_lifecycle", "markdown", "lifecycle_config"]
 
@@ -173,7 +173,7 @@ def _pruned_export(root: str, day: str, reps: int, seconds: float, say: Callable
 
 def oracle_aucs(log: str, days: list[str], eval_fraction: float) -> list[float]:
     """Per day: the AUC of the hidden model's own probabilities on the day's eval rows (the last
-    eval_fraction by timestamp, cut as the Beam job cuts them: pipeline.analysis)."""
+    eval_fraction by timestamp, cut as the Beam job cuts them: recpipe.pipeline.analysis)."""
     out = []
     for day in days:
         t = pq.read_table(os.path.join(log, f"dt={day}"), columns=["ts", "label", TRUTH_COLUMN])
@@ -214,7 +214,7 @@ def bench_lifecycle(work: str, say: Callable[[str], None], quick: bool = False, 
     # the days both ran); its own second day is the one whose export has values to prune
     compared = days[:1] if quick else days
     kinds = [("drift", drift, "window"), ("stable", 0, "window")]
-    if not quick:  # and the same pair of logs whose items keep one popularity for life (pipeline.synthetic)
+    if not quick:  # and the same pair of logs whose items keep one popularity for life (recpipe.pipeline.synthetic)
         kinds += [("drift_lifelong", drift, "lifelong"), ("stable_lifelong", 0, "lifelong")]
     logs = {name: generate_once(per_day * n_days, os.path.join(work, f"log_{name}"), seed=5, days=n_days,
                                 start_date=START, num_users=2_000, num_items=num_items, item_drift=item_drift,

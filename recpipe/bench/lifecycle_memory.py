@@ -1,5 +1,5 @@
 """Memory growth across days: peak trainer RSS against the embedding tables' size, day by day over a
-drifting log (pipeline.synthetic `item_drift`), with the item vocabulary evicting unseen items and
+drifting log (recpipe.pipeline.synthetic `item_drift`), with the item vocabulary evicting unseen items and
 without (it then only grows).
 
 Each chain: `recpipe preprocess` of each day's partition extending the previous day's transform, then
@@ -24,10 +24,10 @@ from typing import Callable
 import numpy as np
 import yaml
 
-from features.artifact import TransformArtifact
-from features.config import parse_config
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.config import parse_config
 from recpipe.bench.common import CLI, generate_once, run_measured
-from trainers.memory import state_size
+from recpipe.trainers.memory import state_size
 
 __all__ = ["MemorySettings", "bench_memory_growth", "memory_config", "memory_settings", "preprocess_chain",
            "item_table_rows", "table_mb", "markdown"]
@@ -59,7 +59,7 @@ def memory_config(steps: int, max_size: int, evict: bool, evict_unseen_days: int
 
 
 def table_mb(artifact: TransformArtifact) -> float:
-    """Embedding weights + Adagrad accumulators of every table, float32, in MB: the state trainers.memory
+    """Embedding weights + Adagrad accumulators of every table, float32, in MB: the state recpipe.trainers.memory
     weighs before training."""
     return state_size(artifact.config, artifact).total / 2 ** 20
 

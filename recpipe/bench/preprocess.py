@@ -15,12 +15,12 @@ from typing import Callable
 import tensorflow as tf
 import yaml
 
-from features.canonical import LABEL_KEY
-from features.preprocessed import PreprocessedData
-from features.records import column_specs
+from recpipe.features.canonical import LABEL_KEY
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.features.records import column_specs
 from recpipe.bench.common import CLI, generate_once, run_measured, summary
 from recpipe.bench.criteo_like import write_criteo_like
-from trainers.data import make_dataset
+from recpipe.trainers.data import make_dataset
 
 __all__ = ["bench_preprocess", "bench_peers", "bench_shard_formats", "report_markdown"]
 
@@ -42,7 +42,7 @@ def _command(job: str, cfg_path: str, log: str, out: str, threads: int | None = 
         return [*CLI, "preprocess", "--config", cfg_path, "--input", log, "--output", out]
     module, fn = _JOBS[job]
     extra = ", int(sys.argv[4])" if threads is not None else ""
-    return [sys.executable, "-c", f"import sys; from features.config import load_config; from {module} import {fn}; "
+    return [sys.executable, "-c", f"import sys; from recpipe.features.config import load_config; from {module} import {fn}; "
             f"print({fn}(load_config(sys.argv[1]), sys.argv[2], sys.argv[3]{extra}))", cfg_path, log, out,
             *([str(threads)] if threads is not None else [])]
 
@@ -109,7 +109,7 @@ def bench_peers(rows: int, work: str, cfg_path: str, say: Callable[[str], None],
             "rows_per_s": rps, "wall_s": {k: summary(v) for k, v in walls.items()},
             "peak_rss_mb": {k: summary(v) for k, v in rss.items()},
             "ratios": {"preprocess_beam_vs_duckdb": rps["beam"]["median"] / rps["duckdb"]["median"],
-                       # what finding rows read twice costs (pipeline.repeats): below 1, slower with it
+                       # what finding rows read twice costs (recpipe.pipeline.repeats): below 1, slower with it
                        "preprocess_repeats_check_vs_unchecked":
                            rps["beam"]["median"] / rps["beam_unchecked"]["median"]}}
 

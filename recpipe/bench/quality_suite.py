@@ -9,9 +9,9 @@ a one-hot of the same IDs with C chosen on validation (deterministic). Ratio key
 AUC margin over each baseline divided by the spread (the combined sd of the two).
 
 The same for a second real ranking log of another schema: MovieLens-100K's six categorical columns
-(pipeline.movielens, configs/movielens.yaml: the Criteo model and train sections but the learning rate).
+(recpipe.pipeline.movielens, configs/movielens.yaml: the Criteo model and train sections but the learning rate).
 
-Retrieval, on the real Instacart sample (pipeline.instacart; leave-last-out per user) and on
+Retrieval, on the real Instacart sample (recpipe.pipeline.instacart; leave-last-out per user) and on
 MovieLens-100K (users with attributes, movies with genres; time split): the config's two towers over
 seeds against the most-popular and co-occurrence baselines on the same split, recall@10 against every
 candidate, and again on the rows whose candidate is new to the user, with the user's earlier ones
@@ -31,7 +31,7 @@ from typing import Callable
 
 import yaml
 
-from features.config import load_config
+from recpipe.features.config import load_config
 from recpipe.bench.common import CLI, evaluate_model, preprocess_once
 from recpipe.bench.sklearn_peer import C_GRID, sklearn_logistic
 from recpipe.samples import find_criteo_sample, repo_configs
@@ -41,7 +41,7 @@ __all__ = ["bench_quality", "markdown"]
 # quick: the C values the logs' validation splits chose (criteo 0.1, movielens 0.3) and one more
 QUICK_C_GRID = (0.1, 0.3, 1.0)
 MIN_SPREAD = 1e-3  # a margin is never judged against less than this (one seed, or identical runs)
-# retrieval baselines (trainers.scoring.baselines); history co-occurrence only with a history feature
+# retrieval baselines (recpipe.trainers.evaluation.scoring.baselines); history co-occurrence only with a history feature
 BASELINES = ("most_popular", "cooccurrence", "history_cooccurrence")
 
 
@@ -146,8 +146,8 @@ def _retrieval(work: str, say: Callable[[str], None], name: str, cfg_path: str, 
 
 
 def bench_quality(work: str, say: Callable[[str], None], quick: bool = False, seeds: int = 3) -> dict:
-    from pipeline.instacart import instacart_to_parquet
-    from pipeline.movielens import movielens_to_parquet
+    from recpipe.pipeline.instacart import instacart_to_parquet
+    from recpipe.pipeline.movielens import movielens_to_parquet
     criteo = find_criteo_sample()
     if criteo is None:
         raise FileNotFoundError("bench quality: the real Criteo sample (../shared/data/criteo_sample) is missing")

@@ -9,7 +9,7 @@ from typing import Optional
 
 import matplotlib.pyplot as plt
 
-from features import fsio
+from recpipe.common import fsio
 from recpipe.bench.targets import SUITES, TARGETS
 
 __all__ = ["write_report"]
@@ -119,244 +119,337 @@ def _signed(values) -> str:
     return ", ".join(f"{v:+.4f}" for v in values)
 
 
-def _why(key: str, found: dict) -> str:
-    """Why a target is missed on this machine, from what the same run measured."""
+def _train(found: dict):
+    """The train suite's results, its runs, and the median ex/s of a run by name."""
     t = found.get("train", {})
     runs = t.get("runs", {})
 
     def med(name: str) -> float:
         return runs[name]["examples_per_s"]["median"]
+    return t, runs, med
 
-    if key == "train_horovod_vs_plain_horovod" and "plain_horovod_np2" in runs:
-        b = t["config"]["batch_size"]
-        return (f"at np=2, one thread per rank, ours {med('horovod_np2'):,.0f} ex/s against "
-                f"{med('plain_horovod_np2'):,.0f} for horovod.tensorflow.keras' DistributedOptimizer + fit on the "
-                f"same model (dense gradients, data in memory), {1000 * 2 * b / med('horovod_np2'):.0f} against "
-                f"{1000 * 2 * b / med('plain_horovod_np2'):.0f} ms per step. Two independent one-rank runs at once, "
-                f"exchanging nothing, reach {med('independent_np1_x2'):,.0f} ex/s on this box: the most any np=2 "
-                f"run can do here, {med('independent_np1_x2') / med('plain_horovod_np2'):.2f}x the peer."
-                + (f" With our cycle time (horovodrun --cycle-time-ms) the peer made "
-                   f"{med('plain_horovod_np2_same_cycle'):,.0f} ex/s, and ours at Horovod's own 1 ms "
-                   f"{med('horovod_np2_cycle_1ms'):,.0f}." if "plain_horovod_np2_same_cycle" in runs else ""))
-    if key in ("train_horovod_scaling_2", "train_horovod_np2_vs_two_independent") and "horovod_np2" in runs:
-        b = t["config"]["batch_size"]
-        one, two = 1000 * b / med("horovod_np1"), 1000 * 2 * b / med("horovod_np2")
-        v = t["scale_out"]["validation"]
-        x = t["scale_out"]["inputs"]
-        split = v.get("horovod_bytes_2", {"allreduced": x["dense_params"] * 4, "allgathered": x["row_bytes_unique"]})
-        text = (f"one rank steps in {one:.0f} ms, each of two ranks in {two:.0f} ms. The bytes exchanged per step "
-                f"({split['allgathered'] / 2**20:.2f} MB of embedding rows allgathered, "
-                f"{split['allreduced'] / 2**20:.1f} MB allreduced: dense gradients and any table sent whole) "
-                f"take about "
-                f"{(1 / v['horovod_scaling_2']['predicted'] - 1) * one:.1f} ms at loopback's measured "
-                f"{v['loopback_gbps']:.0f} Gbit/s (the scale-out model predicts "
-                f"{v['horovod_scaling_2']['predicted']:.2f}), "
-                f"so bandwidth is not the loss.")
-        if "independent_np1_x2" in runs:
-            ceiling = med("independent_np1_x2") / (2 * med("horovod_np1"))
-            text += (f" Two independent one-thread runs at once, exchanging nothing, reach {ceiling:.2f} of 2 x one "
-                     f"run (this box's 2-process ceiling); Horovod np=2 reaches "
-                     f"{med('horovod_np2') / med('independent_np1_x2'):.2f} of that. The rest is the CPU time of "
-                     f"Gloo's collectives (the allgather of IndexedSlices and the dense allreduce, plus Horovod's "
-                     f"background thread), which here runs on the same two cores as the two compute threads.")
-        return text
-    if key == "train_ps_vs_local" and "ps_2w_2ps" in runs:
-        return (f"PS workers (1 thread each) reach {med('ps_2w_2ps'):,.0f} ex/s against {med('local_threads2'):,.0f} "
-                f"for one local process with 2 threads. Each PS step is a ClusterCoordinator dispatch plus remote "
-                f"reads and writes of every looked-up embedding row and every dense weight over gRPC, and five "
-                f"processes (coordinator, 2 workers, 2 PS) share 2 cores, where the local step reads its tables "
-                f"from its own memory. The scale-out model shows where PS wins (many workers, large tables).")
+
+def _horovod_vs_plain(key: str, found: dict) -> Optional[str]:
+    """train_horovod_vs_plain_horovod: ours and the plain Horovod peer per step, against two independent runs."""
+    t, runs, med = _train(found)
+    if not (key == "train_horovod_vs_plain_horovod" and "plain_horovod_np2" in runs):
+        return None
+    b = t["config"]["batch_size"]
+    return (f"at np=2, one thread per rank, ours {med('horovod_np2'):,.0f} ex/s against "
+            f"{med('plain_horovod_np2'):,.0f} for horovod.tensorflow.keras' DistributedOptimizer + fit on the "
+            f"same model (dense gradients, data in memory), {1000 * 2 * b / med('horovod_np2'):.0f} against "
+            f"{1000 * 2 * b / med('plain_horovod_np2'):.0f} ms per step. Two independent one-rank runs at once, "
+            f"exchanging nothing, reach {med('independent_np1_x2'):,.0f} ex/s on this box: the most any np=2 "
+            f"run can do here, {med('independent_np1_x2') / med('plain_horovod_np2'):.2f}x the peer."
+            + (f" With our cycle time (horovodrun --cycle-time-ms) the peer made "
+               f"{med('plain_horovod_np2_same_cycle'):,.0f} ex/s, and ours at Horovod's own 1 ms "
+               f"{med('horovod_np2_cycle_1ms'):,.0f}." if "plain_horovod_np2_same_cycle" in runs else ""))
+
+
+def _horovod_scaling(key: str, found: dict) -> Optional[str]:
+    """train_horovod_scaling_2 / _np2_vs_two_independent: the bytes exchanged, and this box's 2-process ceiling."""
+    t, runs, med = _train(found)
+    if not (key in ("train_horovod_scaling_2", "train_horovod_np2_vs_two_independent") and "horovod_np2" in runs):
+        return None
+    b = t["config"]["batch_size"]
+    one, two = 1000 * b / med("horovod_np1"), 1000 * 2 * b / med("horovod_np2")
+    v = t["scale_out"]["validation"]
+    x = t["scale_out"]["inputs"]
+    split = v.get("horovod_bytes_2", {"allreduced": x["dense_params"] * 4, "allgathered": x["row_bytes_unique"]})
+    text = (f"one rank steps in {one:.0f} ms, each of two ranks in {two:.0f} ms. The bytes exchanged per step "
+            f"({split['allgathered'] / 2**20:.2f} MB of embedding rows allgathered, "
+            f"{split['allreduced'] / 2**20:.1f} MB allreduced: dense gradients and any table sent whole) "
+            f"take about "
+            f"{(1 / v['horovod_scaling_2']['predicted'] - 1) * one:.1f} ms at loopback's measured "
+            f"{v['loopback_gbps']:.0f} Gbit/s (the scale-out model predicts "
+            f"{v['horovod_scaling_2']['predicted']:.2f}), "
+            f"so bandwidth is not the loss.")
+    if "independent_np1_x2" in runs:
+        ceiling = med("independent_np1_x2") / (2 * med("horovod_np1"))
+        text += (f" Two independent one-thread runs at once, exchanging nothing, reach {ceiling:.2f} of 2 x one "
+                 f"run (this box's 2-process ceiling); Horovod np=2 reaches "
+                 f"{med('horovod_np2') / med('independent_np1_x2'):.2f} of that. The rest is the CPU time of "
+                 f"Gloo's collectives (the allgather of IndexedSlices and the dense allreduce, plus Horovod's "
+                 f"background thread), which here runs on the same two cores as the two compute threads.")
+    return text
+
+
+def _ps_vs_local(key: str, found: dict) -> Optional[str]:
+    """train_ps_vs_local: what a PS step does that a local one does not."""
+    t, runs, med = _train(found)
+    if not (key == "train_ps_vs_local" and "ps_2w_2ps" in runs):
+        return None
+    return (f"PS workers (1 thread each) reach {med('ps_2w_2ps'):,.0f} ex/s against {med('local_threads2'):,.0f} "
+            f"for one local process with 2 threads. Each PS step is a ClusterCoordinator dispatch plus remote "
+            f"reads and writes of every looked-up embedding row and every dense weight over gRPC, and five "
+            f"processes (coordinator, 2 workers, 2 PS) share 2 cores, where the local step reads its tables "
+            f"from its own memory. The scale-out model shows where PS wins (many workers, large tables).")
+
+
+def _bf16_vs_fp32(key: str, found: dict) -> Optional[str]:
+    """train_bf16_vs_fp32: the matmul ceilings, and whether the CPU has bf16 units."""
+    t, runs, med = _train(found)
     c = t.get("ceiling_gflops", {})
     features = t.get("machine", {}).get("cpu_features")
     no_bf16_units = features is not None and not {"amx_bf16", "avx512_bf16"} & set(features)
-    if key == "train_bf16_vs_fp32" and "dense_fp32" in runs:
-        f = t["fraction_of_ceiling"]
-        text = (f"the fp32 dense-heavy step already reaches {f['dense_fp32']:.0%} of the fp32 matmul ceiling "
-                f"({c['fp32']['median']:,.0f} GFLOP/s), and bf16 matmuls are only "
-                f"{c['bf16']['median'] / c['fp32']['median']:.2f}x faster here; the embedding lookups, casts, "
-                f"optimizer updates (fp32 master weights) and input pipeline do not speed up.")
-        if no_bf16_units:
-            text += (" This run's CPU has neither AMX nor AVX512-BF16 (" + ", ".join(features) + "): oneDNN "
-                     "converts bfloat16 to float32 around fp32 arithmetic, so bf16 cannot be faster on it.")
-        return text
-    if key in ("train_vs_tfrs_fit", "train_default_roofline_fraction") and "tfrs_fit_fp32" in runs:
-        ours, peer, f = med("real_fp32"), med("tfrs_fit_fp32"), t["fraction_of_ceiling"]["real_fp32"]
-        auc = [runs[n].get("eval_auc", {}).get("median", float("nan")) for n in ("real_fp32", "tfrs_fit_fp32")]
-        head = (f"ours {ours:,.0f} ex/s against {peer:,.0f} for the same DCN-v2 trained the TFRS-tutorial way "
-                f"(Keras Embeddings, data in memory, model.fit), eval AUC {auc[0]:.4f} against {auc[1]:.4f} after "
-                f"the same {t['steps']} steps. ")
-        if key == "train_default_roofline_fraction":
-            share = t["step_parts"]["parts_share"]
-            return head + (f"The default's dense matmuls reach {f:.0%} of the fp32 matmul ceiling "
-                           f"({c['fp32']['median']:,.0f} GFLOP/s). By ablation of the compiled step on in-memory "
-                           f"batches, the cross layers take {share['cross_layers']:.0%} of it, the deep layers "
-                           f"{share['deep_layers']:.0%}, and the embedding lookups, loss and sparse Adagrad updates "
-                           f"{share['embeddings_loss_optimizer']:.0%}: those are memory-bound gathers and "
-                           f"scatters, which no matmul unit speeds up.")
-        if "real_bf16" in runs and "tfrs_fit_bf16" in runs:
-            faster = "bf16" if med("tfrs_fit_bf16") >= peer else "fp32"
-            head += (f"In bf16 ours makes {med('real_bf16'):,.0f} ex/s against the peer's {med('tfrs_fit_bf16'):,.0f} "
-                     f"({med('real_bf16') / med('tfrs_fit_bf16'):.2f}x; the peer's faster precision here is "
-                     f"{faster}): " + ("this CPU has no bf16 units (neither AMX nor AVX512-BF16), so neither gains "
-                                       "from bf16. " if no_bf16_units else
-                                       "TFRS 0.7.7's Cross layer computes in float32 under mixed_bfloat16, which the "
-                                       "peer keeps and ours (trainers.layers.Cross) does not. "))
-        p = t["step_parts"]
-        ms, bound = p["step_ms"], p["bound_vs_peer"]
-        return head + (f"Timed round-robin in one process on in-memory batches, the peer's compiled step takes "
-                       f"{ms['peer']:.1f} ms and the model's cross and deep layers alone, forward and backward on "
-                       f"the model's own input with no lookups, optimizer or input, {ms['dense_layers']:.1f} ms "
-                       f"(ours {ms['full']:.1f}): every implementation of this model computes at least those, so "
-                       f"with every other cost at zero ours would reach {bound:.2f}x the peer. "
-                       + (f"A {TARGETS[key][1]}x lead at the same precision is out of reach on this CPU."
-                          if bound < TARGETS[key][1] else
-                          "The lead has to come from the embedding lookups, their sparse updates and the "
-                          "input, where both still spend the same time."))
-    if key.startswith("cluster_") and "cluster" in found:
-        strategy, link = key[len("cluster_"):].split("_prediction_error_")
-        p = found["cluster"]["predictions"][f"{strategy}_{link}"]
-        cal = found["cluster"]["calibration"]
-        over = cal["overheads"]["ps_s" if strategy == "ps" else "allreduce_s"] + cal["compute_probe_s"]
-        return (f"measured {p['measured_step_s'] * 1000:,.0f} ms per step at {link}, predicted "
-                f"{p['calibrated_s'] * 1000:,.0f} ms = {over * 1000:,.0f} ms measured on the unshaped link + "
-                f"{p['bytes_only_s'] * 1000:,.0f} ms of bytes over this link's goodput. A measured step shorter than "
-                f"that means communication overlapped computation (Horovod starts allreducing gradients while the "
-                f"backward pass still runs), which the model does not credit; longer, that the link's queueing or "
-                f"the CPU the transfers take grew with the slower link.")
+    if not (key == "train_bf16_vs_fp32" and "dense_fp32" in runs):
+        return None
+    f = t["fraction_of_ceiling"]
+    text = (f"the fp32 dense-heavy step already reaches {f['dense_fp32']:.0%} of the fp32 matmul ceiling "
+            f"({c['fp32']['median']:,.0f} GFLOP/s), and bf16 matmuls are only "
+            f"{c['bf16']['median'] / c['fp32']['median']:.2f}x faster here; the embedding lookups, casts, "
+            f"optimizer updates (fp32 master weights) and input pipeline do not speed up.")
+    if no_bf16_units:
+        text += (" This run's CPU has neither AMX nor AVX512-BF16 (" + ", ".join(features) + "): oneDNN "
+                 "converts bfloat16 to float32 around fp32 arithmetic, so bf16 cannot be faster on it.")
+    return text
+
+
+def _vs_tfrs_fit(key: str, found: dict) -> Optional[str]:
+    """train_vs_tfrs_fit / train_default_roofline_fraction: the peer, the ceiling and the step's parts."""
+    t, runs, med = _train(found)
+    c = t.get("ceiling_gflops", {})
+    features = t.get("machine", {}).get("cpu_features")
+    no_bf16_units = features is not None and not {"amx_bf16", "avx512_bf16"} & set(features)
+    if not (key in ("train_vs_tfrs_fit", "train_default_roofline_fraction") and "tfrs_fit_fp32" in runs):
+        return None
+    ours, peer, f = med("real_fp32"), med("tfrs_fit_fp32"), t["fraction_of_ceiling"]["real_fp32"]
+    auc = [runs[n].get("eval_auc", {}).get("median", float("nan")) for n in ("real_fp32", "tfrs_fit_fp32")]
+    head = (f"ours {ours:,.0f} ex/s against {peer:,.0f} for the same DCN-v2 trained the TFRS-tutorial way "
+            f"(Keras Embeddings, data in memory, model.fit), eval AUC {auc[0]:.4f} against {auc[1]:.4f} after "
+            f"the same {t['steps']} steps. ")
+    if key == "train_default_roofline_fraction":
+        share = t["step_parts"]["parts_share"]
+        return head + (f"The default's dense matmuls reach {f:.0%} of the fp32 matmul ceiling "
+                       f"({c['fp32']['median']:,.0f} GFLOP/s). By ablation of the compiled step on in-memory "
+                       f"batches, the cross layers take {share['cross_layers']:.0%} of it, the deep layers "
+                       f"{share['deep_layers']:.0%}, and the embedding lookups, loss and sparse Adagrad updates "
+                       f"{share['embeddings_loss_optimizer']:.0%}: those are memory-bound gathers and "
+                       f"scatters, which no matmul unit speeds up.")
+    if "real_bf16" in runs and "tfrs_fit_bf16" in runs:
+        faster = "bf16" if med("tfrs_fit_bf16") >= peer else "fp32"
+        head += (f"In bf16 ours makes {med('real_bf16'):,.0f} ex/s against the peer's {med('tfrs_fit_bf16'):,.0f} "
+                 f"({med('real_bf16') / med('tfrs_fit_bf16'):.2f}x; the peer's faster precision here is "
+                 f"{faster}): " + ("this CPU has no bf16 units (neither AMX nor AVX512-BF16), so neither gains "
+                                   "from bf16. " if no_bf16_units else
+                                   "TFRS 0.7.7's Cross layer computes in float32 under mixed_bfloat16, which the "
+                                   "peer keeps and ours (recpipe.trainers.layers.Cross) does not. "))
+    p = t["step_parts"]
+    ms, bound = p["step_ms"], p["bound_vs_peer"]
+    return head + (f"Timed round-robin in one process on in-memory batches, the peer's compiled step takes "
+                   f"{ms['peer']:.1f} ms and the model's cross and deep layers alone, forward and backward on "
+                   f"the model's own input with no lookups, optimizer or input, {ms['dense_layers']:.1f} ms "
+                   f"(ours {ms['full']:.1f}): every implementation of this model computes at least those, so "
+                   f"with every other cost at zero ours would reach {bound:.2f}x the peer. "
+                   + (f"A {TARGETS[key][1]}x lead at the same precision is out of reach on this CPU."
+                      if bound < TARGETS[key][1] else
+                      "The lead has to come from the embedding lookups, their sparse updates and the "
+                      "input, where both still spend the same time."))
+
+
+def _cluster_prediction(key: str, found: dict) -> Optional[str]:
+    """cluster_*_prediction_error_*: the measured step against the calibrated prediction."""
+    if not (key.startswith("cluster_") and "cluster" in found):
+        return None
+    strategy, link = key[len("cluster_"):].split("_prediction_error_")
+    p = found["cluster"]["predictions"][f"{strategy}_{link}"]
+    cal = found["cluster"]["calibration"]
+    over = cal["overheads"]["ps_s" if strategy == "ps" else "allreduce_s"] + cal["compute_probe_s"]
+    return (f"measured {p['measured_step_s'] * 1000:,.0f} ms per step at {link}, predicted "
+            f"{p['calibrated_s'] * 1000:,.0f} ms = {over * 1000:,.0f} ms measured on the unshaped link + "
+            f"{p['bytes_only_s'] * 1000:,.0f} ms of bytes over this link's goodput. A measured step shorter than "
+            f"that means communication overlapped computation (Horovod starts allreducing gradients while the "
+            f"backward pass still runs), which the model does not credit; longer, that the link's queueing or "
+            f"the CPU the transfers take grew with the slower link.")
+
+
+def _beam_vs_duckdb(key: str, found: dict) -> Optional[str]:
+    """preprocess_beam_vs_duckdb: what the Beam job does that DuckDB does not."""
     peers = found.get("preprocess", {}).get("peers")
-    if key == "preprocess_beam_vs_duckdb" and peers:
-        w = peers["wall_s"]
-        return (f"on {peers['rows']:,} rows `recpipe preprocess` takes {w['beam']['median']:.1f} s and DuckDB "
-                f"{w['duckdb']['median']:.1f} s. Both count vocabularies with vectorised group-bys now (Arrow count "
-                f"tables merged whole) and look IDs up vectorised (Arrow's index_in); what remains on our side is "
-                f"fixed cost (importing TensorFlow and Beam and building the pipeline take about 10 s of it), two "
-                f"reads and validations of the log (analysis, then transform: memory stays bounded as the log "
-                f"grows), TensorFlow's FarmHash for the OOV tokens, and encoding the record batches. DuckDB runs "
-                f"everything in C++ on both cores; the DirectRunner runs one Python thread.")
+    if not (key == "preprocess_beam_vs_duckdb" and peers):
+        return None
+    w = peers["wall_s"]
+    return (f"on {peers['rows']:,} rows `recpipe preprocess` takes {w['beam']['median']:.1f} s and DuckDB "
+            f"{w['duckdb']['median']:.1f} s. Both count vocabularies with vectorised group-bys now (Arrow count "
+            f"tables merged whole) and look IDs up vectorised (Arrow's index_in); what remains on our side is "
+            f"fixed cost (importing TensorFlow and Beam and building the pipeline take about 10 s of it), two "
+            f"reads and validations of the log (analysis, then transform: memory stays bounded as the log "
+            f"grows), TensorFlow's FarmHash for the OOV tokens, and encoding the record batches. DuckDB runs "
+            f"everything in C++ on both cores; the DirectRunner runs one Python thread.")
+
+
+def _quality_margin(key: str, found: dict) -> Optional[str]:
+    """quality_*_margin_over_spread_vs_*: the default's AUC per seed against the baseline's."""
     ranking = found.get("quality", {}).get("ranking", {})
     log, _, peer = key[len("quality_"):].partition("_margin_over_spread_vs_")
-    if peer and log in ranking:
-        models = ranking[log]
-        b = models["sklearn_logistic" if peer == "sklearn_lr" else peer]
-        d = models["default"]
-        aucs = ", ".join(f"{r['auc']:.4f}" for r in d["runs"])
-        behind = sum(r["auc"] < b["auc_mean"] for r in d["runs"])
-        return (f"the default's eval AUC per seed is {aucs} (mean {d['auc_mean']:.4f} ± {d['auc_sd']:.4f}) against "
-                f"{b['auc_mean']:.4f} ± {b['auc_sd']:.4f} for the baseline: a margin of "
-                f"{d['auc_mean'] - b['auc_mean']:+.4f} on the mean, smaller than the seeds' spread, and {behind} of "
-                f"the {len(d['runs'])} seeds below the baseline.")
+    if not (peer and log in ranking):
+        return None
+    models = ranking[log]
+    b = models["sklearn_logistic" if peer == "sklearn_lr" else peer]
+    d = models["default"]
+    aucs = ", ".join(f"{r['auc']:.4f}" for r in d["runs"])
+    behind = sum(r["auc"] < b["auc_mean"] for r in d["runs"])
+    return (f"the default's eval AUC per seed is {aucs} (mean {d['auc_mean']:.4f} ± {d['auc_sd']:.4f}) against "
+            f"{b['auc_mean']:.4f} ± {b['auc_sd']:.4f} for the baseline: a margin of "
+            f"{d['auc_mean'] - b['auc_mean']:+.4f} on the mean, smaller than the seeds' spread, and {behind} of "
+            f"the {len(d['runs'])} seeds below the baseline.")
+
+
+def _retrieval_vs_popularity(key: str, found: dict) -> Optional[str]:
+    """quality_*_recall10_vs_popularity: two towers, popularity and co-occurrence on the same clicks."""
     retrieval = found.get("quality", {}).get("retrieval", {})
     name = key[len("quality_"):-len("_recall10_vs_popularity")] if key.endswith("_recall10_vs_popularity") else ""
-    if name in retrieval:
-        r = retrieval[name]
-        t = r["two_tower"]
-        logged = "history_cooccurrence" in r  # the config's query tower reads a logged history
-        return (f"two towers reach recall@10 {t['recall_at_10_mean']:.4f} ± {t['recall_at_10_sd']:.4f}, popularity "
-                f"{r['most_popular']['recall_at_10']:.4f} and co-occurrence {r['cooccurrence']['recall_at_10']:.4f} "
-                + (f"(over the row's logged history {r['history_cooccurrence']['recall_at_10']:.4f}) "
-                   if logged else "")
-                + f"on the same {r['examples']:,} eval clicks; on the {r['new_examples']:,} clicks of candidates new "
-                f"to the user, {t['new_recall_at_10_mean']:.4f} against {r['most_popular']['new_recall_at_10']:.4f}. "
-                + (f"Only {r['history_examples']:,} of the {r['examples']:,} eval clicks come from users who clicked "
-                   f"anything before the eval split; the rest are users new to the model, whom the query tower knows "
-                   f"by their attributes{' and logged history' if logged else ' alone'}."
-                   + (f" On the users with history, two towers reach "
-                      f"{t['history_recall_at_10_mean']:.4f} ± {t['history_recall_at_10_sd']:.4f} against "
-                      f"popularity's {r['most_popular']['history_recall_at_10']:.4f} and co-occurrence's "
-                      f"{r['cooccurrence']['history_recall_at_10']:.4f}."
-                      if r["history_examples"] else "")  # none: their recall is NaN, null in the JSON
-                   if "history_examples" in r else
-                   "Where the eval clicks are new items of the moment (a time split) rather than repeats, what the "
-                   "query tower learns from a user's history does not beat what is popular now."))
+    if not (name in retrieval):
+        return None
+    r = retrieval[name]
+    t = r["two_tower"]
+    logged = "history_cooccurrence" in r  # the config's query tower reads a logged history
+    return (f"two towers reach recall@10 {t['recall_at_10_mean']:.4f} ± {t['recall_at_10_sd']:.4f}, popularity "
+            f"{r['most_popular']['recall_at_10']:.4f} and co-occurrence {r['cooccurrence']['recall_at_10']:.4f} "
+            + (f"(over the row's logged history {r['history_cooccurrence']['recall_at_10']:.4f}) "
+               if logged else "")
+            + f"on the same {r['examples']:,} eval clicks; on the {r['new_examples']:,} clicks of candidates new "
+            f"to the user, {t['new_recall_at_10_mean']:.4f} against {r['most_popular']['new_recall_at_10']:.4f}. "
+            + (f"Only {r['history_examples']:,} of the {r['examples']:,} eval clicks come from users who clicked "
+               f"anything before the eval split; the rest are users new to the model, whom the query tower knows "
+               f"by their attributes{' and logged history' if logged else ' alone'}."
+               + (f" On the users with history, two towers reach "
+                  f"{t['history_recall_at_10_mean']:.4f} ± {t['history_recall_at_10_sd']:.4f} against "
+                  f"popularity's {r['most_popular']['history_recall_at_10']:.4f} and co-occurrence's "
+                  f"{r['cooccurrence']['history_recall_at_10']:.4f}."
+                  if r["history_examples"] else "")  # none: their recall is NaN, null in the JSON
+               if "history_examples" in r else
+               "Where the eval clicks are new items of the moment (a time split) rather than repeats, what the "
+               "query tower learns from a user's history does not beat what is popular now."))
+
+
+def _export_bytes(key: str, found: dict) -> Optional[str]:
+    """export_*_bytes_vs_fp32: what the weight dtype shrinks and what it cannot."""
     logs = found.get("export", {}).get("logs", {})
-    if key.startswith("export_") and key.endswith("_bytes_vs_fp32") and logs:
-        option = "int8" if "int8" in key else "bfloat16"
-        parts = []
-        for name, r in logs.items():
-            f, o = r["float32"], r[option]
-            rest_f, rest_o = (f["bytes"] - f["weight_bytes"]) / 1e6, (o["bytes"] - o["weight_bytes"]) / 1e6
-            parts.append(f"{name}: {f['bytes'] / 1e6:.2f} → {o['bytes'] / 1e6:.2f} MB, of which the weights "
-                         f"{f['weight_bytes'] / 1e6:.2f} → {o['weight_bytes'] / 1e6:.2f} MB "
-                         f"({o['weight_bytes'] / f['weight_bytes']:.2f}×) and the rest (graph, vocabularies) "
-                         f"{rest_f:.2f} → {rest_o:.2f} MB")
-        return ("the weights shrink as stored (int8: 1 byte per value + a one-byte power-of-two scale per row, "
-                "17/64 of float32 for 16-wide rows; bfloat16: half), but these models are small and the SavedModel's "
-                "graph and vocabulary constants, which no weight dtype shrinks, are a large share of the folder: "
-                + "; ".join(parts) + ". The share falls as tables grow.")
+    if not (key.startswith("export_") and key.endswith("_bytes_vs_fp32") and logs):
+        return None
+    option = "int8" if "int8" in key else "bfloat16"
+    parts = []
+    for name, r in logs.items():
+        f, o = r["float32"], r[option]
+        rest_f, rest_o = (f["bytes"] - f["weight_bytes"]) / 1e6, (o["bytes"] - o["weight_bytes"]) / 1e6
+        parts.append(f"{name}: {f['bytes'] / 1e6:.2f} → {o['bytes'] / 1e6:.2f} MB, of which the weights "
+                     f"{f['weight_bytes'] / 1e6:.2f} → {o['weight_bytes'] / 1e6:.2f} MB "
+                     f"({o['weight_bytes'] / f['weight_bytes']:.2f}×) and the rest (graph, vocabularies) "
+                     f"{rest_f:.2f} → {rest_o:.2f} MB")
+    return ("the weights shrink as stored (int8: 1 byte per value + a one-byte power-of-two scale per row, "
+            "17/64 of float32 for 16-wide rows; bfloat16: half), but these models are small and the SavedModel's "
+            "graph and vocabulary constants, which no weight dtype shrinks, are a large share of the folder: "
+            + "; ".join(parts) + ". The share falls as tables grow.")
+
+
+def _lifecycle_gap(key: str, found: dict) -> Optional[str]:
+    """lifecycle_auc_gap_vs_no_drift: the per-day gaps, their noise, and the runs that tell causes apart."""
     life = found.get("lifecycle", {}).get("runs", {})
-    if key == "lifecycle_auc_gap_vs_no_drift" and life:
-        gaps = _per_day(life["drift_evict"], life["stable_evict"])
-        text = "per day, drifting − drift-free eval AUC: " + _signed(gaps) + ". "
-        if all("auc_se" in d for d in life["drift_evict"] + life["stable_evict"]):
-            se = [(a["auc_se"] ** 2 + b["auc_se"] ** 2) ** 0.5
-                  for a, b in zip(life["stable_evict"], life["drift_evict"])]
-            noise = max(abs(g) / x for g, x in zip(gaps, se))
-            text += (f"Each day's AUC is measured on about {life['drift_evict'][-1]['eval_examples']:,} eval rows, so "
-                     f"the difference of two runs' AUCs has a standard error (Hanley & McNeil) of "
-                     + ", ".join(f"{x:.4f}" for x in se) + " per day: a 0.01 band is about "
-                     f"{0.01 / max(se):.1f} of those, and the largest gap {noise:.1f} of its day's"
-                     + (", within measurement noise. " if noise < 2 else ": more than measurement noise. "))
-        if "drift_no_evict" in life:
-            keep = _per_day(life["drift_evict"], life["drift_no_evict"])
-            text += ("The same DAG without eviction on the same drifting log differs from the evicting one by "
-                     + _signed(keep) + ": eviction and slot reuse cost nothing measurable. ")
-        if all("oracle_auc" in d for d in life["drift_evict"] + life["stable_evict"]):
-            drift, stable = life["drift_evict"], life["stable_evict"]
-            truth = _per_day(drift, stable, "oracle_auc")
-            text += ("The hidden model itself, scoring the same eval rows with the probabilities their labels were "
-                     "drawn with, differs between the two logs by " + _signed(truth)
-                     + " per day, so the runs' gap beyond the logs' own difference is "
-                     + _signed(g - t for g, t in zip(gaps, truth))
-                     + " (lifecycle_auc_gap_beyond_oracle). ")
-        if "drift_hashed" in life:
-            free = _per_day(life["drift_evict"], life["drift_hashed"])
-            text += ("The drifting log with no lifecycle at all (item table hashed: every item has a row from its "
-                     "first click, nothing admitted or evicted) differs from the evicting run by "
-                     + _signed(free) + " (lifecycle_auc_gap_vs_no_lifecycle)")
-            if max(map(abs, free)) <= max(map(abs, gaps)) / 2:
-                text += (", so most of the gap to the drift-free log is the drifting log's own, which any model of "
-                         "it pays: each day's model meets items it has little or no history of, where the "
-                         "drift-free run has seen the same items every day. The hidden model, knowing every "
-                         "item's weights, does not pay it. ")
-            else:
-                text += f": the lifecycle itself costs up to {max(map(abs, free)):.4f}. "
-        if "drift_evict_lifelong" in life and "stable_evict_lifelong" in life:
-            settings = found["lifecycle"]["settings"]
-            lifelong = _per_day(life["drift_evict_lifelong"], life["stable_evict_lifelong"])
-            text += ("In this drifting log the items that stop each day are its most clicked (Zipf-ranked from the "
-                     "window's start). On a second pair of logs whose items keep one popularity from their first "
-                     "day to their last, so that the items that stop take a random share of the clicks, the same "
-                     "two runs differ by " + _signed(lifelong) + " per day (lifecycle_auc_gap_vs_no_drift_lifelong)")
-            if max(map(abs, lifelong)) >= max(map(abs, gaps)) / 2:
-                text += (f": about as much, so the gap comes with the churn itself (every item lives "
-                         f"{settings['items_per_day'] / settings['item_drift']:.0f} days), not with which items stop.")
-            else:
-                text += ": which items stop matters more than how many."
-        return text.strip()
+    if not (key == "lifecycle_auc_gap_vs_no_drift" and life):
+        return None
+    gaps = _per_day(life["drift_evict"], life["stable_evict"])
+    text = "per day, drifting − drift-free eval AUC: " + _signed(gaps) + ". "
+    if all("auc_se" in d for d in life["drift_evict"] + life["stable_evict"]):
+        se = [(a["auc_se"] ** 2 + b["auc_se"] ** 2) ** 0.5
+              for a, b in zip(life["stable_evict"], life["drift_evict"])]
+        noise = max(abs(g) / x for g, x in zip(gaps, se))
+        text += (f"Each day's AUC is measured on about {life['drift_evict'][-1]['eval_examples']:,} eval rows, so "
+                 f"the difference of two runs' AUCs has a standard error (Hanley & McNeil) of "
+                 + ", ".join(f"{x:.4f}" for x in se) + " per day: a 0.01 band is about "
+                 f"{0.01 / max(se):.1f} of those, and the largest gap {noise:.1f} of its day's"
+                 + (", within measurement noise. " if noise < 2 else ": more than measurement noise. "))
+    if "drift_no_evict" in life:
+        keep = _per_day(life["drift_evict"], life["drift_no_evict"])
+        text += ("The same DAG without eviction on the same drifting log differs from the evicting one by "
+                 + _signed(keep) + ": eviction and slot reuse cost nothing measurable. ")
+    if all("oracle_auc" in d for d in life["drift_evict"] + life["stable_evict"]):
+        drift, stable = life["drift_evict"], life["stable_evict"]
+        truth = _per_day(drift, stable, "oracle_auc")
+        text += ("The hidden model itself, scoring the same eval rows with the probabilities their labels were "
+                 "drawn with, differs between the two logs by " + _signed(truth)
+                 + " per day, so the runs' gap beyond the logs' own difference is "
+                 + _signed(g - t for g, t in zip(gaps, truth))
+                 + " (lifecycle_auc_gap_beyond_oracle). ")
+    if "drift_hashed" in life:
+        free = _per_day(life["drift_evict"], life["drift_hashed"])
+        text += ("The drifting log with no lifecycle at all (item table hashed: every item has a row from its "
+                 "first click, nothing admitted or evicted) differs from the evicting run by "
+                 + _signed(free) + " (lifecycle_auc_gap_vs_no_lifecycle)")
+        if max(map(abs, free)) <= max(map(abs, gaps)) / 2:
+            text += (", so most of the gap to the drift-free log is the drifting log's own, which any model of "
+                     "it pays: each day's model meets items it has little or no history of, where the "
+                     "drift-free run has seen the same items every day. The hidden model, knowing every "
+                     "item's weights, does not pay it. ")
+        else:
+            text += f": the lifecycle itself costs up to {max(map(abs, free)):.4f}. "
+    if "drift_evict_lifelong" in life and "stable_evict_lifelong" in life:
+        settings = found["lifecycle"]["settings"]
+        lifelong = _per_day(life["drift_evict_lifelong"], life["stable_evict_lifelong"])
+        text += ("In this drifting log the items that stop each day are its most clicked (Zipf-ranked from the "
+                 "window's start). On a second pair of logs whose items keep one popularity from their first "
+                 "day to their last, so that the items that stop take a random share of the clicks, the same "
+                 "two runs differ by " + _signed(lifelong) + " per day (lifecycle_auc_gap_vs_no_drift_lifelong)")
+        if max(map(abs, lifelong)) >= max(map(abs, gaps)) / 2:
+            text += (f": about as much, so the gap comes with the churn itself (every item lives "
+                     f"{settings['items_per_day'] / settings['item_drift']:.0f} days), not with which items stop.")
+        else:
+            text += ": which items stop matters more than how many."
+    return text.strip()
+
+
+def _serve_p99(key: str, found: dict) -> Optional[str]:
+    """serve_p99_ms_c8: where a request's time goes."""
     serve = found.get("serve", {})
-    if key == "serve_p99_ms_c8" and serve.get("batching_on", {}).get("8", {}).get("breakdown_ms"):
-        b, inproc = serve["batching_on"]["8"]["breakdown_ms"], serve["in_process"]["8"]
-        return (f"at concurrency 8 with batching, a request's mean {b['client']:.1f} ms is transport "
-                f"{b['transport']:.1f} ms (HTTP on both sides, the server's event loop, the load generator's threads) "
-                f"and {b['server']:.1f} ms in the server: model call {b['model']:.1f}, waiting for a batch "
-                f"{b['queue']:.1f}, "
-                f"thread handoff {b['handoff']:.1f}, JSON parse {b['parse']:.2f}, validation {b['validate']:.2f}. "
-                f"The server, its Python threads and the load generator share 2 cores: the same SavedModel called "
-                f"in-process by 8 threads has a p99 of {inproc['p99_ms']:.1f} ms on this machine today.")
-    if key == "serve_qps_vs_inprocess" and serve.get("batching_on", {}).get("8", {}).get("breakdown_ms"):
-        b, on, off = serve["batching_on"]["8"]["breakdown_ms"], serve["batching_on"]["8"], serve["batching_off"]["8"]
-        inproc = serve["in_process"]["8"]
-        return (f"at concurrency 8 the server answers {on['qps']:,.0f} QPS with batching ({off['qps']:,.0f} without) "
-                f"where 8 threads calling the signature in-process with ready-made tensors reach {inproc['qps']:,.0f}. "
-                f"Per request the server adds what the in-process call skips: HTTP and the event loop's turns "
-                f"(transport {b['transport']:.1f} ms, shared with the load generator's threads), JSON parse "
-                f"{b['parse']:.2f}, validation {b['validate']:.2f}, building the input tensors, the batch wait "
-                f"{b['queue']:.1f} and "
-                f"the thread handoff {b['handoff']:.1f} ms, all Python on the same 2 cores as the model: the "
-                f"cheaper the model call, the larger that fixed share.")
-    if key == "train_real_vs_synthetic_input" and "real_fp32" in runs:
-        return ("parsing and re-batching the shards runs on the same 2 cores as the training step, so the real "
-                "input path takes CPU time the synthetic in-memory batch does not.")
+    if not (key == "serve_p99_ms_c8" and serve.get("batching_on", {}).get("8", {}).get("breakdown_ms")):
+        return None
+    b, inproc = serve["batching_on"]["8"]["breakdown_ms"], serve["in_process"]["8"]
+    return (f"at concurrency 8 with batching, a request's mean {b['client']:.1f} ms is transport "
+            f"{b['transport']:.1f} ms (HTTP on both sides, the server's event loop, the load generator's threads) "
+            f"and {b['server']:.1f} ms in the server: model call {b['model']:.1f}, waiting for a batch "
+            f"{b['queue']:.1f}, "
+            f"thread handoff {b['handoff']:.1f}, JSON parse {b['parse']:.2f}, validation {b['validate']:.2f}. "
+            f"The server, its Python threads and the load generator share 2 cores: the same SavedModel called "
+            f"in-process by 8 threads has a p99 of {inproc['p99_ms']:.1f} ms on this machine today.")
+
+
+def _serve_qps(key: str, found: dict) -> Optional[str]:
+    """serve_qps_vs_inprocess: what the server adds to an in-process call."""
+    serve = found.get("serve", {})
+    if not (key == "serve_qps_vs_inprocess" and serve.get("batching_on", {}).get("8", {}).get("breakdown_ms")):
+        return None
+    b, on, off = serve["batching_on"]["8"]["breakdown_ms"], serve["batching_on"]["8"], serve["batching_off"]["8"]
+    inproc = serve["in_process"]["8"]
+    return (f"at concurrency 8 the server answers {on['qps']:,.0f} QPS with batching ({off['qps']:,.0f} without) "
+            f"where 8 threads calling the signature in-process with ready-made tensors reach {inproc['qps']:,.0f}. "
+            f"Per request the server adds what the in-process call skips: HTTP and the event loop's turns "
+            f"(transport {b['transport']:.1f} ms, shared with the load generator's threads), JSON parse "
+            f"{b['parse']:.2f}, validation {b['validate']:.2f}, building the input tensors, the batch wait "
+            f"{b['queue']:.1f} and "
+            f"the thread handoff {b['handoff']:.1f} ms, all Python on the same 2 cores as the model: the "
+            f"cheaper the model call, the larger that fixed share.")
+
+
+def _real_vs_synthetic(key: str, found: dict) -> Optional[str]:
+    """train_real_vs_synthetic_input: the input path shares the cores."""
+    if key != "train_real_vs_synthetic_input" or "real_fp32" not in found.get("train", {}).get("runs", {}):
+        return None
+    return ("parsing and re-batching the shards runs on the same 2 cores as the training step, so the real "
+            "input path takes CPU time the synthetic in-memory batch does not.")
+
+
+# Each explains the keys it knows from what the same run measured, or returns None.
+_EXPLANATIONS = (_horovod_vs_plain, _horovod_scaling, _ps_vs_local, _bf16_vs_fp32, _vs_tfrs_fit, _cluster_prediction,
+                 _beam_vs_duckdb, _quality_margin, _retrieval_vs_popularity, _export_bytes, _lifecycle_gap, _serve_p99,
+                 _serve_qps, _real_vs_synthetic)
+
+
+def _why(key: str, found: dict) -> str:
+    """Why a target is missed on this machine, from what the same run measured."""
+    for explain in _EXPLANATIONS:
+        text = explain(key, found)
+        if text is not None:
+            return text
     return "see the suite report."
 
 

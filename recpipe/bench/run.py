@@ -29,7 +29,7 @@ from recpipe.bench.serve import run_serve_bench
 from recpipe.bench.targets import SUITES
 from recpipe.bench.train import TrainBenchOptions, bench_train
 from recpipe.bench.train import markdown as train_markdown
-from recpipe.netns import netns_available
+from recpipe.bench.netns import netns_available
 from recpipe.samples import find_criteo_sample, repo_configs
 
 __all__ = ["BenchOptions", "run_bench", "suites_of"]

@@ -6,7 +6,7 @@ Inputs (all measured here, except the network bandwidth, which is stated):
   - dense parameter bytes (allreduced, or pulled and pushed through the PS, every step);
   - embedding rows a step touches, per table, with ID dedup (unique IDs) and without (every
     occurrence), read from a real batch of the shards; times the row width;
-  - the per-step traffic formulas of trainers.advisor.step_times (ring allreduce 2(N-1)/N x dense
+  - the per-step traffic formulas of recpipe.trainers.advisor.step_times (ring allreduce 2(N-1)/N x dense
     bytes and the tables train.sparse_gradients densifies at N + allgather of (N-1) ranks' rows of
     the other tables; PS pull + push of dense + touched rows, the
     PS links shared by N workers over M = max(2, N/4) PS tasks); no overlap of compute and traffic.
@@ -20,11 +20,11 @@ import threading
 import time
 from typing import Callable
 
-from features.config import Config, load_config
-from features.preprocessed import PreprocessedData
-from trainers.advisor import Traffic, step_times, traffic
-from trainers.data import make_dataset
-from trainers.models import build_model, dummy_batch
+from recpipe.features.config import Config, load_config
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.trainers.advisor import Traffic, step_times, traffic
+from recpipe.trainers.data import make_dataset
+from recpipe.trainers.models import build_model, dummy_batch
 
 __all__ = ["scale_out_report", "loopback_gbps", "traffic_inputs"]
 

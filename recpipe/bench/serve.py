@@ -7,7 +7,7 @@ in-process calls (repetition by repetition), so ratios between modes compare run
 same machine load. Server and load share this machine's cores.
 
 Where the time goes: around each server level the bench scrapes the server's own Prometheus metrics
-(`recpipe_stage_seconds`, serving.metrics) and reports the mean milliseconds per request of each
+(`recpipe_stage_seconds`, recpipe.serving.server.metrics) and reports the mean milliseconds per request of each
 stage (read, parse, validate, queue, model, handoff, respond), the server's whole request time, and
 the rest of what the client measured (`transport`: HTTP on both sides, the server's event loop
 between requests, the client's own threads).
@@ -27,19 +27,19 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
-from features.config import load_config
-from pipeline.preprocess import run_preprocess
-from pipeline.synthetic import GenerateSpec, generate_log
+from recpipe.features.config import load_config
+from recpipe.pipeline.preprocess import run_preprocess
+from recpipe.pipeline.synthetic import GenerateSpec, generate_log
 from recpipe.bench.common import summary
 from recpipe.bench.targets import TARGETS
 from recpipe.localserver import free_ports, rest_rows, start_server, stop_server, wait_healthy
-from serving.export import export_model
-from serving.metrics import STAGES
-from serving.registry import load_version
-from serving.rest import parse_predict_body
-from serving.version import ExportBase
-from trainers.options import RunOptions, TrainOptions
-from trainers.train import train
+from recpipe.serving.export.savedmodel import export_model
+from recpipe.serving.server.metrics import STAGES
+from recpipe.serving.server.registry import load_version
+from recpipe.serving.server.rest import parse_predict_body
+from recpipe.serving.version import ExportBase
+from recpipe.trainers.options import RunOptions, TrainOptions
+from recpipe.trainers.train import train
 
 __all__ = ["bench_serve", "run_serve_bench", "markdown", "scrape_stages", "breakdown"]
 

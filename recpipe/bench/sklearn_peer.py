@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from features.canonical import LABEL_KEY
-from features.config import Config
-from features.metrics import log_loss, roc_auc
-from features.preprocessed import PreprocessedData
-from trainers.data import make_dataset
+from recpipe.features.canonical import LABEL_KEY
+from recpipe.features.config import Config
+from recpipe.common.metrics import log_loss, roc_auc
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.trainers.data import make_dataset
 
 __all__ = ["design_matrix", "sklearn_logistic"]
 

@@ -1,4 +1,4 @@
-"""Where one training step of a ranking config goes (issue 16: the roofline), and how far any implementation
+"""Where one training step of a ranking config goes (the roofline), and how far any implementation
 of the model could lead the TFRS-tutorial peer, measured in one process on fixed in-memory batches (no input
 pipeline):
   - the compiled train step of the model, of the same model without its cross layers, and without cross and
@@ -27,12 +27,12 @@ from typing import Callable
 import tensorflow as tf
 import yaml
 
-from features.config import Config, parse_config
-from features.preprocessed import PreprocessedData
+from recpipe.features.config import Config, parse_config
+from recpipe.features.preprocessed import PreprocessedData
 from recpipe.bench.tfrs_peer import TutorialDCN, check_supported
-from trainers.data import make_dataset
-from trainers.models import build_model
-from trainers.optim import optimizer_for
+from recpipe.trainers.data import make_dataset
+from recpipe.trainers.models import build_model
+from recpipe.trainers.optim import optimizer_for
 
 __all__ = ["step_parts"]
 

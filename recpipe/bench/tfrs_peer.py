@@ -1,4 +1,4 @@
-"""The peer of `train_vs_tfrs_fit` (issue 16): the same DCN-v2 trained the way the TFRS tutorials do it.
+"""The peer of `train_vs_tfrs_fit`: the same DCN-v2 trained the way the TFRS tutorials do it.
 
 A user who skips recpipe writes a `tfrs.Model` with one `tf.keras.layers.Embedding` per table,
 `tfrs.layers.dcn.Cross` layers and a Dense tower, loads the data into memory
@@ -22,12 +22,12 @@ import time
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
-from features.canonical import LABEL_KEY
-from features.config import Config, embedding_dim, load_config
-from features.preprocessed import PreprocessedData
-from trainers.data import make_dataset
-from trainers.optim import optimizer_for, precision_policy
-from trainers.scoring import ranking_scores
+from recpipe.features.canonical import LABEL_KEY
+from recpipe.features.config import Config, embedding_dim, load_config
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.trainers.data import make_dataset
+from recpipe.trainers.optim import optimizer_for, precision_policy
+from recpipe.trainers.evaluation.scoring import ranking_scores
 
 __all__ = ["SecondHalfTimer", "TutorialDCN", "check_supported", "in_memory", "run_peer"]
 

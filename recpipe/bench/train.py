@@ -1,4 +1,4 @@
-"""Training benchmarks (issue 4), every ratio against a baseline measured in the same run.
+"""Training benchmarks, every ratio against a baseline measured in the same run.
 
 Each measurement is a fresh `recpipe train` process (figures: steady ex/s after the first
 checkpoint interval, from train_state.json; peak RSS of the process), repeated `reps` times:
@@ -28,8 +28,8 @@ from typing import Callable, Optional
 
 import yaml
 
-from features.config import load_config
-from features.preprocessed import PreprocessedData
+from recpipe.features.config import load_config
+from recpipe.features.preprocessed import PreprocessedData
 from recpipe.bench.common import generate_once, preprocess_once, summary
 from recpipe.bench.flops import dense_flops_per_example
 from recpipe.bench.quality import criteo_quality

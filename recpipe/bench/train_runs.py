@@ -15,7 +15,7 @@ from typing import Callable, Optional
 import yaml
 
 from recpipe.bench.common import CLI, evaluate_model, run_measured, summary
-from trainers.model_dir import ModelDir
+from recpipe.trainers.model_dir import ModelDir
 
 __all__ = ["TrainRuns"]
 
@@ -109,7 +109,7 @@ class TrainRuns:
                           cycle_time_ms: Optional[float] = None) -> None:
         """Queue the plain-Horovod peer (Horovod's Keras example way, dense gradients) at np ranks, with
         Horovod's own cycle time unless `cycle_time_ms` is given (horovodrun --cycle-time-ms)."""
-        from trainers.hvd_launch import horovodrun
+        from recpipe.trainers.strategies.hvd_launch import horovodrun
         cycle = [] if cycle_time_ms is None else ["--cycle-time-ms", f"{cycle_time_ms:g}"]
         cmd = [horovodrun(), "-np", str(np), "-H", f"localhost:{np}", "--gloo", *cycle, sys.executable, "-m",
                "recpipe.bench.horovod_peer", data, cfg_path, str(steps)]

@@ -1,0 +1,342 @@
+"""The feature spec's schema: the typed dataclasses a project YAML becomes (see recpipe.features.config to
+load one). Each field's annotation is its type; recpipe.features.config_checks holds the checks across fields."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from recpipe.common.errors import ConfigError
+
+__all__ = [
+    "ConfigError", "VocabSpec", "SparseFeature", "DenseFeature", "FeaturesSpec", "InputSpec", "SplitSpec",
+    "LabelSpec", "ModelSpec", "TuningSpec", "EarlyStoppingSpec", "TrainSpec", "TuneParam", "TuneSpec", "SliceSpec",
+    "EvaluateSpec", "FeatureLimits", "PreprocessSpec", "Config", "DEFAULT_EMBEDDING_DIM", "embedding_dim",
+]
+
+DEFAULT_EMBEDDING_DIM = 16
+
+
+@dataclass(frozen=True)
+class VocabSpec:
+    min_count: int = 1              # admission: a new value needs this many train rows ...
+    max_size: Optional[int] = None  # slots (IDs) in all; kept values win, new ones by count (recpipe.pipeline.lifecycle)
+    oov_buckets: int = 1
+    window_days: int = 1            # ... over the last window_days days (runs with --previous-transform)
+    evict_unseen_days: Optional[int] = None  # a value not seen for this many days frees its slot
+
+
+@dataclass(frozen=True)
+class SparseFeature:
+    name: str
+    column: Optional[str] = None
+    # instead of a column: a hashed cross of these single-valued sparse features' values (as TF's
+    # crossed_column), computed in the one transform; needs hash_buckets
+    cross: Optional[list[str]] = None
+    vocab: Optional[VocabSpec] = None
+    hash_buckets: Optional[int] = None
+    embedding_dim: Optional[int] = None
+    multivalent: bool = False
+    separator: Optional[str] = None
+    combiner: Literal["mean", "sum"] = "mean"
+    share_embedding_with: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class DenseFeature:
+    name: str
+    column: str
+    transform: Literal["zscore", "log_zscore", "bucketize"] = "zscore"
+    fill: float = 0.0
+    num_buckets: int = 10
+    # a finite value beyond float32's range (e.g. 1e39): dead-letter its row, or clip it to the range
+    out_of_range: Literal["dead_letter", "clip"] = "dead_letter"
+
+
+@dataclass(frozen=True)
+class FeaturesSpec:
+    sparse: list[SparseFeature] = field(default_factory=list)
+    dense: list[DenseFeature] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    timestamp: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    """by: time (the default): rows by time (timestamp, else row order): the last eval_fraction are
+    eval, touched once at the end; of the rows before them, the last validation_fraction are validation
+    (early stopping, model selection, `recpipe tune`); the rest are train.
+    by: user (leave-last-out, how retrieval is usually judged): each user's rows with the last value of
+    `order` (a column, else input.timestamp), e.g. their last basket, are eval, if the user has an earlier
+    one; with validation_fraction > 0, the value before it is validation (users with 3+ values); the rest
+    is train (eval_fraction is not used). Vocabularies and statistics come from train only."""
+    eval_fraction: float = 0.1
+    validation_fraction: float = 0.0
+    by: Literal["time", "user"] = "time"
+    user: Optional[str] = None    # by: user: the column naming the user
+    order: Optional[str] = None   # by: user: the column ordering a user's rows (default: input.timestamp)
+    on_empty: Literal["fail", "warn"] = "fail"  # an empty train, validation or eval split fails the preprocess run
+
+
+@dataclass(frozen=True)
+class LabelSpec:
+    column: str = "label"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    task: Literal["ranking", "retrieval"] = "ranking"
+    type: Literal["dcn_v2", "dlrm", "logistic", "two_tower"] = "dcn_v2"  # logistic: the baseline
+    cross_layers: int = 2
+    low_rank: Optional[int] = None
+    deep_layers: list[int] = field(default_factory=lambda: [256, 128])
+    bottom_layers: list[int] = field(default_factory=lambda: [64])
+    query_features: list[str] = field(default_factory=list)       # retrieval: the query tower's inputs
+    # retrieval: sparse features; the first is the candidate's ID (single-valued), the others its attributes
+    # (multivalent ones too, e.g. genres), taken from the candidate's first row when candidates are enumerated
+    candidate_features: list[str] = field(default_factory=list)
+    tower_layers: list[int] = field(default_factory=lambda: [64, 32])
+    # retrieval: the single-valued sparse feature naming the user, whose earlier clicks evaluation uses
+    # ("already seen", co-occurrence, users with history); it need not be a tower input. Default: the
+    # first query feature, when it is a single-valued sparse feature
+    query_key: Optional[str] = None
+    # ranking: add a wide (linear) logit to DCN-v2/DLRM's (one weight per ID + a linear term on the dense
+    # features, as in Wide & Deep): the memorisation small logs reward
+    wide: bool = False
+    dropout: float = 0.0                                          # after each deep layer, while training
+    # retrieval: the in-batch softmax's temperature (logits / T), and logQ correction: subtract log of each
+    # in-batch candidate's sampling probability (its train frequency, from the vocabulary counts the Beam
+    # job keeps), so popular items are not over-penalised as negatives (Yi et al., RecSys 2019)
+    temperature: Optional[float] = None
+    logq_correction: bool = False
+    # retrieval: mixed negatives: this many candidate IDs drawn uniformly each step, beside the in-batch ones
+    # (needs a single candidate feature: drawn IDs have no attribute rows)
+    uniform_negatives: int = 0
+    # retrieval: do not score a row's candidate as a negative of another row with the same candidate ID
+    # (TFRS's remove_accidental_hits)
+    remove_accidental_hits: bool = False
+
+
+@dataclass(frozen=True)
+class TuningSpec:
+    """Memory/throughput knobs of the trainer. Each one is benchmarked by `recpipe bench train`
+    (bench/results/train.md); the defaults are the measured best on this kind of 2-core CPU box."""
+    dedup_ids: bool = True             # unique-then-gather: one lookup (and one gradient row) per distinct ID
+    grad_accum_steps: int = 1          # k micro-batches per batch, one optimizer step (less activation memory)
+    steps_per_execution: int = 1       # Keras: steps run per dispatched function (PS: per remote call)
+    jit_dense: bool = False            # XLA-compile the dense part (cross/deep/top MLP) of ranking models
+    data_ram_budget_mb: int = 0        # tf.data autotune RAM budget (0: tf.data's default, half of RAM)
+    prefetch_batches: int = 0          # prefetch buffer in batches (0: AUTOTUNE)
+    intra_op_threads: int = 0          # TensorFlow thread pools (0: TensorFlow's default = cores)
+    inter_op_threads: int = 0
+    # LD_PRELOADed by `recpipe train`; auto: tcmalloc when installed, else system
+    allocator: Literal["auto", "system", "tcmalloc", "jemalloc"] = "auto"
+
+
+@dataclass(frozen=True)
+class EarlyStoppingSpec:
+    """Model selection on the validation split (split.validation_fraction > 0): each checkpoint is
+    scored on it, the best one is kept and is what evaluate, export and warm start use; with
+    patience > 0, training stops after that many checkpoints without improvement."""
+    metric: Literal["auto", "auc", "logloss", "recall_at_10", "ndcg_at_10"] = "auto"  # auto: auc / recall_at_10
+    patience: int = 0
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    batch_size: int = 1024
+    learning_rate: float = 0.05
+    optimizer: Literal["adagrad", "adam", "sgd"] = "adagrad"
+    steps: int = 2000
+    checkpoint_every: int = 500
+    seed: int = 42
+    # Horovod embedding gradients: per table (auto: densified and allreduced where that puts no more
+    # bytes on a rank's link than allgathering its rows + IDs, recpipe.trainers.advisor.allreduces_table, else
+    # allgathered), or every table allgathered / densified.
+    # Measured np=2, 1 thread each, 3 round-robin runs on the synthetic default: auto 24.0k, dense 23.4k,
+    # allgather 21.9k ex/s; allgather vs dense with a 1M-row table 10.8k vs 6.7k.
+    sparse_gradients: Literal["auto", "allgather", "dense"] = "auto"
+    # Horovod: a step's gradients exchanged in this many grouped collectives (dense ones in one grouped
+    # allreduce, embedding rows in one grouped allgather per group), or one collective per tensor (0,
+    # Horovod's default). Measured np=2, 1 thread each, 3 round-robin runs: 21.3k vs 20.2k ex/s.
+    gradient_groups: int = 1
+    # Horovod: how often each rank's background thread wakes to agree with the others on what is ready
+    # (HOROVOD_CYCLE_TIME; Horovod's default is 1 ms, and the environment variable, if set, wins). Every
+    # wake-up is a round of messages between the ranks, whether or not anything is ready, and on a box
+    # whose cores the ranks' compute threads already fill those rounds cost more than the latency a longer
+    # cycle adds. Measured np=2, 1 thread each, 3 round-robin runs of 300 steps: +22 % over 1 ms on an AVX2
+    # host, the same as 1 ms on an AVX512-BF16 one (README, "Horovod"; bench/results/train.md).
+    horovod_cycle_time_ms: float = 5.0
+    # L2 on the embedding rows a batch looks up (mean over the batch of each feature's squared norm): the
+    # regularisation sparse tables need, as rows of rare IDs are updated rarely (not weight decay on the table)
+    embedding_l2: float = 0.0
+    early_stopping: EarlyStoppingSpec = field(default_factory=EarlyStoppingSpec)
+    tuning: TuningSpec = field(default_factory=TuningSpec)
+
+
+@dataclass(frozen=True)
+class TuneParam:
+    """One dimension of `recpipe tune`'s search: `key` is a dotted config path (e.g. model.dropout,
+    train.embedding_l2); a float or int range [low, high] (log: sampled on a log scale), or choices."""
+    key: str
+    low: Optional[float] = None
+    high: Optional[float] = None
+    log: bool = False
+    integer: bool = False
+    choices: Optional[list[Any]] = None
+
+
+@dataclass(frozen=True)
+class TuneSpec:
+    trials: int = 20
+    seed: int = 0
+    params: list[TuneParam] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """A slice of `recpipe evaluate`'s metrics: by each value of a single-valued sparse feature (its `top`
+    most frequent in the split, the rest "other"), or by the value's train activity (how often it occurs in
+    train, in power-of-two buckets; needs a vocab), e.g. per user-activity bucket."""
+    feature: str
+    by: Literal["value", "activity"] = "value"
+    top: int = 10
+
+
+@dataclass(frozen=True)
+class EvaluateSpec:
+    slices: list[SliceSpec] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FeatureLimits:
+    """preprocess.features[]: one feature's own anomaly limits in place of the run's (as TFX's schema gives
+    each feature its own skew and drift thresholds): a feature known to be filled unevenly, or to move, or
+    to be that predictive, is not named for it while the others still are."""
+    feature: str
+    max_presence_change: Optional[float] = None  # None: preprocess.max_presence_change
+    max_mean_shift: Optional[float] = None       # dense features only; None: preprocess.max_mean_shift
+    leak_check: bool = True                      # false: not named for ordering the rows by label alone
+
+
+@dataclass(frozen=True)
+class PreprocessSpec:
+    # anomalies (recpipe.pipeline.anomalies): a feature the train split gives nothing to learn from (no value in any
+    # train row, or a dense one of one value), that the eval split lacks, or whose splits disagree beyond the
+    # limits below (with the previous day's run too); a ranking split of one label; a file whose timestamps
+    # are in another unit; more rows dead-lettered than the limit below: a warning naming each (warn), or the
+    # preprocess run fails (fail)
+    on_anomaly: Literal["warn", "fail"] = "warn"
+    # the share of rows holding a value may move this much (absolute, 0-1) from the train split to the
+    # validation or eval split, or from the previous day's train split to this one's
+    max_presence_change: float = 0.25
+    # a dense feature's validation/eval rows (or a day's train rows against the previous day's) may average
+    # this many train standard deviations away, in the units the model normalises it with
+    max_mean_shift: float = 1.0
+    # more than this share of the rows read dead-lettered says something upstream broke
+    max_dead_letter_fraction: float = 0.05
+    # more than this share of the rows read repeating an earlier row in every column read (recpipe.pipeline.repeats)
+    # says rows were written twice upstream or a join fanned out; a file whose every row repeats earlier
+    # rows is named whatever its share. 1 turns the check off (the job then hashes no rows)
+    max_repeated_row_fraction: float = 0.01
+    # a day's run (--previous-transform) reads, per dt= partition day, at least this share of the rows the
+    # previous run read per day (fewer: a partition only partly written, rows dropped upstream) and at most
+    # this many times them (more: rows in two files, a re-run's output beside the first run's); TFX's
+    # num_examples drift comparator. 0 and a large max turn them off.
+    min_rows_vs_previous: float = 0.5
+    max_rows_vs_previous: float = 1.75
+    # per-feature limits in place of the two above, and the label-leak check turned off for a feature
+    features: list[FeatureLimits] = field(default_factory=list)
+
+    def limit(self, feature: str, key: str) -> tuple[float, str]:
+        """(max_presence_change or max_mean_shift for `feature`, the config key it comes from)."""
+        for i, own in enumerate(self.features):
+            if own.feature == feature and getattr(own, key) is not None:
+                return getattr(own, key), f"preprocess.features[{i}].{key}"
+        return getattr(self, key), f"preprocess.{key}"
+
+    def leak_checked(self, feature: str) -> bool:
+        return all(own.leak_check for own in self.features if own.feature == feature)
+
+
+@dataclass(frozen=True)
+class Config:
+    """A project's feature spec: one YAML file, typed and validated (build one with
+    recpipe.features.config.load_config or parse_config, which check the fields against each other).
+
+    Attributes:
+        name: the project's name.
+        features: the sparse (ID) and dense features the one transform computes.
+        input: how to read the logs (the timestamp column, if any).
+        split: how rows are split into train, validation and eval.
+        label: the label column.
+        model: the model's task, type and architecture.
+        train: the trainer's settings (optimizer, steps, checkpoints, early stopping, tuning knobs).
+        tune: the search space of `recpipe tune` (read by it only).
+        evaluate: the slices of `recpipe evaluate`'s metrics (read by it only).
+        preprocess: the anomaly limits of `recpipe preprocess` (read by it only).
+    """
+    name: str
+    features: FeaturesSpec
+    input: InputSpec = field(default_factory=InputSpec)
+    split: SplitSpec = field(default_factory=SplitSpec)
+    label: LabelSpec = field(default_factory=LabelSpec)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    tune: TuneSpec = field(default_factory=TuneSpec)  # read by `recpipe tune` only
+    evaluate: EvaluateSpec = field(default_factory=EvaluateSpec)  # read by `recpipe evaluate` only
+    preprocess: PreprocessSpec = field(default_factory=PreprocessSpec)  # read by `recpipe preprocess` only
+
+    @property
+    def sparse_by_name(self) -> dict[str, SparseFeature]:
+        return {f.name: f for f in self.features.sparse}
+
+    @property
+    def column_sparse(self) -> list[SparseFeature]:
+        """The sparse features read from a log column (every one but the crosses)."""
+        return [f for f in self.features.sparse if f.column is not None]
+
+    @property
+    def crosses(self) -> list[SparseFeature]:
+        return [f for f in self.features.sparse if f.cross is not None]
+
+    def table_owner(self, feature: SparseFeature) -> SparseFeature:
+        """The feature whose ID space and embedding table `feature` uses.
+
+        Args:
+            feature: a sparse feature of this config.
+
+        Returns:
+            The feature named by `feature.share_embedding_with`, else `feature` itself.
+        """
+        if feature.share_embedding_with:
+            return self.sparse_by_name[feature.share_embedding_with]
+        return feature
+
+    @property
+    def split_order(self) -> Optional[str]:
+        """The column a user split orders each user's rows by (None for a time split)."""
+        return (self.split.order or self.input.timestamp) if self.split.by == "user" else None
+
+    def raw_columns(self) -> list[str]:
+        """Every log column the config reads, label, timestamp and split columns included, in a stable order.
+
+        Returns:
+            The column names, each once: the label column first, then the timestamp, split user and split
+            order columns (those set), then the sparse features' and dense features' columns in config order.
+        """
+        cols = [self.label.column]
+        for c in (self.input.timestamp, self.split.user, self.split_order):
+            if c and c not in cols:
+                cols.append(c)
+        for f in [*self.column_sparse, *self.features.dense]:
+            if f.column not in cols:
+                cols.append(f.column)
+        return cols
+
+
+def embedding_dim(cfg: Config, feature: SparseFeature) -> int:
+    owner = cfg.table_owner(feature)
+    return owner.embedding_dim or DEFAULT_EMBEDDING_DIM

@@ -1,0 +1,1 @@
+"""How a training runs beyond one process: parameter servers (ps) and Horovod ring-allreduce (hvd*)."""
