@@ -20,47 +20,49 @@ DEFAULT_EMBEDDING_DIM = 16
 class VocabSpec:
     min_count: int = 1              # admission: a new value needs this many train rows ...
     max_size: Optional[int] = None  # slots (IDs) in all; kept values win, new ones by count (recpipe.pipeline.lifecycle)
-    oov_buckets: int = 1
+    oov_buckets: int = 1            # IDs shared by the values not in the vocabulary (hashed among them)
     window_days: int = 1            # ... over the last window_days days (runs with --previous-transform)
     evict_unseen_days: Optional[int] = None  # a value not seen for this many days frees its slot
 
 
 @dataclass(frozen=True)
 class SparseFeature:
-    name: str
-    column: Optional[str] = None
+    name: str                       # the feature's name: letters, digits and '_', starting with a letter
+    column: Optional[str] = None    # the log column it reads (or give cross)
     # instead of a column: a hashed cross of these single-valued sparse features' values (as TF's
     # crossed_column), computed in the one transform; needs hash_buckets
     cross: Optional[list[str]] = None
-    vocab: Optional[VocabSpec] = None
-    hash_buckets: Optional[int] = None
-    embedding_dim: Optional[int] = None
-    multivalent: bool = False
-    separator: Optional[str] = None
-    combiner: Literal["mean", "sum"] = "mean"
-    share_embedding_with: Optional[str] = None
+    vocab: Optional[VocabSpec] = None       # IDs from a vocabulary of the train split's values (or hash_buckets)
+    hash_buckets: Optional[int] = None      # IDs by hashing the value into this many buckets (or vocab)
+    embedding_dim: Optional[int] = None     # the embedding's width (default: 16)
+    multivalent: bool = False               # the column holds lists (or separated strings) of values
+    separator: Optional[str] = None         # multivalent string columns: what separates the values
+    combiner: Literal["mean", "sum"] = "mean"  # how a multivalent feature's embeddings are pooled
+    share_embedding_with: Optional[str] = None  # use that sparse feature's IDs and table (e.g. a history of items)
 
 
 @dataclass(frozen=True)
 class DenseFeature:
-    name: str
-    column: str
+    name: str                       # the feature's name: letters, digits and '_', starting with a letter
+    column: str                     # the log column it reads (numbers, or strings that parse as numbers)
+    # zscore: (x - mean) / sd over the train split; log_zscore: the same on log1p(x); bucketize: the bucket
+    # of x among num_buckets train quantiles
     transform: Literal["zscore", "log_zscore", "bucketize"] = "zscore"
-    fill: float = 0.0
-    num_buckets: int = 10
+    fill: float = 0.0               # the value a null or empty cell takes
+    num_buckets: int = 10           # transform bucketize: how many quantile buckets
     # a finite value beyond float32's range (e.g. 1e39): dead-letter its row, or clip it to the range
     out_of_range: Literal["dead_letter", "clip"] = "dead_letter"
 
 
 @dataclass(frozen=True)
 class FeaturesSpec:
-    sparse: list[SparseFeature] = field(default_factory=list)
-    dense: list[DenseFeature] = field(default_factory=list)
+    sparse: list[SparseFeature] = field(default_factory=list)  # ID features, each with an embedding table
+    dense: list[DenseFeature] = field(default_factory=list)    # numeric features, normalised
 
 
 @dataclass(frozen=True)
 class InputSpec:
-    timestamp: Optional[str] = None
+    timestamp: Optional[str] = None  # the time column (a timestamp, date, or epoch seconds); none: row order
 
 
 @dataclass(frozen=True)
@@ -72,9 +74,9 @@ class SplitSpec:
     `order` (a column, else input.timestamp), e.g. their last basket, are eval, if the user has an earlier
     one; with validation_fraction > 0, the value before it is validation (users with 3+ values); the rest
     is train (eval_fraction is not used). Vocabularies and statistics come from train only."""
-    eval_fraction: float = 0.1
-    validation_fraction: float = 0.0
-    by: Literal["time", "user"] = "time"
+    eval_fraction: float = 0.1        # by: time: the last share of rows, the eval split
+    validation_fraction: float = 0.0  # the share before it, the validation split (0: none)
+    by: Literal["time", "user"] = "time"  # time: the last rows by time; user: each user's last value of order
     user: Optional[str] = None    # by: user: the column naming the user
     order: Optional[str] = None   # by: user: the column ordering a user's rows (default: input.timestamp)
     on_empty: Literal["fail", "warn"] = "fail"  # an empty train, validation or eval split fails the preprocess run
@@ -82,22 +84,22 @@ class SplitSpec:
 
 @dataclass(frozen=True)
 class LabelSpec:
-    column: str = "label"
+    column: str = "label"  # the 0/1 column (integers, booleans, floats or strings); other rows are dead-lettered
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    task: Literal["ranking", "retrieval"] = "ranking"
+    task: Literal["ranking", "retrieval"] = "ranking"  # ranking: score a row; retrieval: two towers, top k items
     type: Literal["dcn_v2", "dlrm", "logistic", "two_tower"] = "dcn_v2"  # logistic: the baseline
-    cross_layers: int = 2
-    low_rank: Optional[int] = None
-    deep_layers: list[int] = field(default_factory=lambda: [256, 128])
-    bottom_layers: list[int] = field(default_factory=lambda: [64])
+    cross_layers: int = 2                 # DCN-v2: cross layers
+    low_rank: Optional[int] = None        # DCN-v2: factor each cross layer's matrix to this rank (none: full)
+    deep_layers: list[int] = field(default_factory=lambda: [256, 128])  # the deep (top) MLP's widths
+    bottom_layers: list[int] = field(default_factory=lambda: [64])      # DLRM: the dense features' MLP
     query_features: list[str] = field(default_factory=list)       # retrieval: the query tower's inputs
     # retrieval: sparse features; the first is the candidate's ID (single-valued), the others its attributes
     # (multivalent ones too, e.g. genres), taken from the candidate's first row when candidates are enumerated
     candidate_features: list[str] = field(default_factory=list)
-    tower_layers: list[int] = field(default_factory=lambda: [64, 32])
+    tower_layers: list[int] = field(default_factory=lambda: [64, 32])  # retrieval: each tower's MLP widths
     # retrieval: the single-valued sparse feature naming the user, whose earlier clicks evaluation uses
     # ("already seen", co-occurrence, users with history); it need not be a tower input. Default: the
     # first query feature, when it is a single-valued sparse feature
@@ -110,7 +112,7 @@ class ModelSpec:
     # in-batch candidate's sampling probability (its train frequency, from the vocabulary counts the Beam
     # job keeps), so popular items are not over-penalised as negatives (Yi et al., RecSys 2019)
     temperature: Optional[float] = None
-    logq_correction: bool = False
+    logq_correction: bool = False  # retrieval: subtract log of each in-batch candidate's frequency
     # retrieval: mixed negatives: this many candidate IDs drawn uniformly each step, beside the in-batch ones
     # (needs a single candidate feature: drawn IDs have no attribute rows)
     uniform_negatives: int = 0
@@ -130,7 +132,7 @@ class TuningSpec:
     data_ram_budget_mb: int = 0        # tf.data autotune RAM budget (0: tf.data's default, half of RAM)
     prefetch_batches: int = 0          # prefetch buffer in batches (0: AUTOTUNE)
     intra_op_threads: int = 0          # TensorFlow thread pools (0: TensorFlow's default = cores)
-    inter_op_threads: int = 0
+    inter_op_threads: int = 0          # (0: TensorFlow's default)
     # LD_PRELOADed by `recpipe train`; auto: tcmalloc when installed, else system
     allocator: Literal["auto", "system", "tcmalloc", "jemalloc"] = "auto"
 
@@ -141,58 +143,55 @@ class EarlyStoppingSpec:
     scored on it, the best one is kept and is what evaluate, export and warm start use; with
     patience > 0, training stops after that many checkpoints without improvement."""
     metric: Literal["auto", "auc", "logloss", "recall_at_10", "ndcg_at_10"] = "auto"  # auto: auc / recall_at_10
-    patience: int = 0
+    patience: int = 0  # stop after this many checkpoints without improvement (0: never)
 
 
 @dataclass(frozen=True)
 class TrainSpec:
-    batch_size: int = 1024
-    learning_rate: float = 0.05
-    optimizer: Literal["adagrad", "adam", "sgd"] = "adagrad"
-    steps: int = 2000
-    checkpoint_every: int = 500
-    seed: int = 42
+    batch_size: int = 1024            # rows per step (over all workers or ranks)
+    learning_rate: float = 0.05       # the optimizer's step size
+    optimizer: Literal["adagrad", "adam", "sgd"] = "adagrad"  # one optimizer for the tables and the dense layers
+    steps: int = 2000                 # total steps (`recpipe train --steps` overrides it)
+    checkpoint_every: int = 500       # steps between checkpoints (and validation scores)
+    seed: int = 42                    # initial weights and data order
     # Horovod embedding gradients: per table (auto: densified and allreduced where that puts no more
     # bytes on a rank's link than allgathering its rows + IDs, recpipe.trainers.advisor.allreduces_table, else
     # allgathered), or every table allgathered / densified.
-    # Measured np=2, 1 thread each, 3 round-robin runs on the synthetic default: auto 24.0k, dense 23.4k,
-    # allgather 21.9k ex/s; allgather vs dense with a 1M-row table 10.8k vs 6.7k.
     sparse_gradients: Literal["auto", "allgather", "dense"] = "auto"
     # Horovod: a step's gradients exchanged in this many grouped collectives (dense ones in one grouped
     # allreduce, embedding rows in one grouped allgather per group), or one collective per tensor (0,
-    # Horovod's default). Measured np=2, 1 thread each, 3 round-robin runs: 21.3k vs 20.2k ex/s.
+    # Horovod's default).
     gradient_groups: int = 1
     # Horovod: how often each rank's background thread wakes to agree with the others on what is ready
     # (HOROVOD_CYCLE_TIME; Horovod's default is 1 ms, and the environment variable, if set, wins). Every
     # wake-up is a round of messages between the ranks, whether or not anything is ready, and on a box
     # whose cores the ranks' compute threads already fill those rounds cost more than the latency a longer
-    # cycle adds. Measured np=2, 1 thread each, 3 round-robin runs of 300 steps: +22 % over 1 ms on an AVX2
-    # host, the same as 1 ms on an AVX512-BF16 one (README, "Horovod"; bench/results/train.md).
+    # cycle adds (bench/results/train.md).
     horovod_cycle_time_ms: float = 5.0
     # L2 on the embedding rows a batch looks up (mean over the batch of each feature's squared norm): the
     # regularisation sparse tables need, as rows of rare IDs are updated rarely (not weight decay on the table)
     embedding_l2: float = 0.0
-    early_stopping: EarlyStoppingSpec = field(default_factory=EarlyStoppingSpec)
-    tuning: TuningSpec = field(default_factory=TuningSpec)
+    early_stopping: EarlyStoppingSpec = field(default_factory=EarlyStoppingSpec)  # model selection on validation
+    tuning: TuningSpec = field(default_factory=TuningSpec)  # memory and throughput knobs
 
 
 @dataclass(frozen=True)
 class TuneParam:
     """One dimension of `recpipe tune`'s search: `key` is a dotted config path (e.g. model.dropout,
     train.embedding_l2); a float or int range [low, high] (log: sampled on a log scale), or choices."""
-    key: str
-    low: Optional[float] = None
-    high: Optional[float] = None
-    log: bool = False
-    integer: bool = False
-    choices: Optional[list[Any]] = None
+    key: str                            # the dotted config key searched, e.g. train.learning_rate
+    low: Optional[float] = None         # the range's low end
+    high: Optional[float] = None        # the range's high end
+    log: bool = False                   # sample the range on a log scale
+    integer: bool = False               # integers only
+    choices: Optional[list[Any]] = None  # instead of a range: these values
 
 
 @dataclass(frozen=True)
 class TuneSpec:
-    trials: int = 20
-    seed: int = 0
-    params: list[TuneParam] = field(default_factory=list)
+    trials: int = 20                    # trainings to run
+    seed: int = 0                       # the search's seed
+    params: list[TuneParam] = field(default_factory=list)  # the dimensions searched
 
 
 @dataclass(frozen=True)
@@ -200,14 +199,14 @@ class SliceSpec:
     """A slice of `recpipe evaluate`'s metrics: by each value of a single-valued sparse feature (its `top`
     most frequent in the split, the rest "other"), or by the value's train activity (how often it occurs in
     train, in power-of-two buckets; needs a vocab), e.g. per user-activity bucket."""
-    feature: str
-    by: Literal["value", "activity"] = "value"
-    top: int = 10
+    feature: str                        # a single-valued sparse feature
+    by: Literal["value", "activity"] = "value"  # its values, or its values' train activity buckets
+    top: int = 10                       # by: value: the most frequent values shown (the rest: other)
 
 
 @dataclass(frozen=True)
 class EvaluateSpec:
-    slices: list[SliceSpec] = field(default_factory=list)
+    slices: list[SliceSpec] = field(default_factory=list)  # metrics per slice, beside the overall ones
 
 
 @dataclass(frozen=True)
@@ -215,7 +214,7 @@ class FeatureLimits:
     """preprocess.features[]: one feature's own anomaly limits in place of the run's (as TFX's schema gives
     each feature its own skew and drift thresholds): a feature known to be filled unevenly, or to move, or
     to be that predictive, is not named for it while the others still are."""
-    feature: str
+    feature: str                                 # the feature these limits are for
     max_presence_change: Optional[float] = None  # None: preprocess.max_presence_change
     max_mean_shift: Optional[float] = None       # dense features only; None: preprocess.max_mean_shift
     leak_check: bool = True                      # false: not named for ordering the rows by label alone
@@ -246,7 +245,7 @@ class PreprocessSpec:
     # this many times them (more: rows in two files, a re-run's output beside the first run's); TFX's
     # num_examples drift comparator. 0 and a large max turn them off.
     min_rows_vs_previous: float = 0.5
-    max_rows_vs_previous: float = 1.75
+    max_rows_vs_previous: float = 1.75  # see min_rows_vs_previous
     # per-feature limits in place of the two above, and the label-leak check turned off for a feature
     features: list[FeatureLimits] = field(default_factory=list)
 

@@ -15,10 +15,11 @@ import yaml
 
 from recpipe.common.errors import ConfigError
 
-__all__ = ["build_typed", "check_typed", "literal_choices", "read_yaml"]
+__all__ = ["build_typed", "check_typed", "literal_choices", "read_yaml", "FLOAT_STRING_PATTERN"]
 
 # PyYAML follows YAML 1.1, where 1e-9 (no dot) is a string; accept such numbers for number keys.
-_FLOAT_STRING = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+FLOAT_STRING_PATTERN = r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$"
+_FLOAT_STRING = re.compile(FLOAT_STRING_PATTERN)
 
 
 def _describe(tp: Any) -> str:
