@@ -24,6 +24,35 @@ from recpipe.trainers.options import RunOptions
 __all__ = ["main"]
 
 
+def cmd_init(a) -> None:
+    from recpipe.pipeline.infer import infer, profile_table, read_sample, render_config, summary_lines
+    if a.output and os.path.exists(a.output) and not a.force:
+        raise RecpipeError(f"{a.output}: exists (give --force to overwrite it)")
+    table, files, opened = read_sample(a.input, a.sample_rows)
+    inference = infer(profile_table(table), table.num_rows, files, opened, label=a.label, timestamp=a.timestamp,
+                      name=a.name)
+    text = render_config(inference, a.input)
+    for line in summary_lines(inference):
+        print(line, file=sys.stderr if not a.output else sys.stdout, flush=True)
+    if a.output:
+        with open(a.output, "w") as fh:
+            fh.write(text)
+        say(f"init: wrote {a.output}; next: recpipe preprocess --config {a.output} --input {a.input} --output PRE")
+    else:
+        sys.stdout.write(text)
+
+
+def cmd_config(a) -> None:
+    from recpipe.features.schema_doc import json_schema, reference_markdown
+    text = json.dumps(json_schema(), indent=2) + "\n" if a.what == "schema" else reference_markdown()
+    if a.output:
+        with open(a.output, "w") as fh:
+            fh.write(text)
+        say(f"config {a.what}: wrote {a.output}")
+    else:
+        sys.stdout.write(text)
+
+
 def cmd_generate(a) -> None:
     import datetime as dt
 
@@ -209,7 +238,7 @@ def cmd_bench(a) -> None:
 
 
 COMMANDS: dict[str, Callable] = {
-    "generate": cmd_generate, "criteo-to-parquet": cmd_criteo, "instacart-to-parquet": cmd_instacart,
+    "init": cmd_init, "config": cmd_config, "generate": cmd_generate, "criteo-to-parquet": cmd_criteo, "instacart-to-parquet": cmd_instacart,
     "movielens-to-parquet": cmd_movielens, "preprocess": cmd_preprocess, "train": cmd_train, "tune": cmd_tune,
     "advise": cmd_advise, "evaluate": cmd_evaluate, "export": cmd_export, "serve": cmd_serve, "demo": cmd_demo,
     "daily": cmd_daily, "cluster": cmd_cluster, "bench": cmd_bench,

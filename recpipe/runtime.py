@@ -18,7 +18,7 @@ __all__ = ["say", "quiet_startup", "tensorflow_at_startup", "tensorflow_after_re
 
 # commands that never import TensorFlow, and the `daily` steps that do not: the sensor's probe, and the
 # Beam job (a DAG's preprocess task paid TensorFlow's start-up, 3.3 s of CPU and 530 MB, for nothing)
-NO_TENSORFLOW = ("preprocess", "generate", "criteo-to-parquet", "instacart-to-parquet", "movielens-to-parquet",
+NO_TENSORFLOW = ("init", "config", "preprocess", "generate", "criteo-to-parquet", "instacart-to-parquet", "movielens-to-parquet",
                  "cluster")
 NO_TENSORFLOW_DAILY = ("ready", "preprocess")
 

@@ -38,6 +38,31 @@ def test_every_command_has_help(capsys):
         assert "usage: recpipe " + cmd in help_of(cmd)
 
 
+@pytest.mark.unit
+def test_every_command_has_a_description_an_example_and_help_for_every_flag(capsys):
+    """Each subcommand's --help says what it does, gives an example that parses, and documents every flag;
+    `recpipe --version` names the installed version."""
+    import argparse
+    import shlex
+
+    from recpipe.cli_parser import EXAMPLES, build_parser
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert sorted(sub.choices) == sorted(EXAMPLES)
+    missing = []
+    for name, command in sub.choices.items():
+        if not command.description or f"example: {EXAMPLES[name]}" not in (command.epilog or ""):
+            missing.append(f"{name}: description or example")
+        missing += [f"{name} {a.option_strings or a.dest}: help" for a in command._actions
+                    if not a.help and not isinstance(a, argparse._HelpAction)]
+        args = parser.parse_known_args(shlex.split(EXAMPLES[name])[1:])[0]  # the example parses
+        assert args.command == name
+    assert missing == []
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--version"])
+    assert capsys.readouterr().out.startswith("recpipe ")
+
+
 @pytest.mark.integration
 def test_bad_input_is_one_clear_line(tmp_path):
     """Each command's bad input ends its process with exit code 1 and one `recpipe CMD: error:` line, no
