@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.recpipe-installed
 PYTEST_ARGS ?=
 
-.PHONY: install demo test test-fast bench horovod clean
+.PHONY: install demo test test-fast docs bench horovod clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "recpipe needs Python 3.11 (TensorFlow 2.21 stack); set PYTHON=python3.11")'
@@ -18,7 +18,7 @@ $(BIN)/python:
 $(STAMP): setup.cfg setup.py pyproject.toml scripts/system_deps.sh | $(BIN)/python
 	@scripts/system_deps.sh
 	@echo "installing recpipe and its pinned stack into $(VENV) (log: $(VENV)/pip-install.log)"
-	@$(BIN)/pip install -e '.[dev,airflow]' > $(VENV)/pip-install.log 2>&1 || { tail -40 $(VENV)/pip-install.log; exit 1; }
+	@$(BIN)/pip install -e '.[dev,airflow,docs]' > $(VENV)/pip-install.log 2>&1 || { tail -40 $(VENV)/pip-install.log; exit 1; }
 	@$(BIN)/pip check >> $(VENV)/pip-install.log 2>&1 || { tail -20 $(VENV)/pip-install.log; exit 1; }
 	@touch $(STAMP)
 
@@ -42,10 +42,14 @@ test: install $(HVD_STAMP)
 test-fast: install
 	$(BIN)/python -m pytest -m unit $(PYTEST_ARGS)
 
+# The documentation site into site/, warnings as errors (broken links, unknown pages, stale references).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 bench: install
 	$(BIN)/recpipe bench
 
 horovod: $(HVD_STAMP)
 
 clean:
-	rm -rf $(VENV) demo_out .pytest_cache
+	rm -rf $(VENV) demo_out .pytest_cache site

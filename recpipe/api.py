@@ -12,10 +12,15 @@
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from recpipe.features.config import Config, load_config
 from recpipe.features.preprocessed import PreprocessedData
+
+if TYPE_CHECKING:  # these modules load TensorFlow: imported when the function runs
+    from recpipe.serving.server.serve import ModelServer
+    from recpipe.serving.version import ExportedVersion
+    from recpipe.trainers.model_dir import ModelDir
 
 __all__ = ["preprocess", "train", "evaluate", "export", "serve"]
 
@@ -64,7 +69,7 @@ def preprocess(config: Union[str, Config], input: str, output: str, *, beam_args
 
 def train(data: Union[str, PreprocessedData], model_dir: str, *, config: Optional[str] = None,
           strategy: str = "local", precision: str = "fp32", steps: Optional[int] = None,
-          warm_start: Optional[str] = None, say: Say = _quiet, **run_options):
+          warm_start: Optional[str] = None, say: Say = _quiet, **run_options: Any) -> ModelDir:
     """Train the config's model on preprocessed data (`recpipe train`); rerunning resumes.
 
     Args:
@@ -80,7 +85,7 @@ def train(data: Union[str, PreprocessedData], model_dir: str, *, config: Optiona
         **run_options: the other fields of recpipe.trainers.options.RunOptions (np, hosts, ps_workers, ...).
 
     Returns:
-        recpipe.trainers.model_dir.ModelDir: the trained model's folder.
+        The trained model's folder.
 
     Raises:
         TrainError: bad options, data that does not match the config, or a failed or stopped training.
@@ -94,7 +99,7 @@ def train(data: Union[str, PreprocessedData], model_dir: str, *, config: Optiona
     return ModelDir(model_dir)
 
 
-def evaluate(model, data: Union[str, PreprocessedData], *, out: Optional[str] = None,
+def evaluate(model: Union[str, ModelDir], data: Union[str, PreprocessedData], *, out: Optional[str] = None,
              slices: Optional[list[str]] = None) -> dict:
     """Score a trained model on the eval split of its data (`recpipe evaluate`).
 
@@ -120,9 +125,9 @@ def evaluate(model, data: Union[str, PreprocessedData], *, out: Optional[str] = 
                           slices=[parse_slice(s) for s in slices] if slices is not None else None)
 
 
-def export(model, export_base: str, *, data: Union[str, PreprocessedData, None] = None,
+def export(model: Union[str, ModelDir], export_base: str, *, data: Union[str, PreprocessedData, None] = None,
            version: Optional[int] = None, embedding_dtype: str = "float32", dense_dtype: str = "float32",
-           prune_unseen_days: Optional[int] = None, top_k: int = 10):
+           prune_unseen_days: Optional[int] = None, top_k: int = 10) -> ExportedVersion:
     """Export a trained model with the feature transform in its graph (`recpipe export`).
 
     The version is published only after its skew check: the SavedModel must score the eval sample's raw
@@ -139,7 +144,7 @@ def export(model, export_base: str, *, data: Union[str, PreprocessedData, None] 
         top_k: candidates a retrieval model returns.
 
     Returns:
-        recpipe.serving.version.ExportedVersion: the published version.
+        The published version.
 
     Raises:
         SkewError: the SavedModel does not score the eval sample as the trainer did.
@@ -155,7 +160,7 @@ def export(model, export_base: str, *, data: Union[str, PreprocessedData, None] 
 
 def serve(model_base: str, *, model_name: str = "default", host: str = "127.0.0.1", rest_port: int = 8501,
           grpc_port: Optional[int] = 8500, poll_seconds: float = 2.0, max_batch_rows: int = 0,
-          batch_timeout_ms: float = 0.0):
+          batch_timeout_ms: float = 0.0) -> ModelServer:
     """Serve the newest good version under `model_base` over TF Serving's REST and gRPC APIs (`recpipe serve`).
 
     The server runs on background threads of this process and swaps to a newer version when one appears.
@@ -171,8 +176,8 @@ def serve(model_base: str, *, model_name: str = "default", host: str = "127.0.0.
         batch_timeout_ms: how long a batch waits for more requests.
 
     Returns:
-        recpipe.serving.server.serve.ModelServer: the started server (rest_port and grpc_port are the bound
-        ports); call stop(), or use it as a context manager.
+        The started server (its rest_port and grpc_port are the bound ports); call stop(), or use it as a
+        context manager.
 
     Raises:
         ServeError: bad options.

@@ -1,0 +1,43 @@
+"""The documentation a newcomer reads: pages without measurement history, and links that lead somewhere
+(the site build, `make docs`, checks the site's links again with warnings as errors)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from helpers import REPO
+
+pytestmark = pytest.mark.unit
+
+PAGES = [REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]
+HISTORY = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b|\b[Ii]ssue \d+\b|\bat [0-9a-f]{7,12}\b|`[0-9a-f]{7,12}`")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_pages_hold_no_history(page):
+    """Dates, commit hashes and issue numbers belong in git and CHANGELOG.md (example dates in commands,
+    such as `--day 2026-01-02`, excepted)."""
+    found = [line for line in page.read_text().splitlines()
+             if HISTORY.search(line) and "--day" not in line and "dt=" not in line and "start-date" not in line]
+    assert found == []
+
+
+@pytest.mark.parametrize("page", [REPO / "README.md", *PAGES], ids=lambda p: p.name)
+def test_relative_links_lead_to_files(page):
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    broken = [target for target in LINK.findall(text)
+              if "://" not in target and not target.startswith(("#", "mailto:"))
+              and not _exists(page, target.split("#")[0])]
+    assert broken == []
+
+
+def _exists(page, target: str) -> bool:
+    """A file, or in the site a page docs/hooks.py generates: cli.md, and results/ from bench/results/."""
+    if page.parent == REPO / "docs":
+        if target == "cli.md":
+            return True
+        if target.startswith("results/"):
+            return (REPO / "bench" / target).exists()
+    return (page.parent / target).exists()
