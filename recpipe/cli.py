@@ -34,21 +34,22 @@ def cmd_init(a) -> None:
     text = render_config(inference, a.input)
     for line in summary_lines(inference):
         print(line, file=sys.stderr if not a.output else sys.stdout, flush=True)
-    if a.output:
-        with open(a.output, "w") as fh:
-            fh.write(text)
-        say(f"init: wrote {a.output}; next: recpipe preprocess --config {a.output} --input {a.input} --output PRE")
-    else:
-        sys.stdout.write(text)
+    _write_or_print(text, a.output, f"init: wrote {a.output}; next: recpipe preprocess --config {a.output} "
+                                    f"--input {a.input} --output PRE")
 
 
 def cmd_config(a) -> None:
     from recpipe.features.schema_doc import json_schema, reference_markdown
     text = json.dumps(json_schema(), indent=2) + "\n" if a.what == "schema" else reference_markdown()
-    if a.output:
-        with open(a.output, "w") as fh:
+    _write_or_print(text, a.output, f"config {a.what}: wrote {a.output}")
+
+
+def _write_or_print(text: str, output: str | None, done: str) -> None:
+    """`text` into the file `output` (then the line `done`), or on stdout when there is none."""
+    if output:
+        with open(output, "w") as fh:
             fh.write(text)
-        say(f"config {a.what}: wrote {a.output}")
+        say(done)
     else:
         sys.stdout.write(text)
 
