@@ -1,4 +1,4 @@
-"""The documentation a newcomer reads: pages without measurement history, and links that lead somewhere
+"""The documentation a newcomer reads: a short README, pages without history, and links that lead somewhere
 (the site build, `make docs`, checks the site's links again with warnings as errors)."""
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ from helpers import REPO
 
 pytestmark = pytest.mark.unit
 
-PAGES = [REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").glob("*.md"))]
 HISTORY = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b|\b[Ii]ssue \d+\b|\bat [0-9a-f]{7,12}\b|`[0-9a-f]{7,12}`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_the_readme_is_short():
+    assert len((REPO / "README.md").read_text().splitlines()) <= 150
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
@@ -24,7 +28,7 @@ def test_pages_hold_no_history(page):
     assert found == []
 
 
-@pytest.mark.parametrize("page", [REPO / "README.md", *PAGES], ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_relative_links_lead_to_files(page):
     text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
     broken = [target for target in LINK.findall(text)
