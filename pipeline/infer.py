@@ -4,7 +4,8 @@ null share and cardinality -> a vocabulary (with a min_count) or hashing (with b
 dense feature with its normalisation. Every guess is written down beside its figures, and the ones a person
 should check are listed at the top of the YAML and in the summary.
 
-The profile of the sample (profile_table) and the guesses (infer) are pure; read_sample and write_config do I/O.
+The profile of the sample (profile_table), the guesses (infer) and the YAML (render_config) are pure;
+read_sample does the I/O.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pyarrow.compute as pc
 import yaml
 
 from recpipe.common.errors import RecpipeError
+from recpipe.common.typed_yaml import FLOAT_STRING_PATTERN
 from recpipe.features.canonical import plain_columns, raw_kind
 from recpipe.features.config import Config, parse_config
 from recpipe.pipeline.sources import list_input_files, open_parquet
@@ -210,8 +212,7 @@ def profile_table(table: pa.Table) -> list[ColumnProfile]:
             counts = pc.value_counts(values)
             n = max(len(values), 1)
             separated = pc.sum(pc.match_substring(values, SEPARATOR)).as_py() or 0
-            numeric = pc.sum(pc.match_substring_regex(
-                values, r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")).as_py() or 0
+            numeric = pc.sum(pc.match_substring_regex(values, FLOAT_STRING_PATTERN)).as_py() or 0
             info.update(distinct=len(counts), singletons=int(pc.sum(pc.equal(counts.field("counts"), 1)).as_py() or 0),
                         separated=separated / n, numeric_strings=numeric / n)
             if separated / n >= 0.5:
