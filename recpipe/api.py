@@ -58,10 +58,8 @@ def preprocess(config: Union[str, Config], input: str, output: str, *, beam_args
         ConfigError: the config is invalid (the message names the file and key).
         RecpipeError: the input is unreadable or does not fit the config, or the output folder is not empty.
     """
-    from recpipe.pipeline.options import check_beam_args
     from recpipe.pipeline.preprocess import run_preprocess
     cfg = load_config(config) if isinstance(config, (str, os.PathLike)) else config
-    check_beam_args(beam_args or [])
     result = run_preprocess(cfg, input, output, beam_args or [], say=say, previous_transform=previous_transform,
                             day=day)
     return PreprocessedData(result.output)
