@@ -1,7 +1,7 @@
 """recpipe_daily: wait for a day's click-log partition -> preprocess -> train -> evaluate -> bless -> push.
 
 Thin on purpose: no TensorFlow, no paths. Each task runs `recpipe daily STEP --project P --day {{ ds }}`
-(recpipe/daily.py), where P is the project YAML (log_root, work_root, model_base, config, train: {strategy,
+(recpipe/daily.py), where P is the project YAML (log_root, work_root, export_base, config, train: {strategy,
 precision, np, steps, ...}, bless_tolerance). P and the recpipe executable come from the run's params or,
 when absent, from the Airflow Variables `recpipe_project` and `recpipe_bin`.
 """

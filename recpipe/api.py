@@ -156,15 +156,15 @@ def export(model: Union[str, ModelDir], export_base: str, *, data: Union[str, Pr
     return next(v for v in ExportBase(export_base).versions() if v.path == path)
 
 
-def serve(model_base: str, *, model_name: str = "default", host: str = "127.0.0.1", rest_port: int = 8501,
+def serve(export_base: str, *, model_name: str = "default", host: str = "127.0.0.1", rest_port: int = 8501,
           grpc_port: Optional[int] = 8500, poll_seconds: float = 2.0, max_batch_rows: int = 0,
           batch_timeout_ms: float = 0.0) -> ModelServer:
-    """Serve the newest good version under `model_base` over TF Serving's REST and gRPC APIs (`recpipe serve`).
+    """Serve the newest good version under `export_base` over TF Serving's REST and gRPC APIs (`recpipe serve`).
 
     The server runs on background threads of this process and swaps to a newer version when one appears.
 
     Args:
-        model_base: an export base, as `export` writes it.
+        export_base: an export base, as `export` writes it.
         model_name: the name in the REST paths (/v1/models/NAME) and gRPC model specs.
         host: the address to bind.
         rest_port: the REST port (0: any free port; read it from the handle).
@@ -179,8 +179,8 @@ def serve(model_base: str, *, model_name: str = "default", host: str = "127.0.0.
 
     Raises:
         ServeError: bad options.
-        RuntimeError: no loadable version under model_base.
+        RuntimeError: no loadable version under export_base.
     """
     from recpipe.serving.server.serve import ModelServer, ServeOptions
-    return ModelServer(ServeOptions(model_base, model_name, host, rest_port, grpc_port, poll_seconds,
+    return ModelServer(ServeOptions(export_base, model_name, host, rest_port, grpc_port, poll_seconds,
                                     max_batch_rows, batch_timeout_ms)).start()

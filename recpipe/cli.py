@@ -61,24 +61,24 @@ def cmd_generate(a) -> None:
     start = dt.date.fromisoformat(a.start_date)
     t0 = time.perf_counter()
     files = generate_log(GenerateSpec(rows=a.rows, days=a.days, seed=a.seed, start_date=start, item_drift=a.item_drift),
-                         a.out, say=say)
-    say(f"generate: {a.rows} rows in {len(files)} file(s) under {a.out} ({time.perf_counter() - t0:.1f}s)")
+                         a.output, say=say)
+    say(f"generate: {a.rows} rows in {len(files)} file(s) under {a.output} ({time.perf_counter() - t0:.1f}s)")
 
 
 def cmd_criteo(a) -> None:
     from recpipe.pipeline.criteo import criteo_csv_to_parquet
-    out = criteo_csv_to_parquet(a.csv, a.out, say=say)
+    out = criteo_csv_to_parquet(a.csv, a.output, say=say)
     say(f"criteo-to-parquet: wrote {out}")
 
 
 def cmd_instacart(a) -> None:
     from recpipe.pipeline.instacart import instacart_to_parquet
-    instacart_to_parquet(a.out, a.cache, say=say)
+    instacart_to_parquet(a.output, a.cache, say=say)
 
 
 def cmd_movielens(a) -> None:
     from recpipe.pipeline.movielens import movielens_to_parquet
-    movielens_to_parquet(a.out, a.cache, say=say, history=a.history)
+    movielens_to_parquet(a.output, a.cache, say=say, history=a.history)
 
 
 def cmd_preprocess(a, extra: list[str]) -> None:
@@ -132,7 +132,7 @@ def cmd_train(a) -> None:
 def cmd_tune(a) -> None:
     from recpipe.tune import tune
     from recpipe.trainers.options import run_flags
-    tune(a.config, a.data, a.out, a.trials, tuple(run_flags(_run_options(a))), say=say)
+    tune(a.config, a.data, a.output, a.trials, tuple(run_flags(_run_options(a))), say=say)
 
 
 def cmd_advise(a) -> None:
@@ -144,16 +144,16 @@ def cmd_advise(a) -> None:
     overheads = Overheads.from_calibration(a.calibration) if a.calibration else Overheads()
     artifact = PreprocessedData(a.data).transform()
     cfg = load_config(a.config) if a.config else artifact.config
-    advice = advise(cfg, artifact, a.data, a.workers, a.ps_tasks, a.bandwidth_gbps, overheads=overheads)
+    advice = advise(cfg, artifact, a.data, a.np, a.ps_servers, a.bandwidth_gbps, overheads=overheads)
     say(advice.table())
-    if a.out:
-        fsio.write_json(a.out, advice.as_dict(), sort_keys=False)
+    if a.output:
+        fsio.write_json(a.output, advice.as_dict(), sort_keys=False)
 
 
 def cmd_evaluate(a) -> None:
     from recpipe.trainers.evaluation.evaluate import evaluate
     from recpipe.trainers.evaluation.slices import parse_slice
-    metrics = evaluate(a.model_dir, a.data, a.out, slices=[parse_slice(s) for s in a.slice] if a.slice else None)
+    metrics = evaluate(a.model_dir, a.data, a.output, slices=[parse_slice(s) for s in a.slice] if a.slice else None)
     for name, why in metrics.get("undefined", {}).items():
         say(f"evaluate: WARNING: {name} is null: {why}")
     say(json.dumps(metrics))
@@ -189,7 +189,7 @@ def cmd_export(a) -> None:
 def cmd_serve(a) -> None:
     from recpipe.serving.server.serve import ModelServer, ServeOptions
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    server = ModelServer(ServeOptions(a.model_base, a.model_name, a.host, a.rest_port, a.grpc_port,
+    server = ModelServer(ServeOptions(a.export_base, a.model_name, a.host, a.rest_port, a.grpc_port,
                                       a.poll_seconds, a.max_batch_rows, a.batch_timeout_ms))
     server.catch_signals()
     server.start()
@@ -218,7 +218,7 @@ def cmd_cluster(a) -> None:
     from recpipe.k8s import RenderOptions, render, write_manifests
     opts = RenderOptions(a.project, a.day, a.image, a.name, a.namespace, a.volume_claim, a.volume_mount,
                          a.dask_workers, a.dask_threads)
-    for path in write_manifests(render(opts), a.out):
+    for path in write_manifests(render(opts), a.output):
         say(f"cluster render: {path} (validated against its schema)")
 
 
@@ -234,7 +234,7 @@ def cmd_bench(a) -> None:
     if a.paths:
         raise SystemExit(f"recpipe bench {a.suite}: unexpected arguments {a.paths} (only `compare` takes paths)")
     from recpipe.bench.run import BenchOptions, run_bench
-    run_bench(BenchOptions(suite=a.suite, quick=a.quick, reps=a.reps, rows=a.rows, steps=a.steps, out_dir=a.out,
+    run_bench(BenchOptions(suite=a.suite, quick=a.quick, reps=a.reps, rows=a.rows, steps=a.steps, out_dir=a.output,
                            workdir=a.workdir), say=say)
 
 

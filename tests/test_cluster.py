@@ -326,7 +326,7 @@ def test_the_rendered_horovod_hosts_job_trains_across_hosts(tmp_path, preprocess
     shutil.copytree(preprocessed[0], tmp_path / "work" / day / "preprocessed")
     project = tmp_path / "project.yaml"
     project.write_text(yaml.safe_dump({"log_root": str(tmp_path / "log"), "work_root": str(tmp_path / "work"),
-                                       "model_base": str(tmp_path / "serving"), "config": small_cfg_path,
+                                       "export_base": str(tmp_path / "serving"), "config": small_cfg_path,
                                        "train": {"strategy": "horovod", "np": 2, "threads": 1, "steps": 30}}))
     manifests = {m["kind"]: m for m in render(RenderOptions(str(project), day, "img"))}
     mount = tmp_path / "etc-recpipe"

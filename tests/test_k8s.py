@@ -19,7 +19,7 @@ def _project(tmp_path) -> str:
     """A project YAML (and its config) in tmp_path that trains on 3 PS workers, 2 PS and 4 Horovod ranks."""
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(small_config_dict()))
     path = tmp_path / "project.yaml"
-    path.write_text(yaml.safe_dump({"log_root": "/data/log", "work_root": "/data/work", "model_base": "/data/serving",
+    path.write_text(yaml.safe_dump({"log_root": "/data/log", "work_root": "/data/work", "export_base": "/data/serving",
                                     "config": "config.yaml",
                                     "train": {"strategy": "ps", "ps_workers": 3, "ps_servers": 2, "np": 4}}))
     return str(path)
@@ -110,7 +110,7 @@ def test_validator_rejects_what_the_api_server_would(tmp_path):
 def test_cli_render_and_daily_options(tmp_path):
     project = _project(tmp_path)
     out = subprocess.run([sys.executable, "-m", "recpipe.cli", "cluster", "render", "--project", project, "--day",
-                          "2026-01-02", "--image", "img", "--out", str(tmp_path / "k8s")],
+                          "2026-01-02", "--image", "img", "--output", str(tmp_path / "k8s")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert len(list((tmp_path / "k8s").glob("*.yaml"))) == 6 and out.stdout.count("validated") == 6

@@ -320,7 +320,7 @@ def test_splits_of_one_label_give_null_metrics_named_not_bare_nan(tmp_path, smal
     assert [h["auc"] for h in history["history"]] == [None] * 2
     capsys.readouterr()
     out = tmp_path / "metrics.json"
-    argv = ["evaluate", "--model-dir", str(tmp_path / "m"), "--data", str(tmp_path / "data"), "--out", str(out)]
+    argv = ["evaluate", "--model-dir", str(tmp_path / "m"), "--data", str(tmp_path / "data"), "--output", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out.splitlines()
     metrics = json.loads(out.read_text(), parse_constant=_refuse)

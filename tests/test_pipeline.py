@@ -250,7 +250,7 @@ def test_the_cli_runs_the_job_in_process_without_tensorflow_or_prism(tmp_path, s
     day = os.path.basename(_days(small_log)[0])[3:]
     project = tmp_path / "project.yaml"
     project.write_text(yaml.safe_dump({"log_root": small_log, "work_root": str(tmp_path / "work"),
-                                       "model_base": str(tmp_path / "serving"), "config": small_cfg_path}))
+                                       "export_base": str(tmp_path / "serving"), "config": small_cfg_path}))
     temp = tmp_path / "tmp"
     temp.mkdir()
     in_memory = ["preprocess", "--config", small_cfg_path, "--input", small_log, "--output", str(tmp_path / "out")]
@@ -769,7 +769,7 @@ def test_real_criteo_sample_end_to_end(tmp_path):
     import sys
     run = lambda *a: subprocess.run([sys.executable, "-m", "recpipe.cli", *a], capture_output=True, text=True,
                                     check=True, timeout=600).stdout  # noqa: E731
-    run("criteo-to-parquet", "--csv", str(SHARED_DATA / "criteo_10k.csv"), "--out", str(tmp_path / "log"))
+    run("criteo-to-parquet", "--csv", str(SHARED_DATA / "criteo_10k.csv"), "--output", str(tmp_path / "log"))
     out = run("preprocess", "--config", str(CONFIGS / "criteo.yaml"), "--input", str(tmp_path / "log"),
               "--output", str(tmp_path / "pre"))
     assert "rows in = 9999 = rows out 9999 (train 8100, validation 900, eval 999) + rows dead-lettered 0" in out

@@ -107,7 +107,7 @@ def test_criteo_converter_keeps_bad_rows_for_the_dead_letter(tmp_path):
     rows[2] = "yes" + rows[2][1:]
     csv = tmp_path / "c.csv"
     csv.write_text(",".join(CRITEO_COLUMNS) + "\n" + "\n".join(rows) + "\n1,2,3\n")
-    out = run_cli("criteo-to-parquet", "--csv", str(csv), "--out", str(tmp_path / "pq"))
+    out = run_cli("criteo-to-parquet", "--csv", str(csv), "--output", str(tmp_path / "pq"))
     assert out.returncode == 0 and "1 line(s) with the wrong number of fields" in out.stdout
     assert (tmp_path / "pq" / "c.rejected.csv").read_text().splitlines()[1].startswith("42,")
     table = pq.read_table(tmp_path / "pq" / "c.parquet")

@@ -223,7 +223,7 @@ def test_a_sigterm_the_moment_the_server_answers_stops_it_cleanly(exported):
     instead of stopping it; the chain test met it once in a few runs."""
     from recpipe.localserver import wait_healthy
     port, grpc_port = free_ports(2)
-    proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "serve", "--model-base", exported[0], "--model-name",
+    proc = subprocess.Popen([sys.executable, "-m", "recpipe.cli", "serve", "--export-base", exported[0], "--model-name",
                              "small", "--rest-port", str(port), "--grpc-port", str(grpc_port)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -285,5 +285,5 @@ def test_versions_and_model_names(tmp_path, trained, exported):
         export_model(trained, str(tmp_path / "e"), version=-1)
     with pytest.raises(ServeError, match="--model-name"):
         ServeOptions(exported[0], "../bad name")
-    p = run_cli("serve", "--model-base", exported[0], "--model-name", "../bad name", timeout=120)
+    p = run_cli("serve", "--export-base", exported[0], "--model-name", "../bad name", timeout=120)
     assert p.returncode == 1 and "--model-name '../bad name'" in p.stderr

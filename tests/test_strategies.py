@@ -425,7 +425,7 @@ def test_advise_probe_and_cli(tmp_path, preprocessed, small_cfg, small_cfg_path)
     tiny = advise(small_cfg, art, preprocessed[0], workers=2, ps_tasks=2, worker_memory_bytes=1000)
     assert tiny.strategy == "ps" and "must be sharded" in tiny.reason
     out = subprocess.run([sys.executable, "-m", "recpipe.cli", "advise", "--data", preprocessed[0], "--config",
-                          small_cfg_path, "--workers", "8", "--out", str(tmp_path / "a.json")],
+                          small_cfg_path, "--np", "8", "--output", str(tmp_path / "a.json")],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "advise: -> " in out.stdout and json.loads(Path(tmp_path / "a.json").read_text())["workers"] == 8

@@ -125,7 +125,7 @@ def overheads_from(measured: dict, link: dict, compute_s: float) -> Overheads:
 def _compute_probe(data: str, cfg: str, work: str) -> float:
     """The advisor's measured local step (what `recpipe advise` uses as compute)."""
     out = os.path.join(work, "advice.json")
-    subprocess.run([*CLI, "advise", "--data", data, "--config", cfg, "--workers", "2", "--ps-tasks", "2", "--out", out],
+    subprocess.run([*CLI, "advise", "--data", data, "--config", cfg, "--np", "2", "--ps-servers", "2", "--output", out],
                    check=True, capture_output=True, timeout=900)
     return fsio.read_json(out)["step_compute_s"]
 

@@ -100,7 +100,7 @@ def bench_export(work: str, say: Callable[[str], None], quick: bool = False, rep
     if criteo is not None:
         parquet = os.path.join(work, "criteo_parquet")
         if not os.path.isdir(parquet):
-            subprocess.run([*CLI, "criteo-to-parquet", "--csv", str(criteo), "--out", parquet], check=True,
+            subprocess.run([*CLI, "criteo-to-parquet", "--csv", str(criteo), "--output", parquet], check=True,
                            capture_output=True)
         cfg = str(configs / "criteo.yaml")
         logs["criteo"] = (cfg, preprocess_once(cfg, parquet, os.path.join(work, "criteo_pre")), None)

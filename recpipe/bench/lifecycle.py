@@ -121,7 +121,7 @@ def _run(work: str, name: str, log: str, cfg: dict, days: list[str], say: Callab
         yaml.safe_dump(cfg, fh)
     with open(project, "w") as fh:
         yaml.safe_dump({"log_root": log, "work_root": os.path.join(root, "work"),
-                        "model_base": os.path.join(root, "serving"), "config": cfg_path, "bless_tolerance": 1.0}, fh)
+                        "export_base": os.path.join(root, "serving"), "config": cfg_path, "bless_tolerance": 1.0}, fh)
     out = []
     for day in days:
         say(f"bench lifecycle: {name}: {day}")

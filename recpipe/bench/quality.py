@@ -23,7 +23,7 @@ def criteo_quality(criteo_csv: str, work: str, say: Callable[[str], None], quick
         base = yaml.safe_load(fh)
     parquet = os.path.join(work, "criteo_parquet")
     if not os.path.isdir(parquet):
-        subprocess.run([*CLI, "criteo-to-parquet", "--csv", criteo_csv, "--out", parquet], check=True,
+        subprocess.run([*CLI, "criteo-to-parquet", "--csv", criteo_csv, "--output", parquet], check=True,
                        capture_output=True)
     pre = preprocess_once(cfg_path, parquet, os.path.join(work, "criteo_pre"))
     steps = base["train"]["steps"] if not quick else 100

@@ -154,7 +154,7 @@ def bench_quality(work: str, say: Callable[[str], None], quick: bool = False, se
     logs = {"criteo": os.path.join(work, "criteo_parquet"), "movielens": os.path.join(work, "movielens_parquet"),
             "instacart": os.path.join(work, "instacart_parquet")}
     if not os.path.isdir(logs["criteo"]):
-        subprocess.run([*CLI, "criteo-to-parquet", "--csv", str(criteo), "--out", logs["criteo"]], check=True,
+        subprocess.run([*CLI, "criteo-to-parquet", "--csv", str(criteo), "--output", logs["criteo"]], check=True,
                        capture_output=True)
     if not os.path.isdir(logs["movielens"]):
         movielens_to_parquet(logs["movielens"], say=say)

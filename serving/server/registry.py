@@ -1,6 +1,6 @@
 """Loaded SavedModel versions of one model: newest good version serves; new ones load in the background.
 
-Depends on nothing of training: it only reads TF Serving's layout MODEL_BASE/<int version>/.
+Depends on nothing of training: it only reads TF Serving's layout EXPORT_BASE/<int version>/.
 """
 from __future__ import annotations
 
@@ -229,7 +229,7 @@ class _Refusal:
 
 
 class ModelRegistry:
-    """The served version of one model: the newest loadable version in MODEL_BASE.
+    """The served version of one model: the newest loadable version in EXPORT_BASE.
 
     At start the newest version that loads is served (newer ones that fail are refused and logged); a
     watcher thread then loads newer versions in the background and swaps when one is ready. A refused
@@ -239,8 +239,8 @@ class ModelRegistry:
     """
     RETRY_S, MAX_RETRY_S = 5.0, 300.0
 
-    def __init__(self, model_base: str, model_name: str, poll_seconds: float = 2.0):
-        self.base, self.name, self.poll_seconds = model_base, model_name, poll_seconds
+    def __init__(self, export_base: str, model_name: str, poll_seconds: float = 2.0):
+        self.base, self.name, self.poll_seconds = export_base, model_name, poll_seconds
         self._lock = threading.Lock()
         self._versions: dict[int, LoadedVersion] = {}
         self._refused: dict[int, _Refusal] = {}
@@ -285,7 +285,7 @@ class ModelRegistry:
         while not self._stop.wait(self.poll_seconds):
             try:
                 self.refresh()
-            except Exception:  # noqa: BLE001 - e.g. the model base vanished for a moment: keep watching
+            except Exception:  # noqa: BLE001 - e.g. the export base vanished for a moment: keep watching
                 log.exception("version watcher: refresh failed; serving version %s", self.get().version)
 
     def start(self) -> None:

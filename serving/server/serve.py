@@ -26,7 +26,7 @@ class ServeError(RecpipeError, ValueError):
 
 @dataclass(frozen=True)
 class ServeOptions:
-    model_base: str
+    export_base: str
     model_name: str
     host: str = "127.0.0.1"
     rest_port: int = 8501
@@ -47,13 +47,13 @@ class ModelServer:
     Usable as a context manager: leaving the `with` block stops the server.
 
     Args:
-        opts: the model base and name, the host and ports to bind (0: any free port; grpc_port None: no
+        opts: the export base and name, the host and ports to bind (0: any free port; grpc_port None: no
             gRPC front end), the version poll interval and the server-side batching settings.
 
     Attributes:
         opts: the options given.
         metrics: the request metrics both front ends record.
-        registry: the ModelRegistry that loads the versions of the model base and watches it for new ones.
+        registry: the ModelRegistry that loads the versions of the export base and watches it for new ones.
         predictor: the Predictor that runs (and, with max_batch_rows > 0, batches) model calls.
         rest_port: the bound REST port (None until start()).
         grpc_port: the bound gRPC port (None until start(), and without a gRPC front end).
@@ -62,7 +62,7 @@ class ModelServer:
     def __init__(self, opts: ServeOptions):
         self.opts = opts
         self.metrics = Metrics()
-        self.registry = ModelRegistry(opts.model_base, opts.model_name, opts.poll_seconds)
+        self.registry = ModelRegistry(opts.export_base, opts.model_name, opts.poll_seconds)
         self.predictor = Predictor(self.metrics, opts.max_batch_rows, opts.batch_timeout_ms / 1000.0)
         self._rest = None
         self._grpc = None
@@ -77,7 +77,7 @@ class ModelServer:
             This server, started, with `rest_port` and `grpc_port` set to the bound ports.
 
         Raises:
-            RuntimeError: the model base holds no loadable version.
+            RuntimeError: the export base holds no loadable version.
             OSError: a port cannot be bound.
         """
         self.registry.start()
