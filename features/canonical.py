@@ -30,10 +30,24 @@ DEFAULT_SEPARATOR = "|"
 CROSS_SEPARATOR = "\x1f"  # joins a cross's values (ASCII unit separator: no value of C1 "a\x1fb" x C2 "c" meets
                            # C1 "a" x C2 "b\x1fc" unless a log puts unit separators in its IDs)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
-# Why a row is dead-lettered (the first failing check names the reason and the field):
-DEAD_LETTER_REASONS = ("invalid_utf8", "label_unparsable", "null_label", "label_not_0_1", "timestamp_unparsable",
-                       "null_timestamp", "null_user", "order_unparsable", "null_order", "dense_unparsable",
-                       "dense_infinite", "dense_out_of_range", "list_item_has_separator")
+# Why a row is dead-lettered, in the order validate_batch checks (the first failing check names the reason
+# and the field), each with what it means for the row's field:
+DEAD_LETTER_REASONS = {
+    "invalid_utf8": "holds a string that is not UTF-8",
+    "label_unparsable": "the label cannot be read as a number",
+    "null_label": "the label is null",
+    "label_not_0_1": "the label is neither 0 nor 1",
+    "timestamp_unparsable": "the timestamp cannot be read as a number or an ISO 8601 date or date-time",
+    "null_timestamp": "the timestamp is null (or not a finite number)",
+    "null_user": "the per-user split's user column is null",
+    "order_unparsable": "the per-user split's order column cannot be read",
+    "null_order": "the per-user split's order column is null (or not a finite number)",
+    "dense_unparsable": "a dense feature's value cannot be read as a number",
+    "dense_infinite": "a dense feature's value is infinite",
+    "dense_out_of_range": "a dense feature's value is finite but beyond float32 (e.g. 1e39); `out_of_range: clip` "
+                          "on the feature clips it instead",
+    "list_item_has_separator": "a list item contains the separator serving joins lists with",
+}
 
 
 class SchemaError(RecpipeError, ValueError):

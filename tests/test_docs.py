@@ -2,6 +2,8 @@
 (the site build, `make docs`, checks the site's links again with warnings as errors)."""
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import re
 
 import pytest
@@ -45,3 +47,32 @@ def _exists(page, target: str) -> bool:
         if target.startswith("results/"):
             return (REPO / "bench" / target).exists()
     return (page.parent / target).exists()
+
+
+def _hooks():
+    spec = importlib.util.spec_from_file_location("docs_hooks", REPO / "docs" / "hooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("page", sorted((REPO / "docs").glob("*.md")), ids=lambda p: p.name)
+def test_generated_tables_render(page):
+    """Every `<!-- table: ... -->` marker names a table the site build can generate."""
+    hooks = _hooks()
+    rendered = hooks.render_tables(page.read_text())
+    assert "<!-- table:" not in rendered
+
+
+def test_every_suite_lists_its_targets():
+    from recpipe.bench.targets import MEANINGS, SUITES, TARGETS
+    assert MEANINGS.keys() == TARGETS.keys()
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    assert [s for s in SUITES if f"<!-- table: targets {s} -->" not in text] == []
+    assert {k.split("_", 1)[0] for k in TARGETS} <= set(SUITES)
+
+
+def test_dead_letter_reasons_are_listed_in_the_order_they_are_checked():
+    from recpipe.features import canonical
+    checked = re.findall(r'flag\(.*?,\s*"(\w+)",', inspect.getsource(canonical.validate_batch), flags=re.S)
+    assert checked == list(canonical.DEAD_LETTER_REASONS)

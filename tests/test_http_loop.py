@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from recpipe.serving.server.http_loop import MAX_HEAD_BYTES, HttpServer, Request, Response
+from recpipe.serving.server.http_loop import HttpServer, Request, Response
+from recpipe.serving.server.limits import MAX_HEAD_BYTES
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """The benchmark suites and the ratio targets every full run reports against (constants only:
 the CLI reads them before anything heavy is imported)."""
 
-__all__ = ["SUITES", "TARGETS"]
+__all__ = ["SUITES", "TARGETS", "MEANINGS"]
 
 SUITES = ("preprocess", "train", "serve", "cluster", "quality", "export", "lifecycle")
 
@@ -9,45 +9,82 @@ SUITES = ("preprocess", "train", "serve", "cluster", "quality", "export", "lifec
 TARGETS = {
     "preprocess_beam_vs_pyarrow": (">=", 0.5),
     "preprocess_rss_10x_vs_1x": ("<=", 1.5),
-    "preprocess_beam_vs_duckdb": (">=", 0.5),  # the same transform done by DuckDB, 2 threads
+    "preprocess_beam_vs_duckdb": (">=", 0.5),
     "train_real_vs_synthetic_input": (">=", 0.95),
     "train_bf16_vs_fp32": (">=", 1.3),
     "train_horovod_scaling_2": (">=", 0.9),
     "train_ps_vs_local": (">=", 0.8),
-    # issue 16: our Horovod path against plain horovod.tensorflow.keras (DistributedOptimizer + fit, dense
-    # gradients) at np=2, and against this box's own 2-process ceiling (two independent one-rank runs at once)
     "train_horovod_vs_plain_horovod": (">=", 1.2),
     "train_horovod_np2_vs_two_independent": (">=", 0.8),
-    # issue 16: our `recpipe train` against the same DCN-v2 trained the TFRS-tutorial way (model.fit, data in memory)
     "train_vs_tfrs_fit": (">=", 1.5),
-    # the default DCN-v2's dense FLOP/s over this CPU's measured matmul ceiling (fp32)
     "train_default_roofline_fraction": (">=", 0.55),
-    # issue 16: REST with batching at concurrency 8 against the same SavedModel called in-process
     "serve_qps_vs_inprocess": (">=", 0.9),
     "serve_p99_ms_c8": ("<=", 10.0),
-    # the advisor's calibrated step-time prediction vs measurement across hosts (bench cluster)
     "cluster_ps_prediction_error_1gbit": ("<=", 0.25),
     "cluster_ps_prediction_error_100mbit": ("<=", 0.25),
     "cluster_horovod_prediction_error_1gbit": ("<=", 0.25),
     "cluster_horovod_prediction_error_100mbit": ("<=", 0.25),
-    # the shipped ranking default's eval AUC margin over a baseline, in units of the run-to-run spread
     "quality_criteo_margin_over_spread_vs_logistic": (">=", 1.0),
     "quality_criteo_margin_over_spread_vs_sklearn_lr": (">=", 1.0),
     "quality_movielens_margin_over_spread_vs_logistic": (">=", 1.0),
     "quality_movielens_margin_over_spread_vs_sklearn_lr": (">=", 1.0),
-    # retrieval: recall@10 of the shipped two towers over the most-popular baseline's, on real logs
     "quality_instacart_recall10_vs_popularity": (">=", 2.0),
     "quality_movielens_retrieval_recall10_vs_popularity": (">=", 2.0),
-    # exported SavedModel bytes and eval AUC with int8 / bfloat16 stored weights, the worse of Criteo and synthetic
     "export_int8_bytes_vs_fp32": ("<=", 0.3),
     "export_int8_auc_delta_abs": ("<=", 0.002),
     "export_bf16_bytes_vs_fp32": ("<=", 0.55),
-    # the daily DAG over drifting items, evicting: the item table stays within max_size, the eval AUC
-    # within 0.01 of the same DAG on a drift-free log, and every day's export passes its skew check
     "lifecycle_item_slots_vs_max_size": ("<=", 1.0),
     "lifecycle_auc_gap_vs_no_drift": ("<=", 0.01),
-    # ... and within 0.01 of the same log's run without any lifecycle (item table hashed): what the
-    # admission, eviction and slot reuse themselves cost
     "lifecycle_auc_gap_vs_no_lifecycle": ("<=", 0.01),
     "lifecycle_skew_checks_passed": (">=", 1.0),
+}
+
+# What each ratio compares, for the targets tables of the docs (every key of TARGETS has one).
+MEANINGS = {
+    "preprocess_beam_vs_pyarrow": "rows/s of the Beam job ÷ a single process running the same functions "
+                                  "without Beam",
+    "preprocess_rss_10x_vs_1x": "the Beam job's peak RSS at 10× the rows ÷ at 1×",
+    "preprocess_beam_vs_duckdb": "rows/s of the Beam job ÷ DuckDB (2 threads) doing the same split, "
+                                 "vocabularies and normalisation",
+    "train_real_vs_synthetic_input": "ex/s on the real shards ÷ on one in-memory batch: how little the input "
+                                     "pipeline costs",
+    "train_bf16_vs_fp32": "ex/s in mixed bfloat16 ÷ in float32 (faster only on CPUs with AMX or AVX512-BF16)",
+    "train_horovod_scaling_2": "ex/s of Horovod np=2 ÷ 2 × np=1, one thread per rank",
+    "train_ps_vs_local": "ex/s of PS (2 workers × 1 thread + 2 PS tasks) ÷ local with the same 2 threads",
+    "train_horovod_vs_plain_horovod": "ex/s of our Horovod path ÷ plain `horovod.tensorflow.keras` "
+                                      "(DistributedOptimizer + fit, dense gradients), np=2",
+    "train_horovod_np2_vs_two_independent": "ex/s of Horovod np=2 ÷ two independent np=1 runs at once (the "
+                                            "host's own 2-process ceiling)",
+    "train_vs_tfrs_fit": "ex/s of `recpipe train` ÷ the same DCN-v2 trained the TFRS-tutorial way (Keras "
+                         "`fit`, data in memory)",
+    "train_default_roofline_fraction": "the default DCN-v2's dense FLOP/s ÷ this CPU's measured matmul "
+                                       "ceiling (float32)",
+    "serve_qps_vs_inprocess": "REST queries/s with batching at concurrency 8 ÷ the same SavedModel called "
+                              "in-process",
+    "serve_p99_ms_c8": "REST p99 latency in ms at concurrency 8",
+    "cluster_ps_prediction_error_1gbit": "|advisor's predicted PS step time − measured| ÷ measured, across "
+                                         "network namespaces at 1 Gbit/s",
+    "cluster_ps_prediction_error_100mbit": "the same at 100 Mbit/s",
+    "cluster_horovod_prediction_error_1gbit": "the same for Horovod ring-allreduce at 1 Gbit/s",
+    "cluster_horovod_prediction_error_100mbit": "the same for Horovod at 100 Mbit/s",
+    "quality_criteo_margin_over_spread_vs_logistic": "the default's eval-AUC margin over our `logistic` "
+                                                     "model ÷ the combined sd over seeds (≥ 1: it wins by "
+                                                     "more than noise), Criteo sample",
+    "quality_criteo_margin_over_spread_vs_sklearn_lr": "the same against scikit-learn `LogisticRegression` "
+                                                       "with C chosen on validation, Criteo sample",
+    "quality_movielens_margin_over_spread_vs_logistic": "the margin over `logistic` ÷ the spread, "
+                                                        "MovieLens-100K ratings",
+    "quality_movielens_margin_over_spread_vs_sklearn_lr": "the margin over scikit-learn LR ÷ the spread, "
+                                                          "MovieLens-100K ratings",
+    "quality_instacart_recall10_vs_popularity": "two towers' recall@10 ÷ the most-popular baseline's, Instacart",
+    "quality_movielens_retrieval_recall10_vs_popularity": "the same on MovieLens-100K",
+    "export_int8_bytes_vs_fp32": "SavedModel bytes with int8 stored weights ÷ float32",
+    "export_int8_auc_delta_abs": "|eval AUC with int8 weights − float32|, the worse of Criteo and synthetic",
+    "export_bf16_bytes_vs_fp32": "SavedModel bytes with bfloat16 stored weights ÷ float32",
+    "lifecycle_item_slots_vs_max_size": "the daily DAG over drifting items, evicting: the item table's most "
+                                        "slots on any day ÷ the vocabulary's max_size",
+    "lifecycle_auc_gap_vs_no_drift": "the largest per-day |eval AUC gap| to the same DAG on a drift-free log",
+    "lifecycle_auc_gap_vs_no_lifecycle": "the largest per-day |eval AUC gap| to the same log without admission "
+                                         "or eviction (item table hashed): what the lifecycle costs",
+    "lifecycle_skew_checks_passed": "the share of the days whose export passed its skew check",
 }

@@ -5,7 +5,7 @@ each complete request to an async application. Nothing about TF Serving lives he
 
 Why a loop and not a thread per request: a request's Python work is short (JSON, validation) and the
 model call happens on another thread (the batcher, or the executor); threads that each take the GIL
-for a moment wait far longer for it than they work (measured in README's serving section).
+for a moment wait far longer for it than they work (`recpipe bench serve` measures both).
 
 Limits, each answered or cut off, never a silent hang:
   - a request line + headers over MAX_HEAD_BYTES: 431, connection closed;
@@ -34,10 +34,11 @@ from typing import Awaitable, Callable, Optional
 
 import httptools
 
-__all__ = ["Request", "Response", "HttpServer", "MAX_HEAD_BYTES"]
+from recpipe.serving.server.limits import MAX_HEAD_BYTES
+
+__all__ = ["Request", "Response", "HttpServer"]
 
 log = logging.getLogger("recpipe.serving")
-MAX_HEAD_BYTES = 64 * 1024   # request line + headers
 _PIPELINE_DEPTH = 16         # parsed requests waiting on one connection before it stops reading
 
 

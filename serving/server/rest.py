@@ -36,17 +36,13 @@ from recpipe.features.canonical import FLOAT32_MAX
 from recpipe.serving.server.batching import Predictor
 from recpipe.serving.examples import b64_bytes, classes, examples_from_json, is_b64
 from recpipe.serving.server.http_loop import HttpServer, Request, Response
+from recpipe.serving.server.limits import IDLE_TIMEOUT_S, MAX_BODY_BYTES, MAX_CONNECTIONS, REQUEST_DEADLINE_S
 from recpipe.serving.server.metrics import Metrics
 from recpipe.serving.server.registry import SIGNATURE, ModelRegistry, RequestError, dtype_kind
 
-__all__ = ["parse_predict_body", "format_predict_response", "make_rest_server", "RestApp", "MAX_BODY_BYTES",
-           "REQUEST_DEADLINE_S"]
+__all__ = ["parse_predict_body", "format_predict_response", "make_rest_server", "RestApp"]
 
 log = logging.getLogger("recpipe.serving")
-MAX_BODY_BYTES = 16 * 1024 * 1024
-REQUEST_DEADLINE_S = 30.0     # a request must arrive whole within this long after its first byte
-IDLE_TIMEOUT_S = 120.0        # keep-alive connections with nothing in flight are closed after this
-MAX_CONNECTIONS = 1000
 _PATH = re.compile(r"^/v1/models/(?P<name>[A-Za-z0-9_.\-]+)(?:/versions/(?P<version>\d{1,19}))?"
                    r"(?P<rest>/metadata|:predict|:classify|:regress)?$")
 _POST_VERBS = (":predict", ":classify", ":regress")
