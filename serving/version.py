@@ -21,10 +21,11 @@ from recpipe.common import fsio
 from recpipe.features.config import Config, parse_config
 
 __all__ = ["ExportBase", "ExportedVersion", "ExportMeta", "is_version_name", "TEMP_PREFIX", "SIGNATURE",
-           "EXAMPLES_SIGNATURE", "WeightDtype", "WEIGHT_DTYPES"]
+           "EXAMPLES_SIGNATURE", "EXAMPLES_INPUT", "WeightDtype", "WEIGHT_DTYPES"]
 
 SIGNATURE = "serving_default"           # raw columns in (predict)
 EXAMPLES_SIGNATURE = "predict_examples"  # ranking: serialized tf.Examples of raw columns in (classify/regress)
+EXAMPLES_INPUT = "examples"  # predict_examples' one input: a vector of serialized tf.Examples
 
 WeightDtype = Literal["float32", "bfloat16", "int8"]  # how an export stores embedding tables / Dense kernels
 WEIGHT_DTYPES: tuple[str, ...] = get_args(WeightDtype)

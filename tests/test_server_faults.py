@@ -65,24 +65,28 @@ def test_a_corrupt_newest_version_does_not_block_startup(tmp_path, exported, cap
 
 @pytest.mark.integration
 def test_warmup_requests_are_exported_and_replayed_before_a_version_serves(tmp_path, exported, caplog):
-    """TF Serving's SavedModel warmup: the export writes assets.extra/tf_serving_warmup_requests (Predict,
-    Classify and Regress on its first eval-sample rows), which TF Serving replays before a version serves,
-    and so does our server; a version whose warmup request fails is refused, as TF Serving fails its load.
-    Before, a version's first Classify call ran its graph for the first time (0.4 s against 2 ms after)."""
+    """TF Serving's SavedModel warmup: the export writes assets.extra/tf_serving_warmup_requests (Predict on
+    serving_default and on predict_examples, its first eval-sample rows), which TF Serving replays before a
+    version serves, and so does our server; a version whose warmup request fails is refused, as TF Serving
+    fails its load. Only Predict requests: TF Serving refuses Classify and Regress on a signature not shaped
+    for them, which would fail every load of the export there."""
     from tensorflow_serving.apis import prediction_log_pb2
 
     from recpipe.serving.version import ExportedVersion
     from recpipe.serving.warmup import WARMUP_ROWS, read_warmup, write_warmup
     warmup = ExportedVersion(exported[1], 1).warmup_path
     logs = read_warmup(warmup)
-    assert [log.WhichOneof("log_type") for log in logs] == ["predict_log", "classify_log", "regress_log"]
-    predict = logs[0].predict_log.request
+    assert [log.WhichOneof("log_type") for log in logs] == ["predict_log", "predict_log"]
+    predict, examples = (log.predict_log.request for log in logs)
     assert predict.model_spec.signature_name == "serving_default"
     import tensorflow as tf
-    inputs = tf.saved_model.load(exported[1]).signatures["serving_default"].structured_input_signature[1]
+    signatures = tf.saved_model.load(exported[1]).signatures
+    inputs = signatures["serving_default"].structured_input_signature[1]
     assert {k: v.tensor_shape.dim[0].size for k, v in predict.inputs.items()} == dict.fromkeys(inputs, WARMUP_ROWS)
-    assert len(logs[1].classify_log.request.input.example_list.examples) == WARMUP_ROWS
-    assert logs[2].regress_log.request.model_spec.signature_name == "predict_examples"
+    assert examples.model_spec.signature_name == "predict_examples"
+    # what TF Serving's replay does: the request's inputs by name into the signature
+    scores = signatures["predict_examples"](**{k: tf.make_ndarray(v) for k, v in examples.inputs.items()})["score"]
+    assert scores.shape[0] == WARMUP_ROWS
     base = tmp_path / "base"
     _copy_version(exported[1], base, 1)
     bad = _copy_version(exported[1], base, 2)
@@ -97,7 +101,7 @@ def test_warmup_requests_are_exported_and_replayed_before_a_version_serves(tmp_p
         messages = [r.getMessage() for r in caplog.records]
         assert any(m.startswith("refusing small version 2") and "warmup record 1 (predict_log) fails: unknown "
                    "input(s): no_such_column" in m for m in messages), messages
-        assert f"version 1: replayed 3 warmup request(s) from {base / '1' / 'assets.extra'}" \
+        assert f"version 1: replayed 2 warmup request(s) from {base / '1' / 'assets.extra'}" \
                f"/tf_serving_warmup_requests" in messages
     finally:
         srv.stop()

@@ -45,7 +45,7 @@ from recpipe.serving.export.prune import Pruning, prune_model, prune_vocabularie
 from recpipe.serving.export.quantize import quantize_model
 from recpipe.serving.server.registry import load_version
 from recpipe.serving.warmup import missing_rows, warmup_logs, write_warmup
-from recpipe.serving.version import EXAMPLES_SIGNATURE, TEMP_PREFIX, ExportBase, ExportedVersion, ExportMeta
+from recpipe.serving.version import EXAMPLES_INPUT, EXAMPLES_SIGNATURE, TEMP_PREFIX, ExportBase, ExportedVersion, ExportMeta
 from recpipe.trainers.evaluation.candidates import read_clicks
 from recpipe.trainers.model_dir import ModelDir, check_same_transform
 
@@ -86,7 +86,7 @@ def _ranking_module(artifact: TransformArtifact, model: tf.keras.Model) -> tuple
         serve_fn = serve.get_concrete_function()
     spec = example_spec(artifact.config, artifact.raw_schema)
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")], autograph=False)
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=EXAMPLES_INPUT)], autograph=False)
     def predict_examples(examples):
         return score_fn(request_from_examples(tf.io.parse_example(examples, spec), artifact))
 
@@ -231,7 +231,7 @@ def sample_auc(version: ExportedVersion, sample: pa.Table) -> float:
     cfg = meta.typed_config()
     if EXAMPLES_SIGNATURE in signatures:
         examples = tf.constant(examples_from_arrow(sample, cfg, meta.raw_schema))
-        scores = signatures[EXAMPLES_SIGNATURE](examples=examples)["score"].numpy()
+        scores = signatures[EXAMPLES_SIGNATURE](**{EXAMPLES_INPUT: examples})["score"].numpy()
     else:
         fn = signatures["serving_default"]
         scores = fn(**request_from_arrow(sample, dict(fn.structured_input_signature[1])))["score"].numpy()
@@ -278,7 +278,7 @@ def examples_check(examples_fn, trained: np.ndarray, sample: pa.Table, artifact:
     trainer's scores of their preprocessed records (`trained`), every row: a null integer ID too, which
     serving_default's int64 input cannot carry (skew_check leaves such rows to this check)."""
     examples = tf.constant(examples_from_arrow(sample, artifact.config, artifact.raw_schema))
-    via_examples = examples_fn(examples=examples)["score"].numpy()
+    via_examples = examples_fn(**{EXAMPLES_INPUT: examples})["score"].numpy()
     same_shape = trained.shape == via_examples.shape
     diff = float(np.max(np.abs(trained.astype(np.float64) - via_examples))) if same_shape and len(trained) else 0.0
     return {"examples_rows": int(len(via_examples)), "examples_max_abs_diff": diff,

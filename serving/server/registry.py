@@ -19,7 +19,7 @@ from tensorflow.core.protobuf import saved_model_pb2
 
 from recpipe.common.hostmem import GIB, available_memory
 from recpipe.serving.errors import RequestError
-from recpipe.serving.version import EXAMPLES_SIGNATURE, SIGNATURE, ExportBase, ExportedVersion
+from recpipe.serving.version import EXAMPLES_INPUT, EXAMPLES_SIGNATURE, SIGNATURE, ExportBase, ExportedVersion
 from recpipe.serving.warmup import missing_rows, read_warmup, replay
 
 __all__ = ["LoadedVersion", "ModelRegistry", "RequestError", "SIGNATURE", "EXAMPLES_SIGNATURE", "load_version",
@@ -129,7 +129,7 @@ class LoadedVersion:
         if not serialized:
             raise RequestError("empty batch: no examples")
         try:
-            out = self.examples_fn(examples=tf.constant(serialized, tf.string))
+            out = self.examples_fn(**{EXAMPLES_INPUT: tf.constant(serialized, tf.string)})
         except tf.errors.InvalidArgumentError as e:
             raise RequestError(f"examples: {_graph_error(e.message)}") from None
         return out["score"].numpy()
