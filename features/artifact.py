@@ -16,11 +16,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import yaml
-
 from recpipe.features.config import Config, SparseFeature, dump_config, parse_config
 from recpipe.common import fsio
 from recpipe.common.errors import RecpipeError
+from recpipe.common.typed_yaml import parse_yaml
 
 __all__ = ["RAW_KINDS", "TransformArtifact", "ArtifactError", "FORMAT_VERSION", "summary_differences"]
 
@@ -131,7 +130,8 @@ class TransformArtifact:
     @classmethod
     def read(cls, directory: str) -> "TransformArtifact":
         meta = cls.read_meta(directory)
-        config = parse_config(yaml.safe_load(fsio.read_text(fsio.join(directory, "config.yaml"))))
+        config_path = fsio.join(directory, "config.yaml")
+        config = parse_config(parse_yaml(fsio.read_text(config_path), config_path))
         vocabularies, counts, last_seen, pending = {}, {}, {}, {}
         for f in config.features.sparse:
             if f.vocab is not None and f.share_embedding_with is None:
