@@ -6,6 +6,7 @@ fails unless rows in = rows train + rows validation + rows eval + rows dead-lett
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -23,6 +24,7 @@ from recpipe.features.artifact import TransformArtifact
 from recpipe.features.canonical import NULL_KIND, SchemaError, merged_kind
 from recpipe.features.config import Config, config_to_dict
 from recpipe.common.days import day_number
+from recpipe.common.dirlock import DirLock
 from recpipe.common.errors import RecpipeError
 from recpipe.features.preprocessed import SPLITS, PreprocessedData
 from recpipe.pipeline.anomalies import (SplitCounts, copied_file_warnings, dead_letter_warnings, feature_warnings,
@@ -245,6 +247,15 @@ def _staging_path(output: str) -> str:
     return os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.staging-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
+def _output_lock(output: str) -> DirLock:
+    """The lock a run holds on OUTPUT from its emptiness check to its publication: a hidden sibling file
+    (OUTPUT itself must stay empty), so a second run into the same OUTPUT fails at once instead of
+    removing the first one's staging folder or publishing over it."""
+    out = os.path.abspath(output)
+    return DirLock(os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.lock"),
+                   f"preprocess output {output}", remove=True)
+
+
 def remove_stale_staging(output: str) -> list[str]:
     """Staging folders of OUTPUT whose process is gone (killed before it could clean up); returns them."""
     out = os.path.abspath(output)
@@ -343,49 +354,50 @@ def run_preprocess(cfg: Config, input_spec: str, output: str, beam_args: list[st
             say)  # at launch, before any stage runs
 
     local = "://" not in output
-    if local and os.path.exists(output) and os.listdir(output):
-        raise PreprocessError(f"{output}: output directory exists and is not empty")
-    if local:
-        for stale in remove_stale_staging(output):
-            say(f"preprocess: removed {stale}, left by a run that was killed")
-    staging = _staging_path(output) if local else output
-
-    options = PipelineOptions(beam_args)
-    try:
-        p = beam.Pipeline(runner=pipeline_runner(options), options=options)
-        build_pipeline(p, cfg, inputs, raw_schema, PreprocessedData(staging), previous, previous_transform, day_no)
-        result = p.run()
-        result.wait_until_finish()
-        staged = PreprocessedData(staging)
-        res = dataclasses.replace(_row_counts(staged), output=output)
-        if res.rows_in != total or res.rows_in != res.rows_out + res.rows_dead:
-            raise PreprocessError(f"row accounting does not balance: footers say {total} rows; {res.summary()}")
-        counted = _counter(result, "rows_in")
-        if counted is not None and counted != res.rows_in:
-            say(f"preprocess: note: the rows_in counter says {counted}, the data {res.rows_in} (a retried task "
-                f"counted twice?); the accounting uses the data")
-        _check_written(staged, res)
-        repeats = _repeats(staged, cfg)
-        artifact = staged.transform()  # the published artifact must load
-        repeated = repeated_row_warnings(repeats, inputs, copies, cfg.preprocess.max_repeated_row_fraction) \
-            if repeats is not None else []
-        _check_usable(cfg, artifact, res, previous, say, staged.eval_sample_table(), repeated)
-        artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "validation": res.rows_validation,
-                               "eval": res.rows_eval,
-                               "dead_letter": res.rows_dead, "dead_letter_by_reason": res.dead_letter,
-                               "files": len(inputs), "partition_days": len(days),
-                               "repeated_rows": repeats.repeats if repeats is not None else None,
-                               "with_value": res.with_value, "dense_sums": res.dense_sums,
-                               "positives": res.positives,
-                               "shard_bytes": staged.shard_sizes()}  # what a copy of the folder must hold
-        artifact.write_meta(staged.transform_dir)  # last: the row counts mark the folder complete
+    with _output_lock(output) if local else contextlib.nullcontext():  # one run writes OUTPUT at a time
+        if local and os.path.exists(output) and os.listdir(output):
+            raise PreprocessError(f"{output}: output directory exists and is not empty")
         if local:
-            if os.path.exists(output):
-                os.rmdir(output)
-            os.rename(staging, output)
-    except BaseException:
-        if local and os.path.isdir(staging):
-            shutil.rmtree(staging, ignore_errors=True)
-        raise
+            for stale in remove_stale_staging(output):
+                say(f"preprocess: removed {stale}, left by a run that was killed")
+        staging = _staging_path(output) if local else output
+
+        options = PipelineOptions(beam_args)
+        try:
+            p = beam.Pipeline(runner=pipeline_runner(options), options=options)
+            build_pipeline(p, cfg, inputs, raw_schema, PreprocessedData(staging), previous, previous_transform, day_no)
+            result = p.run()
+            result.wait_until_finish()
+            staged = PreprocessedData(staging)
+            res = dataclasses.replace(_row_counts(staged), output=output)
+            if res.rows_in != total or res.rows_in != res.rows_out + res.rows_dead:
+                raise PreprocessError(f"row accounting does not balance: footers say {total} rows; {res.summary()}")
+            counted = _counter(result, "rows_in")
+            if counted is not None and counted != res.rows_in:
+                say(f"preprocess: note: the rows_in counter says {counted}, the data {res.rows_in} (a retried task "
+                    f"counted twice?); the accounting uses the data")
+            _check_written(staged, res)
+            repeats = _repeats(staged, cfg)
+            artifact = staged.transform()  # the published artifact must load
+            repeated = repeated_row_warnings(repeats, inputs, copies, cfg.preprocess.max_repeated_row_fraction) \
+                if repeats is not None else []
+            _check_usable(cfg, artifact, res, previous, say, staged.eval_sample_table(), repeated)
+            artifact.row_counts = {"in": res.rows_in, "train": res.rows_train, "validation": res.rows_validation,
+                                   "eval": res.rows_eval,
+                                   "dead_letter": res.rows_dead, "dead_letter_by_reason": res.dead_letter,
+                                   "files": len(inputs), "partition_days": len(days),
+                                   "repeated_rows": repeats.repeats if repeats is not None else None,
+                                   "with_value": res.with_value, "dense_sums": res.dense_sums,
+                                   "positives": res.positives,
+                                   "shard_bytes": staged.shard_sizes()}  # what a copy of the folder must hold
+            artifact.write_meta(staged.transform_dir)  # last: the row counts mark the folder complete
+            if local:
+                if os.path.exists(output):
+                    os.rmdir(output)
+                os.rename(staging, output)
+        except BaseException:
+            if local and os.path.isdir(staging):
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
     say(f"preprocess: {res.summary()}")
     return res

@@ -10,22 +10,27 @@
                             and warm start read when present (else the latest checkpoint)
     ROOT/reliability.png    the eval split's reliability curve, written by `recpipe evaluate` (ranking)
     ROOT/slices.png         the eval metric per slice (config evaluate.slices), written by `recpipe evaluate`
+    ROOT/.writer.lock       held by the one training run that writes the directory (recpipe.common.dirlock)
 """
 from __future__ import annotations
 
 import dataclasses
+import glob
 import math
 import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+import sys
+from typing import TYPE_CHECKING, Callable, Optional
 
 from recpipe.common import fsio
+from recpipe.common.dirlock import DirLock
 from recpipe.features.artifact import TransformArtifact
 from recpipe.features.config import Config, config_to_dict, dump_config, load_config
 from recpipe.features.preprocessed import PreprocessedData
+from recpipe.trainers.checkpoints import checkpoint_prefixes, remove_temp_saves, restore_newest_whole
 from recpipe.trainers.errors import TrainError
 
 if TYPE_CHECKING:
@@ -38,6 +43,10 @@ if TYPE_CHECKING:
 __all__ = ["TrainState", "ModelDir", "load_trained", "check_data_matches", "check_same_transform"]
 
 MAX_CHECKPOINTS = 3
+
+
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,15 @@ class ModelDir:
     reliability_png = fsio.SubPath("reliability.png")  # written by `recpipe evaluate` (ranking)
     slices_png = fsio.SubPath("slices.png")  # written by `recpipe evaluate` (config evaluate.slices)
     kept_elsewhere_path = fsio.SubPath("checkpoints_kept_elsewhere.json")  # a Horovod host's own dir: see below
+    lock_path = fsio.SubPath(".writer.lock")
+
+    def writer_lock(self) -> DirLock:
+        """The lock a training run holds while it writes the directory: a second run on it fails at once.
+
+        Returns:
+            A DirLock context manager; entering it raises FolderInUseError naming the holder.
+        """
+        return DirLock(self.lock_path, f"model dir {self.root}")
 
     # ------------------------------------------------------------ contents
     def has_config(self) -> bool:
@@ -194,21 +212,6 @@ class ModelDir:
             ROOT/best/weights when its .index file exists, else None.
         """
         return self.best_prefix if os.path.exists(self.best_prefix + ".index") else None
-
-    def trained_weights(self) -> str:
-        """The checkpoint prefix evaluation, export and warm start read: the best weights on validation, else
-        the latest checkpoint.
-
-        Returns:
-            best_weights() when training kept any, else latest_checkpoint().
-
-        Raises:
-            TrainError: the directory holds no checkpoint (see no_checkpoint_error).
-        """
-        latest = self.latest_checkpoint()
-        if latest is None:
-            raise self.no_checkpoint_error()
-        return self.best_weights() or latest
 
     def resume_hint(self) -> str:
         """What a rerun of the same command does after a job died: resume from the last checkpoint, or start over.
@@ -275,15 +278,6 @@ class ModelDir:
         """
         latest = self.latest_checkpoint()
         return int(latest.rsplit("-", 1)[1]) if latest else 0
-
-    def is_complete(self) -> bool:
-        """Whether evaluate and export can use the directory.
-
-        Returns:
-            True when it holds the config, the transform copy and at least one checkpoint.
-        """
-        return self.has_config() and os.path.exists(os.path.join(self.transform_dir, "transform.json")) \
-            and self.latest_checkpoint() is not None
 
     def state(self) -> Optional[TrainState]:
         """What the last training run left in train_state.json.
@@ -412,21 +406,71 @@ class ModelDir:
         ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer if optimizer is not None else model.optimizer)
         return ckpt, tf.train.CheckpointManager(ckpt, self.checkpoints_dir, max_to_keep=MAX_CHECKPOINTS)
 
+    def resume(self, ckpt: tf.train.Checkpoint, say: Callable[[str], None]) -> Optional[str]:
+        """Restore the newest whole checkpoint into `ckpt` (a run resuming), after removing the temporary
+        folders of saves that were killed. Call it holding writer_lock().
+
+        Args:
+            ckpt: the run's checkpoint (checkpoint()'s first element).
+            say: where the warnings about damaged checkpoints go.
+
+        Returns:
+            The prefix restored, or None when the directory holds no checkpoint.
+
+        Raises:
+            TrainError: checkpoints exist but none restores.
+            AssertionError: the checkpoint does not match the model's variables.
+        """
+        for path in remove_temp_saves(self.checkpoints_dir):
+            say(f"train: removed {path}, left by a checkpoint save that was killed")
+        prefixes = checkpoint_prefixes(self.checkpoints_dir)
+        if not prefixes:
+            return None
+        return restore_newest_whole(lambda p: ckpt.restore(p).assert_existing_objects_matched(), prefixes,
+                                    self.checkpoints_dir, lambda m: say(f"train: {m}"))
+
+    def _weights_candidates(self) -> list[str]:
+        """The prefixes evaluation, export and warm start may read, the preferred first: the best weights on
+        validation, then the checkpoints newest first."""
+        kept = glob.glob(glob.escape(self.best_prefix) + ".*")  # whole or not: a damaged one is named
+        return ([self.best_prefix] if kept else []) + checkpoint_prefixes(self.checkpoints_dir)
+
+    def whole_weights(self, say: Callable[[str], None] = _warn) -> str:
+        """The weights warm start reads: the best weights on validation when whole, else the newest whole
+        checkpoint.
+
+        Args:
+            say: where the warnings about damaged checkpoints go.
+
+        Returns:
+            A checkpoint prefix whose files are whole (recpipe.trainers.checkpoints.damage).
+
+        Raises:
+            TrainError: no checkpoint, or none whole.
+        """
+        candidates = self._weights_candidates()
+        if not candidates:
+            raise self.no_checkpoint_error()
+        return restore_newest_whole(lambda p: None, candidates, self.root, say)
+
     # ------------------------------------------------------------ reading side
-    def load_trained(self, serving: bool = False) -> tuple[Config, TransformArtifact, tf.keras.Model]:
+    def load_trained(self, serving: bool = False,
+                     say: Callable[[str], None] = _warn) -> tuple[Config, TransformArtifact, tf.keras.Model]:
         """Rebuild the model (fp32, no optimizer: evaluation and export need only the weights) and
-        restore the best weights on validation, else the latest checkpoint.
+        restore the best weights on validation, else the latest checkpoint; one that is damaged is skipped
+        with a warning for the next older one.
 
         Args:
             serving: build the model for requests of a few rows, without unique-then-gather ID dedup
                 (tuning.dedup_ids): it adds three ops per table to every call and saves nothing when the rows
                 repeat no ID (the weights and the scores are the same either way).
+            say: where the warnings about damaged checkpoints go (default: stderr).
 
         Returns:
             (the config, the transform artifact, the model with its trained weights restored).
 
         Raises:
-            TrainError: the directory holds no config.yaml or no checkpoint.
+            TrainError: the directory holds no config.yaml, no checkpoint, or none that restores.
             AssertionError: the checkpoint does not match the rebuilt model's variables.
         """
         import tensorflow as tf
@@ -434,14 +478,18 @@ class ModelDir:
         from recpipe.trainers.models import build_model, dummy_batch
         cfg = self.config()
         artifact = self.transform()
-        chosen = self.trained_weights()
+        candidates = self._weights_candidates()
+        if not candidates:
+            raise self.no_checkpoint_error()
         built = cfg
         if serving:
             built = dataclasses.replace(cfg, train=dataclasses.replace(
                 cfg.train, tuning=dataclasses.replace(cfg.train.tuning, dedup_ids=False)))
         model = build_model(built, artifact)
         model(dummy_batch(cfg))
-        tf.train.Checkpoint(model=model).restore(chosen).expect_partial().assert_existing_objects_matched()
+        checkpoint = tf.train.Checkpoint(model=model)
+        restore_newest_whole(lambda p: checkpoint.restore(p).expect_partial().assert_existing_objects_matched(),
+                             candidates, self.root, say)
         return cfg, artifact, model
 
 

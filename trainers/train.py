@@ -23,7 +23,7 @@ from recpipe.trainers.data_copy import check_whole_copy
 from recpipe.trainers.errors import TrainError
 from recpipe.trainers.health import check_loss
 from recpipe.trainers.strategies.hvd import run_rank
-from recpipe.trainers.strategies.hvd_job import launch_job, launch_ranks, launches_ranks
+from recpipe.trainers.strategies.hvd_job import launch_job, launch_ranks, launches_ranks, writer_lock
 from recpipe.trainers.memory import Holders, check_memory, holders_on_this_host
 from recpipe.trainers.model_dir import ModelDir, TrainState
 from recpipe.trainers.models import compiled_model, table_shapes
@@ -42,7 +42,7 @@ __all__ = ["TrainError", "TrainOptions", "TrainState", "train", "set_threads"]
 def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
     if launches_ranks(opts.run):  # `recpipe train` calls recpipe.trainers.strategies.hvd_job itself, before importing TensorFlow
         return launch_job(opts, say)
-    with naming_bad_shards(opts.data_dir):
+    with naming_bad_shards(opts.data_dir), writer_lock(opts):
         return _train(opts, say)
 
 
@@ -200,10 +200,10 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
                                    cfg.train.tuning.steps_per_execution)
         ckpt, manager = model_dir.checkpoint(model)
         start = 0
-        if manager.latest_checkpoint:
-            ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        resumed = model_dir.resume(ckpt, say)
+        if resumed:
             start = int(model.optimizer.iterations.numpy())
-            say(f"train: resuming from {manager.latest_checkpoint} at step {start}")
+            say(f"train: resuming from {resumed} at step {start}")
         elif opts.warm_start:
             apply_warm_start(model, cfg, artifact, opts.warm_start, say)
         if start >= total or (validator is not None and validator.stopped):

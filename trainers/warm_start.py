@@ -87,10 +87,12 @@ def _checkpoint_keys(model: tf.keras.Model) -> dict[int, str]:
     return keys
 
 
-def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, previous_dir: str) -> dict:
+def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, previous_dir: str,
+               say: Callable[[str], None] = print) -> dict:
     """Copy weights of previous_dir's trained weights into `model` (built); return what was copied. The weights
     are read from the checkpoint one at a time (no second model is built: for a large table that held the
-    previous model's weights beside today's, and its graph)."""
+    previous model's weights beside today's, and its graph). A damaged checkpoint is skipped for the next
+    older whole one, with a warning to `say`."""
     previous = ModelDir(previous_dir)
     prev_cfg, prev_art = previous.config(), previous.transform()
     if prev_cfg.model != cfg.model:
@@ -106,7 +108,7 @@ def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, 
                 and prev_art.table_sizes()[table] != new_rows:
             raise WarmStartError(f"{previous_dir}: hashed table {table!r} changed size "
                                  f"({prev_art.table_sizes()[table]} -> {new_rows}); IDs would not match")
-    prefix = previous.trained_weights()
+    prefix = previous.whole_weights(lambda m: say(f"train: warm start: {m}"))
     reader = tf.train.load_checkpoint(prefix)
     shapes, keys = reader.get_variable_to_shape_map(), _checkpoint_keys(model)
     report = {"copied": 0, "rows_copied": {}, "skipped": []}
@@ -140,7 +142,7 @@ def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, 
 def apply_warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, previous: str,
                      say: Callable[[str], None]) -> None:
     """Warm-start `model` from a previous model dir and say what was copied."""
-    report = warm_start(model, cfg, artifact, previous)
+    report = warm_start(model, cfg, artifact, previous, say)
     rows = ", ".join(f"{t}:{n}" for t, n in sorted(report["rows_copied"].items())[:6])
     say(f"train: warm start from {previous}: {report['copied']} weights copied (embedding rows kept: {rows}"
         f"{', ...' if len(report['rows_copied']) > 6 else ''})")

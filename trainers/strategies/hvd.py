@@ -124,8 +124,8 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
         model = compiled_model(cfg, artifact, optimizer_for(cfg, opts.run.precision, loss_scale=True))
         optimizer = model.optimizer  # compiled as the local and PS strategies are: the same checkpoint layout
         ckpt, manager = model_dir.checkpoint(model, optimizer)
-        if manager.latest_checkpoint:  # every rank restores the same files; broadcast keeps them identical
-            ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        # every rank restores the same files (rank 0's step wins below; broadcast keeps the weights identical)
+        resumed = model_dir.resume(ckpt, say if rank == 0 else (lambda _: None))
         start = int(optimizer.iterations.numpy())
         if size > 1:  # rank 0's: a host whose own model dir holds no (or an older) checkpoint would loop more
             # steps and wait on collectives no other rank makes; its weights come from rank 0's broadcast below
@@ -136,7 +136,7 @@ def run_rank(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total
         validator = (validator_for(cfg, artifact, opts.data_dir, model_dir, reporter.note)
                      if rank == 0 and not opts.synthetic_input else None)
         if start:
-            reporter.note(f"train: resuming from {manager.latest_checkpoint} at step {start}")
+            reporter.note(f"train: resuming from {resumed} at step {start}")
         elif opts.warm_start:
             apply_warm_start(model, cfg, artifact, opts.warm_start, reporter.note)
         stopped = rank0_says_stop(validator is not None and validator.stopped)

@@ -4,17 +4,21 @@ starts the ranks and reports how they ended, all without TensorFlow: each rank i
 launcher's own import would cost about 3 s of CPU and 550 MB of RSS, held while its ranks train."""
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+from contextlib import AbstractContextManager
 from typing import Callable, Optional
 
 from recpipe.trainers.errors import TrainError
 from recpipe.trainers.strategies.hvd_hosts import HostJob, host_job
 from recpipe.trainers.strategies.hvd_launch import inside_horovod_job, launch
 from recpipe.trainers.memory import check_memory, holders_on_this_host
-from recpipe.trainers.model_dir import TrainState
+from recpipe.trainers.model_dir import ModelDir, TrainState
 from recpipe.trainers.options import RunOptions, TrainOptions
 from recpipe.trainers.prepare import PreparedRun, prepare_run
 
-__all__ = ["launches_ranks", "launch_ranks", "launch_job"]
+__all__ = ["launches_ranks", "launch_ranks", "launch_job", "writer_lock"]
 
 
 def launches_ranks(run: RunOptions) -> bool:
@@ -39,5 +43,34 @@ def launch_job(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
     """The whole launcher: this host's part of a job over --hosts (the first host's rendezvous server, or
     waiting for it) around preparing the run and starting the ranks, so a host that stops before starting
     its ranks tells the others why."""
-    with host_job(opts.run, say) as hosts:
+    with host_job(opts.run, say) as hosts, writer_lock(opts):
         return launch_ranks(opts, prepare_run(opts), say, hosts)
+
+
+def writer_lock(opts: TrainOptions) -> AbstractContextManager:
+    """The model dir's writer lock for the process that writes it: a local run, the chief of a PS cluster,
+    a Horovod launcher on the first host (or alone), a Horovod rank alone. A rank inside a job, a launcher of
+    another host (which may share the first host's --model-dir) and the other tasks of a PS cluster write
+    no checkpoint and take no lock.
+
+    Args:
+        opts: the run's options.
+
+    Returns:
+        ModelDir(opts.model_dir).writer_lock(), or a context manager that does nothing.
+    """
+    run = opts.run
+    if (inside_horovod_job() or (run.hosts and run.host_index != 0)
+            or (run.strategy == "ps" and os.environ.get("TF_CONFIG") and _task_type() != "chief")):
+        return contextlib.nullcontext()
+    return ModelDir(opts.model_dir).writer_lock()
+
+
+def _task_type() -> Optional[str]:
+    """TF_CONFIG's task type; None when unreadable (the PS strategy then names what is wrong with it)."""
+    try:
+        data = json.loads(os.environ["TF_CONFIG"])
+    except ValueError:
+        return None
+    task = data.get("task") if isinstance(data, dict) else None
+    return task.get("type") if isinstance(task, dict) else None
