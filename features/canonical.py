@@ -17,16 +17,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recpipe.features.config import Config, SparseFeature
+from recpipe.features.config import Config
+from recpipe.features.schema import DEFAULT_SEPARATOR, list_separator
 from recpipe.common.errors import RecpipeError
 
 __all__ = ["LABEL_KEY", "SchemaError", "NULL_KIND", "plain_type", "plain_columns", "raw_kind", "merged_kind",
            "check_schema", "validate_batch", "canonicalize", "as_string", "list_parts", "dense_prenorm", "numeric",
            "one_array", "times", "rows_with_value", "dense_sums", "DENSE_SUM_SCALE", "DEFAULT_SEPARATOR",
-           "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS"]
+           "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS", "list_separator", "list_separators",
+           "splits_back", "unsplittable_reason"]
 
 LABEL_KEY = "target.label"  # not a valid feature name, so it cannot collide
-DEFAULT_SEPARATOR = "|"
 CROSS_SEPARATOR = "\x1f"  # joins a cross's values (ASCII unit separator: no value of C1 "a\x1fb" x C2 "c" meets
                            # C1 "a" x C2 "b\x1fc" unless a log puts unit separators in its IDs)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -46,7 +47,8 @@ DEAD_LETTER_REASONS = {
     "dense_infinite": "a dense feature's value is infinite",
     "dense_out_of_range": "a dense feature's value is finite but beyond float32 (e.g. 1e39); `out_of_range: clip` "
                           "on the feature clips it instead",
-    "list_item_has_separator": "a list item contains the separator serving joins lists with",
+    "list_item_has_separator": "a list item contains the feature's separator, which serving joins lists with (with a "
+                               "separator of several characters: the items joined by it would split elsewhere)",
 }
 
 
@@ -290,12 +292,67 @@ def _rows_holding(arr: pa.Array, item_mask: np.ndarray) -> np.ndarray:
     return out
 
 
-def _items_with(arr: pa.Array, separator: str) -> np.ndarray:
-    """Rows of a list column with an item containing the separator (serving joins lists with it)."""
+def list_separators(cfg: Config) -> dict[str, str]:
+    """The separator of every column a multivalent feature reads (config_checks gives a column one).
+
+    Args:
+        cfg: the config.
+
+    Returns:
+        {column: separator}: the raw columns (serving inputs) whose rows may be lists.
+    """
+    return {f.column: list_separator(f) for f in cfg.column_sparse if f.multivalent}
+
+
+def splits_back(items: list, separator: str) -> bool:
+    """Whether one list row survives being joined with `separator` (as serving joins a list) and split
+    again (as every path splits a joined row): the Python form of the rule _unsplittable applies to Arrow
+    columns, for request parsers.
+
+    Args:
+        items: the row's items (strings or integers; None or "" items are no tokens).
+        separator: the feature's separator (list_separator).
+
+    Returns:
+        False when an item contains the separator or, with a separator of several characters, the joined
+        items split elsewhere (separator "aba", items "xab", "ay"); True otherwise.
+    """
+    kept = [str(x) for x in items if x is not None and str(x) != ""]
+    return [x for x in separator.join(kept).split(separator) if x] == kept
+
+
+def unsplittable_reason(separator: str) -> str:
+    """What is wrong with a list row that does not split back (splits_back), as every path words it.
+
+    Args:
+        separator: the feature's separator.
+
+    Returns:
+        E.g. "a list item contains the separator ';'".
+    """
+    overlap = " (or overlaps it: the joined items would split elsewhere)" if len(separator) > 1 else ""
+    return f"a list item contains the separator {separator!r}{overlap}"
+
+
+def _unsplittable(arr: pa.Array, separator: str) -> np.ndarray:
+    """Rows of a list column that do not split back (splits_back): serving could not carry them."""
     values = pc.list_flatten(arr)
-    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+    if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)) \
+            and not set(separator) & set("-0123456789"):  # integers, as decimals, cannot hold it
         return np.zeros(len(arr), dtype=bool)
-    return _rows_holding(arr, pc.fill_null(pc.match_substring(values, separator), False).to_numpy(zero_copy_only=False))
+    values = as_string(values)
+    if len(separator) == 1:  # one character: exactly the rows with an item holding it, at a third of the cost
+        return _rows_holding(arr, pc.fill_null(pc.match_substring(values, separator), False)
+                             .to_numpy(zero_copy_only=False))
+    items = _nonempty(values, _lengths(arr))
+    again = _tokens(pc.binary_join(items, separator), separator)
+    bad = _lengths(items) != _lengths(again)
+    same = np.flatnonzero(~bad)
+    if len(same):  # rows of equal length: compare their items one by one
+        kept, back = items.take(pa.array(same)), again.take(pa.array(same))
+        differ = pc.not_equal(pc.list_flatten(kept), pc.list_flatten(back)).to_numpy(zero_copy_only=False)
+        bad[same[_rows_holding(kept, differ)]] = True
+    return bad
 
 
 def validate_batch(batch: pa.RecordBatch | pa.Table, cfg: Config) -> tuple[np.ndarray, BadRows]:
@@ -341,7 +398,7 @@ def validate_batch(batch: pa.RecordBatch | pa.Table, cfg: Config) -> tuple[np.nd
             continue
         raw = one_array(batch.column(f.column))
         if f.multivalent and (pa.types.is_list(raw.type) or pa.types.is_large_list(raw.type)):
-            flag(_items_with(raw, f.separator or DEFAULT_SEPARATOR), "list_item_has_separator", f.column)
+            flag(_unsplittable(raw, list_separator(f)), "list_item_has_separator", f.column)
     bad = np.flatnonzero(flagged)
     reasons = [str(reason[i]).split(":", 1)[0] for i in bad]
     fields = [str(reason[i]).split(":", 1)[1] for i in bad]
@@ -367,18 +424,21 @@ def list_parts(arr: pa.Array) -> tuple[pa.Array, np.ndarray]:
     return values, offsets - offsets[0]
 
 
-def _tokens(arr: pa.Array, f: SparseFeature) -> pa.Array:
-    """A multivalent column as list<string>, nulls -> [], empty tokens dropped."""
-    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-        lists = arr
-        values = as_string(pc.list_flatten(arr))
-        offsets_src = pc.list_value_length(arr).fill_null(0)
-    else:
-        lists = pc.split_pattern(as_string(arr), f.separator or DEFAULT_SEPARATOR)
-        values = pc.list_flatten(lists)
-        offsets_src = pc.list_value_length(lists).fill_null(0)
-    del lists
-    lengths = offsets_src.to_numpy(zero_copy_only=False).astype(np.int64)
+def _lengths(lists: pa.Array) -> np.ndarray:
+    """Each row's item count of a list column (a null row: 0)."""
+    return pc.list_value_length(lists).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _tokens(arr: pa.Array, separator: str) -> pa.ListArray:
+    """A multivalent column as list<string>: a list column's items as strings, a string column's rows
+    split on `separator` (literally: no pattern, no trimming); nulls -> [], null and empty tokens dropped."""
+    is_list = pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)
+    lists = arr if is_list else pc.split_pattern(as_string(arr), separator)
+    return _nonempty(as_string(pc.list_flatten(lists)), _lengths(lists))
+
+
+def _nonempty(values: pa.Array, lengths: np.ndarray) -> pa.ListArray:
+    """Flat string items and each row's count of them -> list<string> rows without null or empty items."""
     keep = pc.not_equal(values.fill_null(""), "").to_numpy(zero_copy_only=False)
     if not keep.all():
         row_of = np.repeat(np.arange(len(lengths)), lengths)
@@ -396,7 +456,7 @@ def canonicalize(batch: pa.RecordBatch | pa.Table, cfg: Config) -> dict[str, pa.
     out: dict[str, pa.Array] = {}
     for f in cfg.column_sparse:
         raw = col(f.column)
-        out[f.name] = _tokens(raw, f) if f.multivalent else as_string(raw).fill_null("")
+        out[f.name] = _tokens(raw, list_separator(f)) if f.multivalent else as_string(raw).fill_null("")
     for f in cfg.crosses:  # after their sources; the graph joins the same strings (transform.canonicalize_request)
         out[f.name] = pc.binary_join_element_wise(*(out[s] for s in f.cross), CROSS_SEPARATOR)
     for d in cfg.features.dense:

@@ -6,7 +6,7 @@ import re
 from typing import Optional
 
 from recpipe.common.errors import ConfigError
-from recpipe.features.schema import Config, SparseFeature, embedding_dim
+from recpipe.features.schema import Config, SparseFeature, embedding_dim, list_separator
 
 __all__ = ["validate"]
 
@@ -80,6 +80,7 @@ def validate(cfg: Config) -> Config:
 
     sparse = cfg.sparse_by_name
     dims: set[int] = set()
+    separators: dict[str, tuple[str, str]] = {}  # column -> (its first multivalent feature's path, separator)
     for i, f in enumerate(cfg.features.sparse):
         path = f"features.sparse[{i}]"
         modes = [m for m in ("vocab", "hash_buckets", "share_embedding_with") if getattr(f, m) is not None]
@@ -96,6 +97,12 @@ def validate(cfg: Config) -> Config:
             _positive(f.vocab.evict_unseen_days, f"{path}.vocab.evict_unseen_days")
         if f.separator is not None and not f.multivalent:
             raise ConfigError(f"{path}.separator: only multivalent features take a separator")
+        if f.multivalent and f.column is not None:  # one request input per column: lists joined by one separator
+            sep = list_separator(f)
+            first, first_sep = separators.setdefault(f.column, (path, sep))
+            if first_sep != sep:
+                raise ConfigError(f"{path}.separator: {sep!r}, but {first} reads column {f.column!r} with "
+                                  f"{first_sep!r}; the features of one column split it alike")
         if f.share_embedding_with is not None:
             owner = sparse.get(f.share_embedding_with)
             if owner is None:

@@ -11,9 +11,11 @@ __all__ = [
     "ConfigError", "VocabSpec", "SparseFeature", "DenseFeature", "FeaturesSpec", "InputSpec", "SplitSpec",
     "LabelSpec", "ModelSpec", "TuningSpec", "EarlyStoppingSpec", "TrainSpec", "TuneParam", "TuneSpec", "SliceSpec",
     "EvaluateSpec", "FeatureLimits", "PreprocessSpec", "Config", "DEFAULT_EMBEDDING_DIM", "embedding_dim",
+    "DEFAULT_SEPARATOR", "list_separator",
 ]
 
 DEFAULT_EMBEDDING_DIM = 16
+DEFAULT_SEPARATOR = "|"  # a multivalent feature's separator when it names none
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,9 @@ class SparseFeature:
     hash_buckets: Optional[int] = None      # IDs by hashing the value into this many buckets (or vocab)
     embedding_dim: Optional[int] = None     # the embedding's width (default: 16)
     multivalent: bool = False               # the column holds lists (or separated strings) of values
-    separator: Optional[str] = None         # multivalent string columns: what separates the values
+    # multivalent: what separates the values of a string row, literally (no pattern, no trimming), and what
+    # serving joins a list's items with (null: a vertical bar); a list item holding it is dead-lettered
+    separator: Optional[str] = None
     combiner: Literal["mean", "sum"] = "mean"  # how a multivalent feature's embeddings are pooled
     share_embedding_with: Optional[str] = None  # use that sparse feature's IDs and table (e.g. a history of items)
 
@@ -339,3 +343,16 @@ class Config:
 def embedding_dim(cfg: Config, feature: SparseFeature) -> int:
     owner = cfg.table_owner(feature)
     return owner.embedding_dim or DEFAULT_EMBEDDING_DIM
+
+
+def list_separator(feature: SparseFeature) -> str:
+    """The separator of a multivalent feature.
+
+    Args:
+        feature: a sparse feature.
+
+    Returns:
+        Its `separator`, else DEFAULT_SEPARATOR: what a string row of its column is split on, and what
+        serving joins a list row with.
+    """
+    return DEFAULT_SEPARATOR if feature.separator is None else feature.separator

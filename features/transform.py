@@ -11,8 +11,8 @@ the graph by every export's skew check.
 """
 from __future__ import annotations
 
-import re
 import zlib
+from typing import Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +20,8 @@ import tensorflow as tf
 
 from recpipe.features.artifact import TransformArtifact
 from recpipe.features.batch_transform import zscore_std
-from recpipe.features.canonical import CROSS_SEPARATOR, DEFAULT_SEPARATOR, FLOAT32_MAX, list_parts, numeric
+from recpipe.features.canonical import (CROSS_SEPARATOR, DEFAULT_SEPARATOR, FLOAT32_MAX, list_parts, list_separator,
+                                        numeric, splits_back, unsplittable_reason)
 from recpipe.features.config import Config
 
 __all__ = ["FeatureTransform", "PackedVocabularies", "canonical_to_tensors", "canonicalize_request", "request_spec",
@@ -179,8 +180,8 @@ def request_spec(artifact: TransformArtifact, features: list[str] | None = None)
     """One [None] input per raw log column a feature reads, named after the column: strings and
     int64 (uint64 for a column logged so) for sparse columns as logged, float32 for dense ones (NaN = missing).
 
-    Multivalent columns arrive as one string per row joined by the feature's separator
-    (``|`` for list columns), because TF Serving's JSON/gRPC batches must be rectangular.
+    Multivalent columns arrive as one string per row joined by the feature's separator (list columns
+    too: a list row's items joined by it), because TF Serving's JSON/gRPC batches must be rectangular.
     """
     cfg = artifact.config
     wanted = set(features) if features is not None else None
@@ -209,8 +210,7 @@ def canonicalize_request(inputs: dict[str, tf.Tensor], artifact: TransformArtifa
         if x.dtype != tf.string:
             x = tf.strings.as_string(x)
         if f.multivalent:
-            tokens = tf.strings.split(x, sep=f.separator or DEFAULT_SEPARATOR)
-            out[f.name] = tf.ragged.boolean_mask(tokens, tf.not_equal(tokens, ""))
+            out[f.name] = _split(x, list_separator(f))
         else:
             out[f.name] = x
     for f in cfg.crosses:  # the strings recpipe.features.canonical joins for the Beam job
@@ -227,6 +227,13 @@ def canonicalize_request(inputs: dict[str, tf.Tensor], artifact: TransformArtifa
     return out
 
 
+def _split(joined: tf.Tensor, separator: str) -> tf.RaggedTensor:
+    """Joined rows [B] -> their non-empty tokens [B, None], split literally as recpipe.features.canonical
+    splits a string column (no pattern, no trimming)."""
+    tokens = tf.strings.split(joined, sep=separator)
+    return tf.ragged.boolean_mask(tokens, tf.not_equal(tokens, ""))
+
+
 def _finite(columns: list[tf.Tensor], names: list[str]) -> list[tf.Tensor]:
     """Dense request columns as the trainer's data has them: a value that is inf (or was beyond float32
     before the cast) is an InvalidArgumentError naming its columns, as the Beam job dead-letters such
@@ -240,17 +247,40 @@ def _finite(columns: list[tf.Tensor], names: list[str]) -> list[tf.Tensor]:
         return [tf.identity(c) for c in columns]
 
 
-def request_from_arrow(table: pa.Table, specs: dict[str, tf.TensorSpec]) -> dict[str, tf.Tensor]:
-    """Raw log rows as the serving signature takes them: lists joined by '|', dense values parsed as the
-    Beam job parses them (recpipe.features.canonical.numeric: a number in a string column too; null or blank is
-    NaN), null IDs as "" (an int64 input cannot carry one: int64_nulls() finds such rows; string_ids()
-    makes specs that can)."""
+def request_from_arrow(table: pa.Table, specs: dict[str, tf.TensorSpec],
+                       separators: Mapping[str, str] | None = None) -> dict[str, tf.Tensor]:
+    """Raw log rows as the serving signature takes them.
+
+    Lists are joined by their column's separator, dense values parsed as the Beam job parses them
+    (recpipe.features.canonical.numeric: a number in a string column too; null or blank is NaN), null IDs
+    become "" (an int64 input cannot carry one: int64_nulls() finds such rows; string_ids() makes specs
+    that can).
+
+    Args:
+        table: raw log rows.
+        specs: the signature's inputs (request_spec).
+        separators: {column: separator} (recpipe.features.canonical.list_separators(cfg)); a list column
+            not in it is joined by DEFAULT_SEPARATOR, what a feature without `separator` splits on.
+
+    Returns:
+        {input: tensor [rows]}.
+
+    Raises:
+        ValueError: a null in an integer input's column, or a list row that does not split back
+            (canonical.splits_back: the Beam job dead-letters it), naming the column and row.
+    """
     request = {}
     for name, spec in specs.items():
         values = table.column(name).to_pylist()
         if spec.dtype == tf.string:
-            values = ["" if v is None else DEFAULT_SEPARATOR.join("" if x is None else _token(x) for x in v)
-                      if isinstance(v, list) else _token(v) for v in values]  # a null item: an empty token, dropped
+            sep = (separators or {}).get(name, DEFAULT_SEPARATOR)
+            values = [["" if x is None else _token(x) for x in v] if isinstance(v, list) else v
+                      for v in values]  # a null item: an empty token, dropped
+            bad = next((i for i, v in enumerate(values) if isinstance(v, list) and not splits_back(v, sep)), None)
+            if bad is not None:
+                raise ValueError(f"column {name!r} row {bad}: {unsplittable_reason(sep)} (the Beam job "
+                                 f"dead-letters such a row: list_item_has_separator)")
+            values = ["" if v is None else sep.join(v) if isinstance(v, list) else _token(v) for v in values]
         elif spec.dtype == tf.float32:  # parsed as the Beam job parses it: a blank string is missing too
             values = numeric(table.column(name))[0]
         elif None in values:
@@ -331,7 +361,8 @@ def request_from_examples(parsed: dict[str, tf.RaggedTensor], artifact: Transfor
     """Parsed Examples (example_spec) -> the raw request tensors canonicalize_request takes: ID
     columns as strings ("" when absent, as a null in the log), list columns joined by the feature's
     separator, dense values as float32 (NaN when absent). The single-valued columns of each dtype
-    are densified together (_one_value_each)."""
+    are densified together (_one_value_each). A list that does not split back (canonical.splits_back:
+    the Beam job dead-letters it) fails the call, naming the column and the first such example."""
     cfg = artifact.config
     out: dict[str, tf.Tensor] = {}
     single: dict[tf.DType, list[str]] = {}  # parsed dtype -> its single-valued columns
@@ -342,12 +373,7 @@ def request_from_examples(parsed: dict[str, tf.RaggedTensor], artifact: Transfor
         if f.multivalent and artifact.raw_schema[f.column].startswith("list"):
             if values.dtype != tf.string:
                 values = tf.strings.as_string(values)
-            sep = f.separator or DEFAULT_SEPARATOR
-            clash = tf.reduce_any(tf.strings.regex_full_match(values.flat_values, f".*{re.escape(sep)}.*"))
-            check = tf.debugging.assert_equal(clash, False, message=f"feature {f.column!r}: a list item contains "
-                                                                   f"the separator {sep!r}")
-            with tf.control_dependencies([check]):
-                out[f.column] = tf.strings.reduce_join(values, axis=1, separator=sep)
+            out[f.column] = _joined_back(values, list_separator(f), f.column)
         elif f.column not in out:
             out[f.column] = None  # filled below, in the column order of the config
             single.setdefault(values.dtype, []).append(f.column)
@@ -359,6 +385,28 @@ def request_from_examples(parsed: dict[str, tf.RaggedTensor], artifact: Transfor
         default = float("nan") if dtype == tf.float32 else ""
         out.update(zip(columns, _one_value_each(columns, [parsed[c] for c in columns], default)))
     return out
+
+
+def _joined_back(values: tf.RaggedTensor, separator: str, column: str) -> tf.Tensor:
+    """List rows [B, None] -> their non-empty items joined by `separator` [B], checked to split back into
+    those items (canonical.splits_back, the rule the Beam job dead-letters by): else an InvalidArgumentError
+    naming the column and the first example that does not."""
+    if len(separator) == 1:  # one character: exactly the rows with an item holding it, in fewer ops
+        joined = tf.strings.reduce_join(values, axis=1, separator=separator)
+        holds = tf.strings.split(values.flat_values, sep=separator).row_lengths() > 1
+        bad = tf.reduce_any(values.with_flat_values(holds), axis=1)
+    else:
+        items = tf.ragged.boolean_mask(values, tf.not_equal(values, ""))
+        joined = tf.strings.reduce_join(items, axis=1, separator=separator)
+        again = _split(joined, separator)
+        width = tf.maximum(tf.cast(items.bounding_shape(axis=1), tf.int64), again.bounding_shape(axis=1))
+        shape = tf.stack([tf.cast(items.nrows(), tf.int64), width])
+        bad = tf.reduce_any(tf.not_equal(items.to_tensor("", shape=shape), again.to_tensor("", shape=shape)), axis=1)
+    first = tf.argmax(tf.concat([tf.cast(bad, tf.int32), [1]], axis=0), output_type=tf.int64)  # [1]: no rows
+    message = tf.strings.join([f"input {column!r} row ", tf.strings.as_string(first),
+                               f": {unsplittable_reason(separator)}"])
+    with tf.control_dependencies([tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [message])]):
+        return tf.identity(joined)
 
 
 def examples_from_arrow(table: pa.Table, cfg: Config, raw_schema: dict[str, str]) -> list[bytes]:

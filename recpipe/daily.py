@@ -265,17 +265,20 @@ def auc_verdict(labels, new_auc: float, served_auc: float, tolerance: float) -> 
 
 
 def step_push(dc: DailyConfig, day: str, say) -> int:
-    from recpipe.serving.export.savedmodel import export_model
+    from recpipe.serving.export.savedmodel import EXPORT_LOCK_WAIT_S, export_model
     d = _day_dir(dc, day)
     verdict = fsio.read_json(d.blessing_path)
     if not verdict["blessed"]:
         say(f"daily push: {day} not blessed ({verdict['reason']}); the model stays in {d.model_root}, not pushed")
         return 0
-    pushed = ExportBase(dc.export_base).find_model_dir(d.model_root)
-    if pushed is not None:
-        say(f"daily push: {day}'s model is already version {pushed.version}; nothing to do")
-        return 0
-    path = export_model(d.model_root, dc.export_base, data_dir=d.data.root, metrics=fsio.read_json(d.metrics_path))
+    base = ExportBase(dc.export_base)
+    with base.writer_lock(wait_s=EXPORT_LOCK_WAIT_S):  # a push started twice: the second waits, then finds it done
+        pushed = base.find_model_dir(d.model_root)
+        if pushed is not None:
+            say(f"daily push: {day}'s model is already version {pushed.version}; nothing to do")
+            return 0
+        path = export_model(d.model_root, dc.export_base, data_dir=d.data.root,
+                            metrics=fsio.read_json(d.metrics_path))
     say(f"daily push: exported {path}")
     return 0
 

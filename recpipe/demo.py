@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from recpipe.features.canonical import list_separators
 from recpipe.features.config import load_config
 from recpipe.pipeline.criteo import criteo_csv_to_parquet
 from recpipe.pipeline.preprocess import run_preprocess
@@ -105,7 +106,7 @@ def run_demo(opts: DemoOptions, say: Callable[[str], None] = print) -> dict:
     try:
         wait_healthy(port, proc)
         columns = sorted({f.column for f in [*cfg.column_sparse, *cfg.features.dense]})
-        rows, labels = rest_rows(log_files[-1], columns, opts.sample_rows)
+        rows, labels = rest_rows(log_files[-1], columns, opts.sample_rows, separators=list_separators(cfg))
         say(f"demo: 7/7 POST /v1/models/{cfg.name}:predict with {len(rows)} raw rows from the end of the log")
         resp = post_json(f"http://127.0.0.1:{port}/v1/models/{cfg.name}:predict", {"instances": rows})
         scores = resp["predictions"]

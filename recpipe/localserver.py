@@ -8,10 +8,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from typing import Mapping
 
 import pyarrow.parquet as pq
 
 from recpipe.common.ports import free_ports
+from recpipe.features.canonical import DEFAULT_SEPARATOR
 
 __all__ = ["free_port", "free_ports", "start_server", "wait_healthy", "stop_server", "post_json", "rest_rows"]
 
@@ -60,8 +62,21 @@ def post_json(url: str, body: dict, timeout: float = 30.0) -> dict:
         return json.loads(resp.read())
 
 
-def rest_rows(parquet_path: str, columns: list[str], n: int, from_end: bool = True) -> tuple[list[dict], list[int]]:
-    """n raw rows of a log file as TF Serving 'instances' (lists joined with '|') and their labels."""
+def rest_rows(parquet_path: str, columns: list[str], n: int, from_end: bool = True,
+              separators: Mapping[str, str] | None = None) -> tuple[list[dict], list[int]]:
+    """n raw rows of a log file as TF Serving 'instances' and their labels.
+
+    Args:
+        parquet_path: the log file.
+        columns: the columns to send.
+        n: how many rows.
+        from_end: the last n rows (else the first).
+        separators: {column: separator} (recpipe.features.canonical.list_separators(cfg)): a list is joined
+            by its column's, else by DEFAULT_SEPARATOR (a feature without `separator`).
+
+    Returns:
+        (instances without the null values, labels).
+    """
     pf = pq.ParquetFile(parquet_path)
     table = pf.read(columns=[*columns, "label"]) if "label" not in columns else pf.read(columns=columns)
     table = table.slice(max(table.num_rows - n, 0) if from_end else 0, n)
@@ -71,7 +86,7 @@ def rest_rows(parquet_path: str, columns: list[str], n: int, from_end: bool = Tr
         for c in columns:
             v = r[c]
             if isinstance(v, list):
-                v = "|".join(str(x) for x in v)
+                v = (separators or {}).get(c, DEFAULT_SEPARATOR).join("" if x is None else str(x) for x in v)
             if v is not None:
                 inst[c] = v
         rows.append(inst)

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Optional, get_args
 
 from recpipe.common import fsio
+from recpipe.common.dirlock import DirLock
+from recpipe.features.canonical import list_separators
 from recpipe.features.config import Config, parse_config
 
 __all__ = ["ExportBase", "ExportedVersion", "ExportMeta", "is_version_name", "TEMP_PREFIX", "SIGNATURE",
@@ -50,9 +52,13 @@ class ExportMeta:
     def typed_config(self) -> Config:
         return parse_config(self.config)
 
-    def list_columns(self) -> frozenset[str]:
-        """The raw columns a multivalent feature reads: the only inputs whose request values may be lists."""
-        return frozenset(f.column for f in self.typed_config().column_sparse if f.multivalent)
+    def list_separators(self) -> dict[str, str]:
+        """The raw columns a multivalent feature reads, the only inputs whose request values may be lists.
+
+        Returns:
+            {column: its feature's separator}, which a list is joined by and the graph splits on.
+        """
+        return list_separators(self.typed_config())
 
     @classmethod
     def from_dict(cls, data: dict) -> "ExportMeta":
@@ -173,6 +179,20 @@ class ExportBase:
     def versions(self) -> list[ExportedVersion]:
         """The complete versions, oldest first."""
         return [v for v in self.on_disk() if v.is_complete()]
+
+    def writer_lock(self, wait_s: float = 0.0) -> DirLock:
+        """The lock an export holds while it picks and publishes a version, so two exports never pick the
+        same version: a hidden file beside ROOT (.NAME.lock), leaving ROOT to the versions TF Serving reads.
+
+        Args:
+            wait_s: how long to wait for another export to finish; 0 fails at once.
+
+        Returns:
+            A DirLock context manager; entering it raises FolderInUseError naming the holder.
+        """
+        root = os.path.abspath(self.root)
+        return DirLock(os.path.join(os.path.dirname(root), f".{os.path.basename(root)}.lock"),
+                       f"export base {self.root}", wait_s, remove=True)
 
     def next_version(self) -> int:
         """Epoch seconds, above any existing version."""

@@ -18,6 +18,7 @@ import pyarrow as pa
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
+from recpipe.features.canonical import list_separators
 from recpipe.features.config import Config
 from recpipe.features.transform import examples_from_arrow, int64_nulls, request_from_arrow
 from recpipe.serving.examples import examples_from_input
@@ -59,7 +60,8 @@ def warmup_logs(serve_fn, has_examples: bool, sample: pa.Table, cfg: Config,
     """
     specs = dict(serve_fn.structured_input_signature[1])
     rows = sample.filter(pa.array(~int64_nulls(sample, specs))).slice(0, WARMUP_ROWS)
-    columns = ({k: t.numpy() for k, t in request_from_arrow(rows, specs).items()} if rows.num_rows
+    request = request_from_arrow(rows, specs, list_separators(cfg)) if rows.num_rows else None
+    columns = ({k: t.numpy() for k, t in request.items()} if request is not None
                else missing_rows(specs, 1))  # no sample row that an int64 input can carry
     logs = [_predict_log(SIGNATURE, columns)]
     if has_examples:

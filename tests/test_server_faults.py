@@ -291,3 +291,97 @@ def test_versions_and_model_names(tmp_path, trained, exported):
         ServeOptions(exported[0], "../bad name")
     p = run_cli("serve", "--export-base", exported[0], "--model-name", "../bad name", timeout=120)
     assert p.returncode == 1 and "--model-name '../bad name'" in p.stderr
+
+
+@pytest.mark.integration
+def test_a_removed_version_is_unloaded_and_the_newest_remaining_serves(tmp_path, exported, trained, small_log,
+                                                                       small_cfg, caplog):
+    """A rollback deletes the newest version's folder: within the poll interval the server serves the newest
+    remaining version, as TF Serving's latest-version policy does, without a restart."""
+    from helpers import raw_rows
+    base = tmp_path / "base"
+    _copy_version(exported[1], base, 1)
+    export_model(trained, str(base), version=2, embedding_dtype="int8")  # scores a little differently
+    rows, _ = raw_rows(small_log, small_cfg, n=20)
+    with caplog.at_level(logging.INFO, logger="recpipe.serving"):
+        srv = ModelServer(ServeOptions(str(base), "small", rest_port=0, grpc_port=None, poll_seconds=0.2)).start()
+        try:
+            url = f"http://127.0.0.1:{srv.rest_port}/v1/models/small:predict"
+            status, body = _http(url, {"instances": rows}, "POST")
+            assert status == 200 and srv.registry.get().version == 2
+            newest = json.loads(body)["predictions"]
+            shutil.rmtree(base / "2")
+            deadline = time.monotonic() + 10
+            while srv.registry.get().version != 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert srv.registry.get().version == 1
+            status, body = _http(url, {"instances": rows}, "POST")
+            assert status == 200 and json.loads(body)["predictions"] != newest
+            status, body = _http(f"http://127.0.0.1:{srv.rest_port}/v1/models/small")
+            assert [v["version"] for v in json.loads(body)["model_version_status"]] == ["1"]
+        finally:
+            srv.stop()
+    assert any("serving small version 1" in r.getMessage() and "version 2's folder is gone" in r.getMessage()
+               for r in caplog.records)
+
+
+def _answers_grpc(port: int) -> bool:
+    """GetModelStatus on a new connection each time answers AVAILABLE (a port two servers shared would send
+    some connections to the other)."""
+    from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
+    request = get_model_status_pb2.GetModelStatusRequest()
+    request.model_spec.name = "small"
+    for _ in range(6):
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            status = model_service_pb2_grpc.ModelServiceStub(ch).GetModelStatus(request, timeout=30)
+            if status.model_version_status[0].state != get_model_status_pb2.ModelVersionStatus.AVAILABLE:
+                return False
+    return True
+
+
+@pytest.mark.integration
+def test_a_second_server_on_a_grpc_port_in_use_fails_at_start(exported):
+    """gRPC sets SO_REUSEPORT by default, so a second `recpipe serve` on the first one's gRPC port came up and
+    both listened, the kernel handing each new connection to either. Now the second fails at start with one
+    line naming the port (in-process: an OSError, its REST front end closed again; the CLI: exit 1), and the
+    first keeps serving alone."""
+    first = ModelServer(ServeOptions(exported[0], "small", rest_port=0, grpc_port=0, poll_seconds=5)).start()
+    try:
+        second = ModelServer(ServeOptions(exported[0], "small", rest_port=0, grpc_port=first.grpc_port, poll_seconds=5))
+        with pytest.raises(OSError, match=rf"^gRPC port {first.grpc_port} on 127\.0\.0\.1 is already in use"):
+            second.start()
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", second.rest_port), timeout=5).close()
+        (rest_port,) = free_ports(1)
+        p = run_cli("serve", "--export-base", exported[0], "--model-name", "small", "--rest-port", str(rest_port),
+                    "--grpc-port", str(first.grpc_port), timeout=120)
+        assert p.returncode == 1, p.stderr[-2000:]
+        assert re.search(rf"^recpipe serve: error: gRPC port {first.grpc_port} on 127\.0\.0\.1 is already in use",
+                         p.stderr, re.M), p.stderr[-2000:]
+        assert _answers_grpc(first.grpc_port)
+        assert _http(f"http://127.0.0.1:{first.rest_port}/healthz")[0] == 200
+    finally:
+        first.stop()
+
+
+@pytest.mark.integration
+def test_a_second_server_on_a_rest_port_in_use_fails_at_start(exported):
+    """A REST port in use failed with the socket's "[Errno 98] Address already in use (while attempting to bind
+    on address (...))". Now one line says which front end's port is in use, in-process (before the gRPC front
+    end binds anything) and from the CLI (exit 1), and the first server keeps serving."""
+    first = ModelServer(ServeOptions(exported[0], "small", rest_port=0, grpc_port=0, poll_seconds=5)).start()
+    try:
+        second = ModelServer(ServeOptions(exported[0], "small", rest_port=first.rest_port, grpc_port=0, poll_seconds=5))
+        with pytest.raises(OSError, match=rf"^REST port {first.rest_port} on 127\.0\.0\.1 is already in use"):
+            second.start()
+        assert second.grpc_port is None
+        (grpc_port,) = free_ports(1)
+        p = run_cli("serve", "--export-base", exported[0], "--model-name", "small", "--rest-port", str(first.rest_port),
+                    "--grpc-port", str(grpc_port), timeout=120)
+        assert p.returncode == 1, p.stderr[-2000:]
+        assert re.search(rf"^recpipe serve: error: REST port {first.rest_port} on 127\.0\.0\.1 is already in use",
+                         p.stderr, re.M), p.stderr[-2000:]
+        assert _http(f"http://127.0.0.1:{first.rest_port}/healthz")[0] == 200
+        assert _answers_grpc(first.grpc_port)
+    finally:
+        first.stop()

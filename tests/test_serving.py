@@ -501,3 +501,136 @@ def test_uint64_ids_of_2_to_the_63_and_more_serve_like_the_trainer(tmp_path, sma
         assert code == 400 and "integer out of uint64 range" in body["error"]
     finally:
         srv.stop()
+
+
+def _predict_request(model: str, signature: str = "", output_filter=(), **inputs) -> predict_pb2.PredictRequest:
+    req = predict_pb2.PredictRequest()
+    req.model_spec.name = model
+    req.model_spec.signature_name = signature
+    req.output_filter.extend(output_filter)
+    for k, v in inputs.items():
+        req.inputs[k].CopyFrom(tf.make_tensor_proto(v))
+    return req
+
+
+def _rpc_error(call, request) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as e:
+        call(request, timeout=30)
+    return e.value
+
+
+@pytest.mark.integration
+def test_predict_output_filter_as_tf_serving(tmp_path):
+    """gRPC Predict's output_filter, by TF Serving's rules (predict_util.cc, PreProcessPrediction): only the
+    named outputs; every one when it names none; an alias the signature lacks, or one named twice, is
+    INVALID_ARGUMENT naming it. The server answered OK with every output whatever the filter named. A
+    SavedModel of two outputs made here, served as any SavedModel is (no recpipe metadata)."""
+    module = tf.Module()
+    module.w = tf.Variable(2.0)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+    def serve(x):
+        return {"score": tf.sigmoid(module.w * x), "logit": module.w * x}
+    tf.saved_model.save(module, str(tmp_path / "base" / "1"),
+                        signatures={"serving_default": serve.get_concrete_function()})
+    srv = ModelServer(ServeOptions(str(tmp_path / "base"), "two", rest_port=0, grpc_port=0)).start()
+    try:
+        x = np.array([0.5, -1.0], np.float32)
+        with grpc.insecure_channel(f"127.0.0.1:{srv.grpc_port}") as ch:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(ch)
+            resp = stub.Predict(_predict_request("two", output_filter=["logit"], x=x), timeout=30)
+            assert set(resp.outputs) == {"logit"} and resp.model_spec.signature_name == "serving_default"
+            np.testing.assert_allclose(tf.make_ndarray(resp.outputs["logit"]), 2 * x)
+            resp = stub.Predict(_predict_request("two", output_filter=["score"], x=x), timeout=30)
+            assert set(resp.outputs) == {"score"}
+            assert set(stub.Predict(_predict_request("two", x=x), timeout=30).outputs) == {"logit", "score"}
+            e = _rpc_error(stub.Predict, _predict_request("two", output_filter=["score", "nope"], x=x))
+            assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e.details()
+            assert "output tensor alias not found in signature: 'nope'" in e.details()
+            assert "{logit,score}" in e.details()
+            e = _rpc_error(stub.Predict, _predict_request("two", output_filter=["logit", "logit"], x=x))
+            assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "duplicate output tensor alias: 'logit'" in e.details()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.integration
+def test_unknown_signature_names_get_tf_serving_codes(server, small_log, small_cfg):
+    """A signature the model lacks: gRPC Predict FAILED_PRECONDITION (predict_util.cc RunPredict), Classify
+    and Regress INVALID_ARGUMENT (classifier.cc/regressor.cc), REST 400 with {"error": ...} (http_server.cc
+    maps both codes to 400); GetModelMetadata ignores signature_name (get_model_metadata_impl.cc) and lists
+    every signature. The server answered INVALID_ARGUMENT to Predict and refused GetModelMetadata."""
+    from tensorflow_serving.apis import classification_pb2, regression_pb2
+    rows, _ = raw_rows(small_log, small_cfg, 2)
+    lv = server.registry.get()
+    cols, _ = parse_predict_body({"instances": rows}, lv.inputs)
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(ch)
+        e = _rpc_error(stub.Predict, _predict_request("small", "nope", **cols))
+        assert e.code() == grpc.StatusCode.FAILED_PRECONDITION and "'nope' not found" in e.details(), e.details()
+        for request, call in ((classification_pb2.ClassificationRequest(), stub.Classify),
+                              (regression_pb2.RegressionRequest(), stub.Regress)):
+            request.model_spec.name, request.model_spec.signature_name = "small", "nope"
+            request.input.example_list.examples.add()
+            e = _rpc_error(call, request)
+            assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "'nope' not found" in e.details()
+        meta_req = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+        meta_req.model_spec.name, meta_req.model_spec.signature_name = "small", "nope"
+        sig_map = get_model_metadata_pb2.SignatureDefMap()
+        stub.GetModelMetadata(meta_req, timeout=30).metadata["signature_def"].Unpack(sig_map)
+        assert {"serving_default", "predict_examples"} <= set(sig_map.signature_def)
+        e = _rpc_error(stub.GetModelMetadata, get_model_metadata_pb2.GetModelMetadataRequest(
+            model_spec=meta_req.model_spec))
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "at least one metadata_field" in e.details()
+    url = f"http://127.0.0.1:{server.rest_port}/v1/models/small"
+    for verb, body in ((":predict", {"signature_name": "nope", "instances": rows}),
+                       (":classify", {"signature_name": "nope", "examples": [{}]}),
+                       (":predict", {"signature_name": 5, "instances": rows})):
+        code, answer = _http("POST", url + verb, body)
+        assert code == 400 and set(answer) == {"error"}, (verb, answer)
+        assert ("'nope' not found" if body["signature_name"] == "nope" else "must be a string") in answer["error"]
+
+
+@pytest.mark.integration
+def test_predict_on_predict_examples_scores_like_classify(server, preprocessed, small_log):
+    """TF Serving runs Predict on any signature, so a client sends serialized tf.Examples to predict_examples
+    through Predict (input `examples`; over REST as {"b64": ...}): it scores them as Classify and
+    serving_default do the same rows. The server refused any signature but serving_default."""
+    import base64
+
+    from tensorflow.core.example import example_pb2
+    from tensorflow_serving.apis import classification_pb2
+
+    from recpipe.features.preprocessed import PreprocessedData
+    from recpipe.features.transform import examples_from_arrow, request_from_arrow
+    artifact = PreprocessedData(preprocessed[0]).transform()
+    table = pq.read_table(sorted(glob.glob(os.path.join(small_log, "*", "*.parquet")))[-1]).slice(0, 6)
+    lv = server.registry.get()
+    expected = lv.run({k: v.numpy() for k, v in request_from_arrow(table, lv.inputs).items()})["score"]
+    serialized = examples_from_arrow(table, artifact.config, artifact.raw_schema)
+    with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as ch:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(ch)
+        resp = stub.Predict(_predict_request("small", "predict_examples", ["score"],
+                                             examples=np.array(serialized, dtype=object)), timeout=30)
+        assert resp.model_spec.signature_name == "predict_examples" and set(resp.outputs) == {"score"}
+        np.testing.assert_allclose(tf.make_ndarray(resp.outputs["score"]), expected, atol=1e-6)
+        classify = classification_pb2.ClassificationRequest()
+        classify.model_spec.name = "small"
+        classify.input.example_list.examples.extend(example_pb2.Example.FromString(s) for s in serialized)
+        via_classify = [c.classes[1].score for c in stub.Classify(classify, timeout=30).result.classifications]
+        np.testing.assert_allclose(tf.make_ndarray(resp.outputs["score"]), via_classify, atol=1e-6)
+        e = _rpc_error(stub.Predict, _predict_request("small", "predict_examples", examples=np.array([1.0, 2.0])))
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "'examples'" in e.details()
+        e = _rpc_error(stub.Predict, _predict_request("small", "predict_examples", ["nope"],
+                                                      examples=np.array(serialized, dtype=object)))
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "'nope'" in e.details()
+    url = f"http://127.0.0.1:{server.rest_port}/v1/models/small:predict"
+    b64 = [{"b64": base64.b64encode(s).decode()} for s in serialized]
+    for body, key in (({"signature_name": "predict_examples", "instances": b64}, "predictions"),
+                      ({"signature_name": "predict_examples", "instances": [{"examples": x} for x in b64]},
+                       "predictions"),
+                      ({"signature_name": "predict_examples", "inputs": {"examples": b64}}, "outputs")):
+        code, answer = _http("POST", url, body)
+        assert code == 200, answer
+        np.testing.assert_allclose(answer[key], expected, atol=1e-6)

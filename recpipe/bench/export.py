@@ -79,7 +79,8 @@ def _one_log(work: str, name: str, cfg_path: str, data: str, steps: Optional[int
         versions[option] = load_version(path, i)
     sample = pq.read_table(PreprocessedData(data).eval_sample_parquet)
     specs = versions["float32"].inputs
-    requests = [request_from_arrow(sample.slice(i, 1), specs) for i in range(min(64, sample.num_rows))]
+    separators = versions["float32"].list_inputs  # each list column's separator, from the export's metadata
+    requests = [request_from_arrow(sample.slice(i, 1), specs, separators) for i in range(min(64, sample.num_rows))]
     qps: dict[str, list[float]] = {o: [] for o in options}
     for _ in range(reps):  # round-robin: every option sees the same machine load
         for option, lv in versions.items():

@@ -156,7 +156,7 @@ def _pruned_export(root: str, day: str, reps: int, seconds: float, say: Callable
     versions = dict(zip(("full", "pruned"), ExportBase(base).versions()))
     sample = pq.read_table(data.eval_sample_parquet)
     loaded = {k: load_version(v.path, v.version) for k, v in versions.items()}
-    requests = [request_from_arrow(sample.slice(i, 1), loaded["full"].inputs)
+    requests = [request_from_arrow(sample.slice(i, 1), loaded["full"].inputs, loaded["full"].list_inputs)
                 for i in range(min(64, sample.num_rows))]
     qps: dict[str, list[float]] = {k: [] for k in loaded}
     for _ in range(reps):  # round-robin, as the export suite

@@ -27,6 +27,7 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
+from recpipe.features.canonical import list_separators
 from recpipe.features.config import load_config
 from recpipe.pipeline.preprocess import run_preprocess
 from recpipe.pipeline.synthetic import GenerateSpec, generate_log
@@ -189,7 +190,7 @@ def bench_serve(export_base: str, model_name: str, rows: list[dict], say: Callab
     is reported as its median repetition by QPS, with the min/median/max of QPS and p99."""
     newest = ExportBase(export_base).versions()[-1]
     lv = load_version(newest.path, newest.version)
-    one = [parse_predict_body({"instances": [r]}, lv.inputs)[0] for r in rows]
+    one = [parse_predict_body({"instances": [r]}, lv.inputs, lv.list_inputs)[0] for r in rows]
     tensors = [{k: tf.constant(v, dtype=lv.inputs[k].dtype) for k, v in c.items()} for c in one]
     counter = iter(range(10**12))
     body = json.dumps({"instances": [rows[0]]}).encode()
@@ -293,6 +294,7 @@ def run_serve_bench(work: str, cfg_path: str, rows: int, steps: int, reps: int, 
     train(TrainOptions(pre, model, cfg_path, run=RunOptions(steps=steps)), say=say)
     export_model(model, export, version=1)
     columns = sorted({f.column for f in [*cfg.column_sparse, *cfg.features.dense]})
-    request_rows, _ = rest_rows(sorted(glob.glob(os.path.join(log, "*", "*.parquet")))[-1], columns, 64)
+    request_rows, _ = rest_rows(sorted(glob.glob(os.path.join(log, "*", "*.parquet")))[-1], columns, 64,
+                                separators=list_separators(cfg))
     return bench_serve(export, cfg.name, request_rows, say, concurrencies=concurrencies,
                        seconds=seconds, reps=reps)

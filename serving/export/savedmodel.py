@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 import tensorflow as tf
 
 from recpipe.features.artifact import TransformArtifact
-from recpipe.features.canonical import canonicalize
+from recpipe.features.canonical import canonicalize, list_separators
 from recpipe.features.config import config_to_dict
 from recpipe.common.errors import RecpipeError
 from recpipe.features.preprocessed import PreprocessedData
@@ -165,7 +165,8 @@ def differing_features(artifact: TransformArtifact, sample: pa.Table, preprocess
                        specs: dict, tolerance: float = SKEW_TOLERANCE) -> list[str]:
     """The features whose serving-graph transform of the raw sample differs from the Beam job's record:
     where a skew check failure comes from."""
-    served = FeatureTransform(artifact)(canonicalize_request(request_from_arrow(sample, string_ids(specs)), artifact))
+    request = request_from_arrow(sample, string_ids(specs), list_separators(artifact.config))
+    served = FeatureTransform(artifact)(canonicalize_request(request, artifact))
     out = []
     for name, value in served.items():
         if name not in preprocessed:
@@ -200,18 +201,19 @@ def _eval_sample(model_dir: ModelDir, data_dir: Optional[str], artifact: Transfo
     return data
 
 
-def skew_check(signature, output: str, trained: np.ndarray, sample: pa.Table,
+def skew_check(signature, output: str, trained: np.ndarray, sample: pa.Table, separators: dict[str, str],
                tolerance: float = SKEW_TOLERANCE) -> dict:
     """The same eval rows scored through the exported `signature` from RAW columns and by the trainer's
     model from their PREPROCESSED record (written by the Beam job's transform): `trained`, one output
     per sample row. Ranking compares scores, retrieval query embeddings. Rows with a null in an integer
-    ID column are left out: an int64 input cannot carry it (examples_check scores them as tf.Examples)."""
+    ID column are left out: an int64 input cannot carry it (examples_check scores them as tf.Examples).
+    separators: each list column's (canonical.list_separators), which its rows are joined by."""
     if len(trained) != sample.num_rows:
         raise SkewError(f"skew check: {sample.num_rows} raw vs {len(trained)} preprocessed eval sample rows; the "
                         f"eval sample files do not match")
     specs = dict(signature.structured_input_signature[1])
     carried = ~int64_nulls(sample, specs)
-    served = signature(**request_from_arrow(sample.filter(pa.array(carried)), specs))[output].numpy()
+    served = signature(**request_from_arrow(sample.filter(pa.array(carried)), specs, separators))[output].numpy()
     trained = trained[carried]
     diff = np.abs(served.astype(np.float64) - trained.astype(np.float64)).reshape(len(served), -1)
     per_row = diff.max(axis=1) if diff.size else np.zeros(0)
@@ -234,7 +236,8 @@ def sample_auc(version: ExportedVersion, sample: pa.Table) -> float:
         scores = signatures[EXAMPLES_SIGNATURE](**{EXAMPLES_INPUT: examples})["score"].numpy()
     else:
         fn = signatures["serving_default"]
-        scores = fn(**request_from_arrow(sample, dict(fn.structured_input_signature[1])))["score"].numpy()
+        request = request_from_arrow(sample, dict(fn.structured_input_signature[1]), list_separators(cfg))
+        scores = fn(**request)["score"].numpy()
     label = cfg.label.column
     return roc_auc(sample.column(label).to_numpy(zero_copy_only=False).astype(float), scores)
 
@@ -250,9 +253,9 @@ def _candidate_truth(cfg, artifact: TransformArtifact, sample: pa.Table) -> list
     return [str(i) for i in ids.numpy().tolist()]
 
 
-def _hits(serve, specs: dict, sample: pa.Table, truth: list[str]) -> np.ndarray:
+def _hits(serve, specs: dict, sample: pa.Table, truth: list[str], separators: dict[str, str]) -> np.ndarray:
     """Per row, whether a retrieval signature's top candidates for its query hold the row's clicked one."""
-    top = serve(request_from_arrow(sample, specs))["candidates"].numpy()
+    top = serve(request_from_arrow(sample, specs, separators))["candidates"].numpy()
     return np.array([t in {c.decode() for c in row} for t, row in zip(truth, top)], dtype=bool)
 
 
@@ -266,8 +269,12 @@ def same_rows_recall(served: ExportedVersion, cfg, artifact: TransformArtifact, 
     k = int(signature.structured_outputs["candidates"].shape[-1])
     ours = _retrieval_module(cfg, artifact, model, data_dir, k)[1]["serving_default"]  # takes the request dict
     truth = _candidate_truth(cfg, artifact, clicks)
-    new = _hits(ours, dict(ours.structured_input_signature[0][0]), clicks, truth)
-    old = _hits(lambda request: signature(**request), dict(signature.structured_input_signature[1]), clicks, truth)
+    ours_sep = list_separators(artifact.config)  # each graph splits lists on its own transform's separators
+    served_meta = served.meta()
+    served_sep = list_separators(served_meta.typed_config()) if served_meta is not None else ours_sep
+    new = _hits(ours, dict(ours.structured_input_signature[0][0]), clicks, truth, ours_sep)
+    old = _hits(lambda request: signature(**request), dict(signature.structured_input_signature[1]), clicks, truth,
+                served_sep)
     rows = clicks.num_rows
     return {"k": k, "rows": rows, "new": float(new.mean()) if rows else math.nan,
             "served": float(old.mean()) if rows else math.nan}
@@ -283,6 +290,9 @@ def examples_check(examples_fn, trained: np.ndarray, sample: pa.Table, artifact:
     diff = float(np.max(np.abs(trained.astype(np.float64) - via_examples))) if same_shape and len(trained) else 0.0
     return {"examples_rows": int(len(via_examples)), "examples_max_abs_diff": diff,
             "examples_passed": bool(same_shape and len(trained) and diff <= SKEW_TOLERANCE)}
+
+
+EXPORT_LOCK_WAIT_S = 600.0  # how long an export waits for another one into the same export base
 
 
 def export_model(model_dir: str, export_base: str, version: int | None = None, data_dir: str | None = None,
@@ -314,52 +324,54 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
     if version is not None and not 0 < version < 2 ** 63:
         raise ExportError(f"--version {version}: versions are positive integers (TF Serving's layout)")
     base = ExportBase(export_base)
-    base.remove_stale_temp()
-    version = version if version is not None else base.next_version()
-    final = base.version(version)
-    if os.path.exists(final.path):
-        raise FileExistsError(f"{final.path}: version {version} already exists")
-    os.makedirs(export_base, exist_ok=True)
-    staged = ExportedVersion(os.path.join(export_base, f"{TEMP_PREFIX}{version}-{os.getpid()}-{uuid.uuid4().hex[:8]}"),
-                             version)
-    try:
-        if cfg.model.task == "retrieval":
-            module, signatures = _retrieval_module(cfg, artifact, model, data.root, top_k, pruning)
-            compare, output, direct = "query_embedding", "query_embedding", model.query_embedding
-        else:
-            module, signatures = _ranking_module(artifact, model)
-            compare, output, direct = "serving_default", "score", lambda f: tf.sigmoid(model(f))[:, 0]
-        tf.saved_model.save(module, staged.path, signatures=signatures)
-        staged.write_meta(ExportMeta(config_to_dict(artifact.config), artifact.raw_schema, os.path.abspath(model_dir),
-                                     version, dict(metrics or {}), weights))
-        loaded = tf.saved_model.load(staged.path)
-        serve_fn = loaded.signatures["serving_default"]
-        smoke = serve_fn(**{k: tf.constant(v) for k, v in
-                            missing_rows(dict(serve_fn.structured_input_signature[1]), 2).items()})
-        if not all(np.all(np.isfinite(v.numpy())) for v in smoke.values() if v.dtype.is_floating):
-            raise RuntimeError(f"{staged.path}: the exported model returns non-finite scores")
-        trained = direct(preprocessed).numpy()
-        report = skew_check(loaded.signatures[compare], output, trained, sample)
-        if EXAMPLES_SIGNATURE in loaded.signatures:
-            report.update(examples_check(loaded.signatures[EXAMPLES_SIGNATURE], trained, sample, artifact))
-        if not report["passed"]:
-            report["differing_features"] = differing_features(
-                artifact, sample, preprocessed, dict(loaded.signatures[compare].structured_input_signature[1]))
-        staged.write_skew_report(report)
-        if not report["passed"]:
-            where = (f"the transform of {', '.join(report['differing_features'])} differs between serving and the "
-                     f"Beam job" if report["differing_features"] else "the features agree, the models differ")
-            raise SkewError(f"skew check failed: max |served - trainer| = {report['max_abs_diff']:.3g} > "
-                            f"{report['tolerance']:g} on {report['rows']} eval rows (worst row {report['worst_row']}): "
-                            f"{where}")
-        if not report.get("examples_passed", True):
-            raise SkewError(f"{EXAMPLES_SIGNATURE} scores the eval sample's rows as tf.Examples differently from "
-                            f"the trainer (max |diff| {report['examples_max_abs_diff']:.3g})")
-        write_warmup(staged.warmup_path, warmup_logs(serve_fn, EXAMPLES_SIGNATURE in loaded.signatures, sample,
-                                                     artifact.config, artifact.raw_schema))
-        load_version(staged.path, version, loaded)  # as the model server loads it, warmup replayed, or fails here
-        os.rename(staged.path, final.path)
-    except BaseException:
-        shutil.rmtree(staged.path, ignore_errors=True)
-        raise
+    with base.writer_lock(wait_s=EXPORT_LOCK_WAIT_S):  # one export picks and publishes a version at a time
+        base.remove_stale_temp()
+        version = version if version is not None else base.next_version()
+        final = base.version(version)
+        if os.path.exists(final.path):
+            raise FileExistsError(f"{final.path}: version {version} already exists")
+        os.makedirs(export_base, exist_ok=True)
+        staged = ExportedVersion(
+            os.path.join(export_base, f"{TEMP_PREFIX}{version}-{os.getpid()}-{uuid.uuid4().hex[:8]}"), version)
+        try:
+            if cfg.model.task == "retrieval":
+                module, signatures = _retrieval_module(cfg, artifact, model, data.root, top_k, pruning)
+                compare, output, direct = "query_embedding", "query_embedding", model.query_embedding
+            else:
+                module, signatures = _ranking_module(artifact, model)
+                compare, output, direct = "serving_default", "score", lambda f: tf.sigmoid(model(f))[:, 0]
+            tf.saved_model.save(module, staged.path, signatures=signatures)
+            staged.write_meta(ExportMeta(config_to_dict(artifact.config), artifact.raw_schema, os.path.abspath(model_dir),
+                                         version, dict(metrics or {}), weights))
+            loaded = tf.saved_model.load(staged.path)
+            serve_fn = loaded.signatures["serving_default"]
+            smoke = serve_fn(**{k: tf.constant(v) for k, v in
+                                missing_rows(dict(serve_fn.structured_input_signature[1]), 2).items()})
+            if not all(np.all(np.isfinite(v.numpy())) for v in smoke.values() if v.dtype.is_floating):
+                raise RuntimeError(f"{staged.path}: the exported model returns non-finite scores")
+            trained = direct(preprocessed).numpy()
+            report = skew_check(loaded.signatures[compare], output, trained, sample,
+                                list_separators(artifact.config))
+            if EXAMPLES_SIGNATURE in loaded.signatures:
+                report.update(examples_check(loaded.signatures[EXAMPLES_SIGNATURE], trained, sample, artifact))
+            if not report["passed"]:
+                report["differing_features"] = differing_features(
+                    artifact, sample, preprocessed, dict(loaded.signatures[compare].structured_input_signature[1]))
+            staged.write_skew_report(report)
+            if not report["passed"]:
+                where = (f"the transform of {', '.join(report['differing_features'])} differs between serving and the "
+                         f"Beam job" if report["differing_features"] else "the features agree, the models differ")
+                raise SkewError(f"skew check failed: max |served - trainer| = {report['max_abs_diff']:.3g} > "
+                                f"{report['tolerance']:g} on {report['rows']} eval rows (worst row {report['worst_row']}): "
+                                f"{where}")
+            if not report.get("examples_passed", True):
+                raise SkewError(f"{EXAMPLES_SIGNATURE} scores the eval sample's rows as tf.Examples differently from "
+                                f"the trainer (max |diff| {report['examples_max_abs_diff']:.3g})")
+            write_warmup(staged.warmup_path, warmup_logs(serve_fn, EXAMPLES_SIGNATURE in loaded.signatures, sample,
+                                                         artifact.config, artifact.raw_schema))
+            load_version(staged.path, version, loaded)  # as the model server loads it, warmup replayed, or fails here
+            os.rename(staged.path, final.path)
+        except BaseException:
+            shutil.rmtree(staged.path, ignore_errors=True)
+            raise
     return final.path

@@ -2,7 +2,8 @@
 
 PredictionService.Predict / Classify / Regress / GetModelMetadata and ModelService.GetModelStatus, so
 a client built on `prediction_service_pb2_grpc.PredictionServiceStub` works unchanged (Classify and
-Regress: recpipe.serving.examples).
+Regress: recpipe.serving.examples). Predict runs any signature of the model and honours output_filter
+(recpipe.serving.server.signatures), with TF Serving's status codes.
 """
 from __future__ import annotations
 
@@ -16,10 +17,13 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
                                      model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc,
                                      regression_pb2)
 
+from recpipe.common.ports import bind_error
 from recpipe.serving.server.batching import Predictor
 from recpipe.serving.examples import SIGNATURES, classes, examples_from_input
 from recpipe.serving.server.metrics import Metrics
 from recpipe.serving.server.registry import EXAMPLES_SIGNATURE, SIGNATURE, ModelRegistry, RequestError
+from recpipe.serving.server.signatures import (SignatureNotFound, output_aliases, predict_signature, run_signature,
+                                               signature_outputs)
 
 __all__ = ["make_grpc_server"]
 
@@ -32,10 +36,12 @@ class _Prediction(prediction_service_pb2_grpc.PredictionServiceServicer):
     def __init__(self, registry: ModelRegistry, predictor: Predictor, metrics: Metrics):
         self.registry, self.predictor, self.metrics = registry, predictor, metrics
 
-    def _lookup(self, spec, context, signatures=("", SIGNATURE)):
+    def _lookup(self, spec, context, signatures=None):
+        """The version `spec` asks for; aborts NOT_FOUND for another model or version, INVALID_ARGUMENT for a
+        signature_name not in `signatures` (None: any; TF Serving's GetModelMetadata ignores it)."""
         if spec.name != self.registry.name:
             context.abort(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Latest({spec.name})")
-        if spec.signature_name not in signatures:
+        if signatures is not None and spec.signature_name not in signatures:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"signature {spec.signature_name!r} not found")
         try:
             return self.registry.get(_version(spec))
@@ -47,9 +53,15 @@ class _Prediction(prediction_service_pb2_grpc.PredictionServiceServicer):
         failed = True
         try:
             lv = self._lookup(request.model_spec, context)
+            try:  # as TF Serving: any signature of the model; one it lacks is FAILED_PRECONDITION
+                signature = predict_signature(lv, request.model_spec.signature_name)
+            except SignatureNotFound as e:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
             try:
+                aliases = output_aliases(signature_outputs(lv, signature), request.output_filter)
                 cols = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
-                outputs = self.predictor.predict(lv, cols)
+                outputs = (self.predictor.predict(lv, cols) if signature == SIGNATURE
+                           else run_signature(lv, signature, cols))
             except (RequestError, ValueError, TypeError, OverflowError, tf.errors.InvalidArgumentError) as e:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e).splitlines()[0])
             failed = False
@@ -60,9 +72,9 @@ class _Prediction(prediction_service_pb2_grpc.PredictionServiceServicer):
         resp = predict_pb2.PredictResponse()
         resp.model_spec.name = self.registry.name
         resp.model_spec.version.value = lv.version
-        resp.model_spec.signature_name = SIGNATURE
-        for k, v in outputs.items():
-            resp.outputs[k].CopyFrom(tf.make_tensor_proto(np.asarray(v)))
+        resp.model_spec.signature_name = signature
+        for k in aliases:
+            resp.outputs[k].CopyFrom(tf.make_tensor_proto(np.asarray(outputs[k])))
         return resp
 
     def _score_examples(self, api: str, request, context):
@@ -106,9 +118,14 @@ class _Prediction(prediction_service_pb2_grpc.PredictionServiceServicer):
         return resp
 
     def GetModelMetadata(self, request, context):
+        if not request.metadata_field:  # TF Serving's checks and messages (get_model_metadata_impl.cc)
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          "GetModelMetadataRequest must specify at least one metadata_field")
+        for field in request.metadata_field:
+            if field != "signature_def":
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                              f"Metadata field {field} is not supported (only signature_def)")
         lv = self._lookup(request.model_spec, context)
-        if list(request.metadata_field) != ["signature_def"]:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "metadata_field must be ['signature_def']")
         sig_map = get_model_metadata_pb2.SignatureDefMap()
         for k, v in lv.signature_defs.items():
             sig_map.signature_def[k].CopyFrom(v)
@@ -141,12 +158,32 @@ class _ModelService(model_service_pb2_grpc.ModelServiceServicer):
 
 def make_grpc_server(registry: ModelRegistry, predictor: Predictor, metrics: Metrics, host: str, port: int,
                      workers: int = 8) -> tuple[grpc.Server, int]:
+    """TF Serving's gRPC services over `registry`, bound (not started).
+
+    Args:
+        registry: the loaded versions to serve.
+        predictor: what runs `serving_default` (validation, batching).
+        metrics: where each call is counted.
+        host: the address to bind.
+        port: the port to bind; 0 picks a free one.
+        workers: the threads answering calls.
+
+    Returns:
+        (the server, the bound port).
+
+    Raises:
+        OSError: the port is in use (or cannot be bound), in one line naming it. gRPC's default
+            SO_REUSEPORT is off, so a second server on a port in use fails instead of sharing it.
+    """
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers),
-                         options=[("grpc.max_receive_message_length", 16 * 1024 * 1024)])
+                         options=[("grpc.max_receive_message_length", 16 * 1024 * 1024), ("grpc.so_reuseport", 0)])
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(_Prediction(registry, predictor, metrics),
                                                                         server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(_ModelService(registry), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpcio raises where older releases returned 0
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind gRPC on {host}:{port}")
+        raise bind_error("gRPC", host, port)
     return server, bound

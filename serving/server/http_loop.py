@@ -34,6 +34,7 @@ from typing import Awaitable, Callable, Optional
 
 import httptools
 
+from recpipe.common.ports import bind_error
 from recpipe.serving.server.limits import MAX_HEAD_BYTES
 
 __all__ = ["Request", "Response", "HttpServer"]
@@ -254,7 +255,11 @@ class _Connection(asyncio.Protocol):
 
 
 class HttpServer:
-    """Binds at construction; serve_forever() runs the loop in the calling thread until shutdown()."""
+    """Binds at construction; serve_forever() runs the loop in the calling thread until shutdown().
+
+    A port in use is an OSError naming it: the socket takes SO_REUSEADDR (a restart binds at once over the
+    previous one's TIME_WAIT connections) but never SO_REUSEPORT, which would let a second server share a
+    port it already serves on and the kernel split the clients between the two."""
 
     def __init__(self, app: App, host: str, port: int, threads: int, request_deadline_s: float,
                  idle_timeout_s: float, max_connections: int, max_body_bytes: int):
@@ -266,7 +271,12 @@ class HttpServer:
         # the app's blocking calls (a model call without batching, tf.Example scoring) run here
         self.executor = ThreadPoolExecutor(threads, thread_name_prefix="rest")
         self.loop.set_default_executor(self.executor)
-        sock = socket.create_server((host, port), backlog=1024)
+        try:
+            sock = socket.create_server((host, port), backlog=1024, reuse_port=False)
+        except OSError as e:
+            self.executor.shutdown(wait=False)
+            self.loop.close()
+            raise bind_error("REST", host, port, e) from None
         self.server_address: tuple[str, int] = sock.getsockname()[:2]
         self._server = self.loop.run_until_complete(self.loop.create_server(lambda: _Connection(self), sock=sock))
         self._sweep_every = max(min(request_deadline_s / 3, idle_timeout_s / 3, 30.0), 0.5)

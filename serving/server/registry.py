@@ -23,7 +23,7 @@ from recpipe.serving.version import EXAMPLES_INPUT, EXAMPLES_SIGNATURE, SIGNATUR
 from recpipe.serving.warmup import missing_rows, read_warmup, replay
 
 __all__ = ["LoadedVersion", "ModelRegistry", "RequestError", "SIGNATURE", "EXAMPLES_SIGNATURE", "load_version",
-           "dtype_kind"]
+           "dtype_kind", "graph_error"]
 
 log = logging.getLogger("recpipe.serving")
 
@@ -47,7 +47,7 @@ class LoadedVersion:
     signature_defs: object           # tensorflow.core.protobuf.meta_graph_pb2 signature_def map
     loaded: object = None            # the loaded SavedModel object: keeps its variables alive
     examples_fn: object = None       # the predict_examples ConcreteFunction (ranking exports), else None
-    list_inputs: Optional[frozenset] = None  # inputs a list per row may feed (multivalent); None: any string input
+    list_inputs: Optional[dict] = None  # input -> separator: the inputs a list per row may feed; None: any string one
     _kinds: dict = field(init=False, repr=False)  # input -> ("s"|"i"|"f", numpy dtype), read per request
     _groups: list = field(init=False, repr=False)  # [(dtype, [input names])]: one block per dtype
     _packed: object = field(init=False, repr=False)  # ConcreteFunction of the blocks -> [outputs]
@@ -131,7 +131,7 @@ class LoadedVersion:
         try:
             out = self.examples_fn(**{EXAMPLES_INPUT: tf.constant(serialized, tf.string)})
         except tf.errors.InvalidArgumentError as e:
-            raise RequestError(f"examples: {_graph_error(e.message)}") from None
+            raise RequestError(f"examples: {graph_error(e.message)}") from None
         return out["score"].numpy()
 
 
@@ -155,7 +155,7 @@ def _packed_function(fn, groups: list, outputs: list[str]):
     return packed.get_concrete_function()
 
 
-def _graph_error(message: str) -> str:
+def graph_error(message: str) -> str:
     """The cause in a graph op's error text (a failed assertion's message, a parse error), without
     TensorFlow's framing ("Graph execution error", "Detected at node", the node list)."""
     for line in message.splitlines():
@@ -184,7 +184,7 @@ def load_version(path: str, version: int, loaded=None) -> LoadedVersion:
     sig_defs = proto.meta_graphs[0].signature_def
     meta = ExportedVersion(path, version).meta()  # None: a SavedModel exported by something else
     lv = LoadedVersion(version, path, fn, inputs, sorted(fn.structured_outputs), sig_defs, loaded,
-                       loaded.signatures.get(EXAMPLES_SIGNATURE), meta.list_columns() if meta else None)
+                       loaded.signatures.get(EXAMPLES_SIGNATURE), meta.list_separators() if meta else None)
     warmup = ExportedVersion(path, version).warmup_path
     if os.path.exists(warmup):  # as TF Serving: the version's own requests, each run once before it serves
         logs = read_warmup(warmup)
@@ -235,7 +235,8 @@ class ModelRegistry:
     watcher thread then loads newer versions in the background and swaps when one is ready. A refused
     version is tried again when its files change (a copy still in progress) or after a back-off doubling
     from RETRY_S to MAX_RETRY_S, so a version copied in non-atomically is served once it is complete and
-    never before. The watcher survives any error (logged); healthy() is False if it is gone.
+    never before. When the served version's folder disappears, the newest remaining version that loads is
+    served. The watcher survives any error (logged); healthy() is False if it is gone.
     """
     RETRY_S, MAX_RETRY_S = 5.0, 300.0
 
@@ -244,6 +245,7 @@ class ModelRegistry:
         self._lock = threading.Lock()
         self._versions: dict[int, LoadedVersion] = {}
         self._refused: dict[int, _Refusal] = {}
+        self._gone_reported = False  # the served version's folder is gone and nothing else loads: logged once
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -259,10 +261,15 @@ class ModelRegistry:
                   self.name, v.version, v.path, backoff, error)
 
     def refresh(self) -> None:
-        """Serve the newest version newer than the current one that loads; keep the current one otherwise."""
+        """Serve the newest version newer than the current one that loads; keep the current one otherwise.
+        When the current version's folder is gone (a rollback deletes it), serve the newest remaining
+        version that loads, as TF Serving's latest-version policy does; with none, keep the current one
+        (logged once)."""
         current = max(self._versions) if self._versions else 0
-        for v in reversed(ExportBase(self.base).on_disk()):
-            if v.version <= current:
+        on_disk = ExportBase(self.base).on_disk()
+        gone = bool(current) and all(v.version != current for v in on_disk)
+        for v in reversed(on_disk):
+            if v.version <= (0 if gone else current):
                 return
             if not self._may_try(v):
                 continue
@@ -278,8 +285,14 @@ class ModelRegistry:
             self._refused.pop(v.version, None)
             with self._lock:
                 self._versions = {v.version: lv}
-            log.info("serving %s version %d from %s", self.name, v.version, v.path)
+            self._gone_reported = False
+            log.info("serving %s version %d from %s%s", self.name, v.version, v.path,
+                     f" (version {current}'s folder is gone)" if gone else "")
             return
+        if gone and not self._gone_reported:
+            self._gone_reported = True
+            log.error("%s version %d's folder is gone and no other version loads: still serving it from memory",
+                      self.name, current)
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_seconds):

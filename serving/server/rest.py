@@ -2,7 +2,8 @@
 
 GET  /v1/models/NAME[/versions/V]            model version status
 GET  /v1/models/NAME[/versions/V]/metadata   signature defs, in TF Serving's JSON form
-POST /v1/models/NAME[/versions/V]:predict    {"instances": [...]} or {"inputs": {...}}
+POST /v1/models/NAME[/versions/V]:predict    {"instances": [...]} or {"inputs": {...}}; "signature_name": any
+                                             signature of the model (recpipe.serving.server.signatures)
 POST /v1/models/NAME[/versions/V]:classify   {"examples": [...], "context": {...}} (recpipe.serving.examples)
 POST /v1/models/NAME[/versions/V]:regress    the same body; {"result": [p, ...]}
 GET  /healthz                                200 once a version is loaded
@@ -25,20 +26,21 @@ import logging
 import math
 import re
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import tensorflow as tf
 from google.protobuf import json_format
 from tensorflow_serving.apis import get_model_metadata_pb2
 
-from recpipe.features.canonical import FLOAT32_MAX
+from recpipe.features.canonical import DEFAULT_SEPARATOR, FLOAT32_MAX, splits_back, unsplittable_reason
 from recpipe.serving.server.batching import Predictor
 from recpipe.serving.examples import b64_bytes, classes, examples_from_json, is_b64
 from recpipe.serving.server.http_loop import HttpServer, Request, Response
 from recpipe.serving.server.limits import IDLE_TIMEOUT_S, MAX_BODY_BYTES, MAX_CONNECTIONS, REQUEST_DEADLINE_S
 from recpipe.serving.server.metrics import Metrics
 from recpipe.serving.server.registry import SIGNATURE, ModelRegistry, RequestError, dtype_kind
+from recpipe.serving.server.signatures import predict_signature, run_signature, signature_inputs
 
 __all__ = ["parse_predict_body", "format_predict_response", "make_rest_server", "RestApp"]
 
@@ -48,9 +50,12 @@ _PATH = re.compile(r"^/v1/models/(?P<name>[A-Za-z0-9_.\-]+)(?:/versions/(?P<vers
 _POST_VERBS = (":predict", ":classify", ":regress")
 
 
-def _column(name: str, values: list, kind_dtype: tuple[str, object], lists: bool = True) -> np.ndarray:
+def _column(name: str, values: list, kind_dtype: tuple[str, object], separator: str | None = DEFAULT_SEPARATOR
+            ) -> np.ndarray:
     """JSON values of one input of `kind_dtype` (registry.dtype_kind) -> a numpy column; null/absent means
-    missing. `lists`: a row's value may be a list (a multivalent input's items, joined as serving joins them)."""
+    missing. `separator`: a row's value may be a list (a multivalent input's items: strings or integers,
+    a null item no token), joined by this separator, its feature's, as the graph splits the input; None:
+    the input takes no lists."""
     kind, np_dtype = kind_dtype
     if kind == "s":
         out = []
@@ -62,14 +67,14 @@ def _column(name: str, values: list, kind_dtype: tuple[str, object], lists: bool
             elif is_b64(v):
                 out.append(b64_bytes(v, f"input {name!r} row {i}"))
             elif isinstance(v, list):
-                if not lists:
+                if separator is None:
                     raise RequestError(f"input {name!r} row {i}: expects one string, got a list (only a multivalent "
                                        f"feature's input takes a list)")
-                if not all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in v):
+                if not all(x is None or isinstance(x, (str, int)) and not isinstance(x, bool) for x in v):
                     raise RequestError(f"input {name!r} row {i}: list items must be strings or integers")
-                if any("|" in str(x) for x in v):
-                    raise RequestError(f"input {name!r} row {i}: a list item contains the separator '|'")
-                out.append("|".join(str(x) for x in v).encode("utf-8"))
+                if not splits_back(v, separator):  # the Beam job dead-letters such a row (list_item_has_separator)
+                    raise RequestError(f"input {name!r} row {i}: {unsplittable_reason(separator)}")
+                out.append(separator.join(str(x) for x in v if x is not None).encode("utf-8"))
             elif isinstance(v, (int, float)) and not isinstance(v, bool):
                 raise RequestError(f"input {name!r} row {i}: expects a string, got {v!r}")
             else:
@@ -99,18 +104,22 @@ def _column(name: str, values: list, kind_dtype: tuple[str, object], lists: bool
     return np.array(out_f, dtype=np_dtype)
 
 
-def parse_predict_body(body: Any, inputs: dict[str, tf.TensorSpec], list_inputs: frozenset | None = None
-                       ) -> tuple[dict[str, np.ndarray], bool]:
+def parse_predict_body(body: Any, inputs: dict[str, tf.TensorSpec], list_inputs: Mapping[str, str] | None = None,
+                       signature: str = SIGNATURE) -> tuple[dict[str, np.ndarray], bool]:
     """Return (columns, row_format). Missing keys/nulls are missing values (not for int inputs).
-    list_inputs: the inputs whose rows may be lists (None: any string input)."""
+    list_inputs: {input: its feature's separator} for the inputs whose rows may be lists, joined by it
+    (ExportMeta.list_separators; None, a SavedModel without recpipe's metadata: any string input, joined
+    by DEFAULT_SEPARATOR). signature: the one whose `inputs` these are; the body's signature_name must
+    name it ("" names serving_default)."""
     def column(n: str, values: list) -> np.ndarray:
-        return _column(n, values, dtype_kind(inputs[n].dtype), list_inputs is None or n in list_inputs)
+        separator = DEFAULT_SEPARATOR if list_inputs is None else list_inputs.get(n)
+        return _column(n, values, dtype_kind(inputs[n].dtype), separator)
 
     if not isinstance(body, dict):
         raise RequestError("request body must be a JSON object")
-    sig = body.get("signature_name", SIGNATURE)
-    if sig not in (SIGNATURE, ""):
-        raise RequestError(f"signature {sig!r} not found; this model has {SIGNATURE!r}")
+    sig = body.get("signature_name", "") or SIGNATURE
+    if sig != signature:
+        raise RequestError(f"signature {sig!r} not found; this model has {signature!r}")
     if ("instances" in body) == ("inputs" in body):
         raise RequestError("give exactly one of 'instances' (row format) or 'inputs' (columnar format)")
     names = list(inputs)
@@ -118,7 +127,7 @@ def parse_predict_body(body: Any, inputs: dict[str, tf.TensorSpec], list_inputs:
         rows = body["instances"]
         if not isinstance(rows, list) or not rows:
             raise RequestError("'instances' must be a non-empty list")
-        if len(names) == 1 and not all(isinstance(r, dict) for r in rows):
+        if len(names) == 1 and not all(isinstance(r, dict) and not is_b64(r) for r in rows):  # values, unnamed
             return {names[0]: column(names[0], rows)}, True
         for i, r in enumerate(rows):
             if not isinstance(r, dict):
@@ -277,9 +286,16 @@ class RestApp:
             result = classes(scores) if route[1] == ":classify" else [float(p) for p in scores]
             return 200, {"result": result}, "application/json"
         try:
-            cols, row_format = parse_predict_body(body, lv.inputs, lv.list_inputs)
+            requested = body.get("signature_name", "") if isinstance(body, dict) else ""
+            if not isinstance(requested, str):
+                raise RequestError("'signature_name' must be a string")
+            signature = predict_signature(lv, requested)  # any signature of the model, as TF Serving
+            cols, row_format = parse_predict_body(body, signature_inputs(lv, signature), lv.list_inputs, signature)
             self.metrics.stage("parse", time.perf_counter() - t0)
-            outputs = await self.predictor.predict_async(lv, cols)
+            if signature == SIGNATURE:
+                outputs = await self.predictor.predict_async(lv, cols)
+            else:
+                outputs = await asyncio.get_running_loop().run_in_executor(None, run_signature, lv, signature, cols)
             t0 = time.perf_counter()
             data = json.dumps(format_predict_response(outputs, row_format), allow_nan=True).encode("utf-8")
             self.metrics.stage("respond", time.perf_counter() - t0)

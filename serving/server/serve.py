@@ -78,17 +78,23 @@ class ModelServer:
 
         Raises:
             RuntimeError: the export base holds no loadable version.
-            OSError: a port cannot be bound.
+            OSError: a port is in use or cannot be bound, in one line naming it; what had started is
+                stopped again (a server on that port keeps it to itself, as no port is shared).
         """
         self.registry.start()
-        self._rest = make_rest_server(self.registry, self.predictor, self.metrics, self.opts.host, self.opts.rest_port)
-        self.rest_port = self._rest.server_address[1]
-        threading.Thread(target=self._rest.serve_forever, name="rest", daemon=True).start()
-        if self.opts.grpc_port is not None:
-            from recpipe.serving.server.grpc_service import make_grpc_server
-            self._grpc, self.grpc_port = make_grpc_server(self.registry, self.predictor, self.metrics,
-                                                          self.opts.host, self.opts.grpc_port)
-            self._grpc.start()
+        try:
+            self._rest = make_rest_server(self.registry, self.predictor, self.metrics, self.opts.host,
+                                          self.opts.rest_port)
+            self.rest_port = self._rest.server_address[1]
+            threading.Thread(target=self._rest.serve_forever, name="rest", daemon=True).start()
+            if self.opts.grpc_port is not None:
+                from recpipe.serving.server.grpc_service import make_grpc_server
+                self._grpc, self.grpc_port = make_grpc_server(self.registry, self.predictor, self.metrics,
+                                                              self.opts.host, self.opts.grpc_port)
+                self._grpc.start()
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def __enter__(self) -> "ModelServer":
