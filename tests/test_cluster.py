@@ -131,6 +131,11 @@ def test_ps_training_across_hosts_survives_worker_and_coordinator_kills(tmp_path
         assert f"resuming from {md.checkpoints_dir}/ckpt-{later} at step {later}" in rerun.stdout
         assert f"chief {hosts.address(0)}:{PORT}, 2 workers, 2 PS" in rerun.stdout
         assert md.latest_step() == 500 and md.state().resumed_from == later
+        assert "step 500/500" in rerun.stdout and "step 501" not in rerun.stdout
+        # exactly the steps run, whatever a lost worker's re-run steps applied: checkpoints at multiples of 50
+        assert first % 50 == 0 and later % 50 == 0
+        assert all(int(f.split("-")[1].split(".")[0]) % 50 == 0 for f in os.listdir(md.checkpoints_dir)
+                   if f.endswith(".index")), os.listdir(md.checkpoints_dir)
         shards = [f for f in os.listdir(md.checkpoints_dir) if ".data-" in f]
         assert len(shards) >= 2  # the variables lived on both PS hosts
     assert evaluate(model_dir, data)["auc"] > 0.6

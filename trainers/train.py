@@ -154,7 +154,8 @@ class _Checkpoints(tf.keras.callbacks.Callback):
                  check: Callable[[float, int], None], validator: Validator | None = None):
         super().__init__()
         self.manager, self.reporter, self.check, self.validator = manager, reporter, check, validator
-        self.step = reporter.start
+        self.per_batch = per_batch
+        self.step = self._epoch_start = reporter.start
         self.last_logs: dict = {}
         self._supports_tf_logs = True  # the bar never reads the logs, so Keras need not fetch them
         if per_batch and reporter.bar.enabled:
@@ -164,8 +165,11 @@ class _Checkpoints(tf.keras.callbacks.Callback):
         self.step += 1
         self.reporter.batch(self.step)
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = self.step
+
     def on_epoch_end(self, epoch, logs=None):
-        step = self.step = int(self.model.optimizer.iterations.numpy())
+        step = self.step = self._counted_step()
         self.reporter.interval_end(step)
         self.last_logs = {k: _scalar(v) for k, v in (logs or {}).items()}
         self.check(self.last_logs.get("loss", math.nan), step)  # a non-finite loss is never saved
@@ -173,6 +177,22 @@ class _Checkpoints(tf.keras.callbacks.Callback):
         self.reporter.interval(step, self.last_logs.get("loss", math.nan), self.last_logs.get("auc"))
         if self.validator is not None and self.validator(step, self.manager.latest_checkpoint):
             self.model.stop_training = True
+
+
+    def _counted_step(self) -> int:
+        """The step at an epoch's end. Locally, the optimizer's count. Under ParameterServerStrategy the
+        coordinator re-runs a step whose worker was lost, and one that had already applied its update
+        before the worker went applies it twice, so the optimizer counts past the steps the loop ran (step
+        601 of 600, ckpt-401): there the count is the steps scheduled, and the optimizer's is set to it."""
+        applied = int(self.model.optimizer.iterations.numpy())
+        if self.per_batch:
+            return applied
+        step = self._epoch_start + int(self.params["steps"])
+        if applied != step:
+            self.model.optimizer.iterations.assign(step)
+            self.reporter.note(f"train: note: {applied - step:+d} update(s) beyond the {step} steps run (a step "
+                               f"re-run after its worker was lost); counting {step}")
+        return step
 
 
 def _scalar(v) -> float:
