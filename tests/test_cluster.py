@@ -309,6 +309,7 @@ def test_horovod_across_hosts_without_ssh(tmp_path, preprocessed, small_cfg_path
                 in outs[2] and partial_named in outs[2]), outs[2][-2000:]
         procs, outs = run(lambda i: data)
     assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert [o for o in outs if "Exception in thread" in o or "Traceback" in o] == []  # no launcher traceback
     assert "ranks [0] of 3; rendezvous 10.78.0.1:29500" in outs[0] and "(10.78.0.2, eth0)" in outs[1]
     assert "step 150/150" in outs[0] and "3 ranks" in outs[0]
     state = ModelDir(model_dir).state()

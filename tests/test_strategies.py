@@ -565,3 +565,51 @@ def test_horovod_ranks_must_run_one_install(tmp_path):
         f"rank 1 (host 10.0.0.2, /data) runs other code than rank 0 (host 10.0.0.1, /data): recpipe.trainers "
         f"{theirs['recpipe.trainers']} (rank 0: {ours['recpipe.trainers']}); each rank builds and steps the model with its own "
         f"host's install"), e.value
+
+
+@pytest.mark.integration
+def test_the_rendezvous_watcher_ends_quietly_once_gloo_clears_its_keys():
+    """The first host's watcher of Gloo's rendezvous: the keys leave the store once every rank has joined,
+    which the watcher took for every rank missing and died on min() of no rank (a traceback on host 0 in 3
+    of 4 launches). It must end without a word instead, and name a rank still missing before that."""
+    import threading
+
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+
+    from recpipe.localserver import free_port
+    from recpipe.trainers.strategies.hvd_hosts import _start_rendezvous, _watch_rendezvous
+    plan = get_host_assignments(parse_hosts("a:1,b:1"), 2)
+    server = _start_rendezvous(free_port(), plan)
+    said, errors = [], []
+
+    def watch(done, after):
+        try:
+            _watch_rendezvous(server, plan, {"a": 0, "b": 1}, said.append, done, after=after, every=30)
+        except Exception as e:  # noqa: BLE001 - the failure under test, reported by the asserts below
+            errors.append(e)
+
+    def rank_0_joined():
+        with server.cache_lock:
+            server.cache.setdefault("global", {})["rank_0"] = b"addr"
+
+    try:
+        rank_0_joined()
+        done = threading.Event()
+        watcher = threading.Thread(target=watch, args=(done, 0.5))
+        watcher.start()
+        time.sleep(2.6)  # the looks at 1 s and 2 s see rank 0 alone: rank 1 is named once
+        done.set()
+        watcher.join(timeout=5)
+        assert len(said) == 1 and "waiting for rank 1 (host 1, b)" in said[0] and "since rank 0 joined" in said[0]
+
+        said.clear()
+        rank_0_joined()
+        watcher = threading.Thread(target=watch, args=(threading.Event(), 1.5))
+        watcher.start()
+        time.sleep(1.3)  # the look at 1 s sees rank 0
+        with server.cache_lock:
+            server.cache["global"].clear()  # rank 1 joined and Gloo finished before the next look
+        watcher.join(timeout=5)
+        assert not watcher.is_alive() and errors == [] and said == []
+    finally:
+        server.shutdown()

@@ -376,20 +376,24 @@ def _watch_rendezvous(server, plan: list, index: dict[str, int], say: Callable[[
     ranks have not, `after` seconds on and then every `every` seconds, until all have or `done` is set. Gloo
     itself waits (HOROVOD_GLOO_TIMEOUT_SECONDS) without a word, then aborts every rank that joined."""
     first_join = said = None
+    seen: set[int] = set()  # every rank whose keys were in the store at a look
     while not done.wait(1.0):
         with server.cache_lock:
             keys = list(server.cache.get("global", {}))
         joined = {int(m[1]) for m in map(_RANK_KEY.fullmatch, keys) if m}
-        missing = [slot for slot in plan if slot.rank not in joined]
+        if seen and not joined:  # Gloo clears its keys once every rank has joined: the rendezvous is done
+            return
+        seen |= joined
+        missing = [slot for slot in plan if slot.rank not in seen]
         if not missing:
             return
         now = time.monotonic()
-        first_join = first_join if first_join is not None or not joined else now
+        first_join = first_join if first_join is not None or not seen else now
         if first_join is None or now - first_join < after or (said is not None and now - said < every):
             continue
         named = ", ".join(f"rank {slot.rank} (host {index[slot.hostname]}, {slot.hostname})" for slot in missing[:6])
         say(f"train: waiting for {named}{' and more' if len(missing) > 6 else ''} to join Gloo's rendezvous "
-            f"({now - first_join:.0f} s since rank {min(joined)} joined): is `recpipe train ... --host-index N` "
+            f"({now - first_join:.0f} s since rank {min(seen)} joined): is `recpipe train ... --host-index N` "
             f"running there?")
         said = now
 
