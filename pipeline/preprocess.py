@@ -251,9 +251,7 @@ def _output_lock(output: str) -> DirLock:
     """The lock a run holds on OUTPUT from its emptiness check to its publication: a hidden sibling file
     (OUTPUT itself must stay empty), so a second run into the same OUTPUT fails at once instead of
     removing the first one's staging folder or publishing over it."""
-    out = os.path.abspath(output)
-    return DirLock(os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.lock"),
-                   f"preprocess output {output}", remove=True)
+    return DirLock.beside(output, f"preprocess output {output}")
 
 
 def remove_stale_staging(output: str) -> list[str]:

@@ -190,9 +190,7 @@ class ExportBase:
         Returns:
             A DirLock context manager; entering it raises FolderInUseError naming the holder.
         """
-        root = os.path.abspath(self.root)
-        return DirLock(os.path.join(os.path.dirname(root), f".{os.path.basename(root)}.lock"),
-                       f"export base {self.root}", wait_s, remove=True)
+        return DirLock.beside(self.root, f"export base {self.root}", wait_s)
 
     def next_version(self) -> int:
         """Epoch seconds, above any existing version."""

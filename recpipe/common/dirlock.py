@@ -48,6 +48,22 @@ class DirLock:
         self.path, self.what, self.wait_s, self.remove = path, what, wait_s, remove
         self._key: Optional[str] = None
 
+    @classmethod
+    def beside(cls, folder: str, what: str, wait_s: float = 0.0) -> "DirLock":
+        """The lock of a folder that must hold nothing of ours: a hidden file beside it, `.NAME.lock`,
+        removed on release.
+
+        Args:
+            folder: the folder the lock guards.
+            what: what it is, for the error.
+            wait_s: how long to wait for a holder to finish; 0 fails at once.
+
+        Returns:
+            The DirLock (not yet held).
+        """
+        path = os.path.abspath(folder)
+        return cls(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock"), what, wait_s, remove=True)
+
     def __enter__(self) -> "DirLock":
         os.makedirs(os.path.dirname(os.path.abspath(self.path)) or ".", exist_ok=True)
         key = os.path.realpath(self.path)
