@@ -123,7 +123,7 @@ def own_tempdir() -> None:
     runs no atexit handler, and TensorFlow's AutoGraph deletes the source files it writes to the temp
     folder (13 per PS run) only in one, so otherwise every PS run would leave them in /tmp. Not in a worker or
     PS task that TF_CONFIG starts: it serves until it is killed, so its folder would stay behind."""
-    from recpipe.trainers.strategies.ps import tf_config
+    from recpipe.trainers.strategies.tf_config import tf_config
     cluster = tf_config()
     if cluster is None or cluster.task_type == "chief":
         tempfile.tempdir = tempfile.mkdtemp(prefix=_CHIEF_TEMP_PREFIX)

@@ -21,7 +21,7 @@ from recpipe.bench.netns import VirtualHosts, netns_available
 from recpipe.trainers.errors import TrainError
 from recpipe.trainers.evaluation.evaluate import evaluate
 from recpipe.trainers.model_dir import ModelDir
-from recpipe.trainers.strategies.ps import tf_config
+from recpipe.trainers.strategies.tf_config import tf_config
 
 USABLE, WHY = netns_available()
 needs_netns = pytest.mark.skipif(not USABLE, reason=f"network namespaces unavailable: {WHY}")

@@ -31,8 +31,9 @@ from recpipe.trainers.optim import optimizer_for, precision_policy
 from recpipe.trainers.options import TrainOptions
 from recpipe.trainers.prepare import prepare_run
 from recpipe.trainers.progress import Reporter
-from recpipe.trainers.strategies.ps import (LocalPSCluster, PSCluster, TFConfig, make_strategy, serve_task, silent_tasks, task_names,
-                         tf_config, wait_for_tasks)
+from recpipe.trainers.strategies.ps import (LocalPSCluster, make_strategy, serve_task, silent_tasks, task_names,
+                                           wait_for_tasks)
+from recpipe.trainers.strategies.tf_config import PSCluster, TFConfig, tf_config
 from recpipe.trainers.evaluation.validation import Validator, validator_for
 from recpipe.trainers.warm_start import apply_warm_start
 

@@ -5,14 +5,13 @@ launcher's own import would cost about 3 s of CPU and 550 MB of RSS, held while 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 from contextlib import AbstractContextManager
 from typing import Callable, Optional
 
 from recpipe.trainers.errors import TrainError
 from recpipe.trainers.strategies.hvd_hosts import HostJob, host_job
 from recpipe.trainers.strategies.hvd_launch import inside_horovod_job, launch
+from recpipe.trainers.strategies.tf_config import tf_config
 from recpipe.trainers.memory import check_memory, holders_on_this_host
 from recpipe.trainers.model_dir import ModelDir, TrainState
 from recpipe.trainers.options import RunOptions, TrainOptions
@@ -58,19 +57,12 @@ def writer_lock(opts: TrainOptions) -> AbstractContextManager:
 
     Returns:
         ModelDir(opts.model_dir).writer_lock(), or a context manager that does nothing.
+
+    Raises:
+        TrainError: --strategy ps with a TF_CONFIG that cannot be read, naming the key.
     """
     run = opts.run
-    if (inside_horovod_job() or (run.hosts and run.host_index != 0)
-            or (run.strategy == "ps" and os.environ.get("TF_CONFIG") and _task_type() != "chief")):
+    cluster = tf_config() if run.strategy == "ps" else None
+    if inside_horovod_job() or (run.hosts and run.host_index != 0) or (cluster and cluster.task_type != "chief"):
         return contextlib.nullcontext()
     return ModelDir(opts.model_dir).writer_lock()
-
-
-def _task_type() -> Optional[str]:
-    """TF_CONFIG's task type; None when unreadable (the PS strategy then names what is wrong with it)."""
-    try:
-        data = json.loads(os.environ["TF_CONFIG"])
-    except ValueError:
-        return None
-    task = data.get("task") if isinstance(data, dict) else None
-    return task.get("type") if isinstance(task, dict) else None
