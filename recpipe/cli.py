@@ -19,7 +19,9 @@ from recpipe.cli_parser import build_parser
 from recpipe.common.errors import RecpipeError
 from recpipe.runtime import (exit_now, one_line, own_tempdir, ps_chief, quiet_startup, say, tensorflow_after_reexec,
                              tensorflow_at_startup)
+from recpipe.trainers.errors import JobFault
 from recpipe.trainers.options import RunOptions
+from recpipe.trainers.strategies.restarts import fault_exit_code
 
 __all__ = ["main"]
 
@@ -110,10 +112,13 @@ def _run_options(a) -> RunOptions:
     return RunOptions(**{f.name: getattr(a, f.name) for f in dataclasses.fields(RunOptions)})
 
 
-def cmd_train(a) -> None:
+def cmd_train(a) -> int | None:
     from recpipe.trainers.allocator import reexec_with
     from recpipe.trainers.strategies.hvd_job import launch_job, launches_ranks
     from recpipe.trainers.options import TrainOptions
+    from recpipe.trainers.strategies.restarts import run_attempts, supervises_attempts
+    if supervises_attempts(a.strategy, a.max_restarts):  # before the re-exec: attempts make their own
+        return run_attempts(a.argv, a.max_restarts, say)
     reexec_with(_train_allocator(a), a.argv, say)
     opts = TrainOptions(data_dir=a.data, model_dir=a.model_dir, config_path=a.config, run=_run_options(a),
                         warm_start=a.warm_start, synthetic_input=a.synthetic_input)
@@ -206,8 +211,12 @@ def cmd_daily(a, extra: list[str]) -> int:
     if extra and a.step != "preprocess":
         raise ValueError(f"unrecognized arguments: {' '.join(extra)} (only `daily preprocess` takes Beam options)")
     if a.step == "train":  # the allocator `recpipe train` would run under (train.tuning.allocator)
-        from recpipe.daily import train_allocator, train_launches_ranks
+        from recpipe.daily import load_daily_config, train_allocator, train_launches_ranks
         from recpipe.trainers.allocator import reexec_with
+        from recpipe.trainers.strategies.restarts import run_attempts, supervises_attempts
+        run = load_daily_config(a.project).train
+        if supervises_attempts(run.strategy, run.max_restarts):  # as `recpipe train` (cmd_train)
+            return run_attempts(a.argv, run.max_restarts, say)
         reexec_with(train_allocator(a.project), a.argv, say)
         if not train_launches_ranks(a.project):
             tensorflow_after_reexec(a)
@@ -275,10 +284,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         kind = "" if isinstance(e, (RecpipeError, OSError, ValueError)) else f"{type(e).__name__}: "
         line = f"recpipe {args.command}: error: {kind}{one_line(e)}"
+        code = fault_exit_code() if isinstance(e, JobFault) else 1
         if ps_chief(args):
-            exit_now(1, last_line=line)
+            exit_now(code, last_line=line)
         print(line, file=sys.stderr)
-        return 1
+        return code
     return rc if isinstance(rc, int) else 0
 
 

@@ -579,7 +579,7 @@ def test_the_rendezvous_watcher_ends_quietly_once_gloo_clears_its_keys():
     from recpipe.localserver import free_port
     from recpipe.trainers.strategies.hvd_hosts import _start_rendezvous, _watch_rendezvous
     plan = get_host_assignments(parse_hosts("a:1,b:1"), 2)
-    server = _start_rendezvous(free_port(), plan)
+    server = _start_rendezvous("127.0.0.1", free_port(), plan)
     said, errors = [], []
 
     def watch(done, after):
@@ -613,3 +613,35 @@ def test_the_rendezvous_watcher_ends_quietly_once_gloo_clears_its_keys():
         assert not watcher.is_alive() and errors == [] and said == []
     finally:
         server.shutdown()
+
+
+@pytest.mark.unit
+def test_the_task_watch_declares_a_silent_task_and_shuts_its_connections():
+    """TaskWatch declares a task silent for its timeout (not before), shuts this process's connections to it
+    so an RPC waiting on one fails at once, and says when it answers again."""
+    import socket
+
+    from recpipe.trainers.strategies.ps_tasks import TaskWatch, disconnect
+    from recpipe.trainers.strategies.tf_config import PSCluster
+    server = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{server.getsockname()[1]}"
+    client = socket.create_connection(server.getsockname()[:2], timeout=5)
+    peer, _ = server.accept()
+    assert disconnect(address) == 1
+    assert client.recv(1) == b""  # shut down: a read waiting on it ends now
+    client.close()
+    peer.close()
+    server.close()  # the "worker" stops answering
+    said = []
+    watch = TaskWatch(PSCluster("127.0.0.1:1", [address], []), timeout=10, say=said.append)
+    watch.look(100.0)
+    watch.look(109.0)
+    assert not watch.cut_off and not said
+    watch.look(110.0)
+    assert list(watch.cut_off) == [("worker", 0)] and not watch.lost_ps
+    assert said == [f"train: worker 0 ({address}: no answer for 10 s: Connection refused): cut off "
+                    f"(--task-timeout-seconds 10); its steps run on the other workers"]
+    server = socket.create_server(("127.0.0.1", int(address.rsplit(":", 1)[1])))
+    watch.look(111.0)
+    assert not watch.cut_off and said[-1] == f"train: worker 0 ({address}: answers again)"
+    server.close()

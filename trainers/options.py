@@ -59,6 +59,13 @@ class RunOptions:
     cluster_wait_seconds: int = _opt(600, "--strategy ps from TF_CONFIG: how long the coordinator waits for every "
                                           "PS and worker task to serve (tasks may start minutes apart) before it "
                                           "stops, naming the ones that do not")
+    max_restarts: int = _opt(0, "--strategy ps or horovod: how many times the job starts again from its last "
+                                "checkpoint after a PS task, rank or host is lost (as torchrun's --max-restarts); "
+                                "0: it stops, naming what was lost")
+    task_timeout_seconds: int = _opt(30, "--strategy ps: how long a PS or worker task may not answer the coordinator "
+                                         "(its host cut off from the network, or its process gone) before it is "
+                                         "declared lost: a PS task stops the job, naming it; a worker's steps run "
+                                         "on the other workers until it answers again")
 
     def __post_init__(self):
         try:
@@ -67,7 +74,8 @@ class RunOptions:
             raise TrainError(str(e)) from None
         for key, low in (("steps", 1), ("np", 1), ("threads", 0), ("ps_workers", 1), ("ps_servers", 1),
                          ("ps_task_threads", 0), ("host_index", 0), ("rendezvous_port", 1),
-                         ("cluster_wait_seconds", 1)):
+                         ("cluster_wait_seconds", 1), ("task_timeout_seconds", 1),
+                         ("max_restarts", 0)):
             value = getattr(self, key)
             if value is not None and value < low:
                 raise TrainError(f"{key}: must be >= {low}, got {value}")

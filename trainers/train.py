@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import sys
 from typing import Callable, Optional
 
 import tensorflow as tf
@@ -20,7 +22,7 @@ from recpipe.trainers.advisor import advise
 from recpipe.trainers.allocator import loaded_allocator
 from recpipe.trainers.data import DataError, SameCopyCheck, make_dataset, naming_bad_shards, synthetic_dataset
 from recpipe.trainers.data_copy import check_whole_copy
-from recpipe.trainers.errors import TrainError
+from recpipe.trainers.errors import JobFault, TrainError
 from recpipe.trainers.health import check_loss
 from recpipe.trainers.strategies.hvd import run_rank
 from recpipe.trainers.strategies.hvd_job import launch_job, launch_ranks, launches_ranks, writer_lock
@@ -31,8 +33,9 @@ from recpipe.trainers.optim import optimizer_for, precision_policy
 from recpipe.trainers.options import TrainOptions
 from recpipe.trainers.prepare import prepare_run
 from recpipe.trainers.progress import Reporter
-from recpipe.trainers.strategies.ps import (LocalPSCluster, make_strategy, serve_task, silent_tasks, task_names,
-                                           wait_for_tasks)
+from recpipe.trainers.strategies.ps import LocalPSCluster, make_strategy, serve_task
+from recpipe.trainers.strategies.restarts import fault_exit_code
+from recpipe.trainers.strategies.ps_tasks import Task, TaskWatch, silent_tasks, task_names, wait_for_tasks
 from recpipe.trainers.strategies.tf_config import PSCluster, TFConfig, tf_config
 from recpipe.trainers.evaluation.validation import Validator, validator_for
 from recpipe.trainers.warm_start import apply_warm_start
@@ -99,26 +102,52 @@ def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
 def _fit_on_ps(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int, cluster: PSCluster,
                say: Callable[[str], None], same_copy: Optional[SameCopyCheck] = None,
                local: Optional[LocalPSCluster] = None) -> TrainState:
-    """_fit on a PS cluster (a TF_CONFIG one, or `local` started by this process), with TensorFlow's errors
-    named: a worker's copy check, a PS task lost (e.g. "UnavailableError: 0 derived errors ignored.
-    [Op:Identity] name:" or a "Connection reset by peer" at the next checkpoint, naming no task)."""
+    """_fit on a PS cluster (a TF_CONFIG one, or `local` started by this process), with its tasks watched
+    (a task whose host is cut off is declared after --task-timeout-seconds) and TensorFlow's errors named: a
+    worker's copy check, a PS task lost (e.g. "UnavailableError: 0 derived errors ignored. [Op:Identity]
+    name:" or a "Connection reset by peer" at the next checkpoint, naming no task)."""
+    model_dir = ModelDir(opts.model_dir)
+
+    def lost_error(lost: list[Task], how: str) -> JobFault:
+        # A PS task holds its share of the variables in memory: the job cannot go on without them. A local
+        # cluster is started anew by the rerun; a TF_CONFIG cluster's task by its cluster manager.
+        restart = "" if local is not None else "once it serves again (its cluster manager restarts it), "
+        cause = f"{task_names(lost)} {how}"
+        return JobFault(str(model_dir.stopped(
+            cause, f"a PS task holds its share of the variables in memory and cannot rejoin; {restart}")), cause)
+
+    def stuck(lost: list[Task]) -> None:  # the watch's thread: the coordinator's RPCs did not fail in time
+        sys.stdout.flush()
+        print(f"recpipe train: error: {lost_error(lost, 'is cut off')}", file=sys.stderr, flush=True)
+        os._exit(fault_exit_code())
+
+    watch = TaskWatch(cluster, opts.run.task_timeout_seconds, say, on_stuck=stuck)
     try:
-        return _fit(cfg, artifact, opts, total, make_strategy(cluster, table_shapes(cfg, artifact)), say, same_copy)
+        with watch:
+            return _fit(cfg, artifact, opts, total, make_strategy(cluster, table_shapes(cfg, artifact)), say,
+                        same_copy)
     except Exception as e:
         other_copy = same_copy.error(e, cluster.workers) if same_copy is not None else None
         if other_copy is not None:
             raise other_copy from None
         if not isinstance(e, tf.errors.OpError):
             raise
+        if watch.lost_ps:
+            sys.unraisablehook = _quiet_lost_rpcs(sys.unraisablehook)
+            raise lost_error(watch.lost_ps, "is cut off") from e
         lost = local.dead_ps(grace=5.0) if local is not None else silent_tasks(cluster)
         if not lost:
             raise
-        # A PS task holds its share of the variables in memory: the job cannot go on without them. A local
-        # cluster is started anew by the rerun; a TF_CONFIG cluster's task by its cluster manager.
-        restart = "" if local is not None else "once it serves again (its cluster manager restarts it), "
-        raise ModelDir(opts.model_dir).stopped(
-            f"{task_names(lost)} {'died' if local is not None else 'does not answer'}",
-            f"a PS task holds its share of the variables in memory and cannot rejoin; {restart}") from e
+        raise lost_error(lost, "died" if local is not None else "does not answer") from e
+
+
+def _quiet_lost_rpcs(hook: Callable) -> Callable:
+    """`hook` but for TensorFlow's executors failing their pending RPCs as they are collected, once the job
+    stopped for a lost task (an "Exception ignored in: Executor.__del__" traceback after the named error)."""
+    def unraisable(info) -> None:
+        if not isinstance(info.exc_value, tf.errors.OpError):
+            hook(info)
+    return unraisable
 
 
 def _check_ps_task_memory(opts: TrainOptions, num_ps: int, say: Callable[[str], None]) -> None:

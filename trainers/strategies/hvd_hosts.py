@@ -23,15 +23,16 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from typing import Callable, Iterator, Optional
 
 from recpipe.common.errors import RecpipeError
-from recpipe.trainers.errors import TrainError
+from recpipe.trainers.errors import JobFault, TrainError
 from recpipe.trainers.strategies.hvd_launch import horovodrun, inside_horovod_job, rank_command, rank_death, supervise, written_state
 from recpipe.trainers.model_dir import ModelDir, TrainState
 from recpipe.trainers.options import RunOptions, TrainOptions, host_list
 
-__all__ = ["HostJob", "StoppedElsewhere", "host_job", "slot_env", "interface_of", "gloo_timeout_seconds"]
+__all__ = ["HostJob", "StoppedElsewhere", "LostElsewhere", "host_job", "slot_env", "interface_of", "gloo_timeout_seconds"]
 
 # Where a host that stops before starting its ranks says why: keys of the first host's rendezvous store
 # (Gloo's own keys are in the "global" scope). seen_<I>: host I's launcher has read the report.
@@ -48,6 +49,10 @@ class StoppedElsewhere(TrainError):
     """The job stopped for another host: this host has nothing of its own to report to the others."""
 
 
+class LostElsewhere(StoppedElsewhere, JobFault):
+    """The job stopped for a rank lost on another host: a job fault, which --max-restarts restarts."""
+
+
 def gloo_timeout_seconds() -> float:
     """How long Gloo's rendezvous waits for the ranks (HOROVOD_GLOO_TIMEOUT_SECONDS, Horovod's 300 s), and
     a host for the first host's store."""
@@ -55,12 +60,14 @@ def gloo_timeout_seconds() -> float:
 
 
 @contextlib.contextmanager
-def host_job(run: RunOptions, say: Callable[[str], None]) -> Iterator[Optional[HostJob]]:
-    """This host's part of a job over --hosts for the whole `recpipe train` command; None for any other run."""
+def host_job(run: RunOptions, say: Callable[[str], None], attempt_of: Optional[HostJob] = None
+             ) -> Iterator[Optional[HostJob]]:
+    """This host's part of a job over --hosts for one attempt of the `recpipe train` command; None for any
+    other run. attempt_of: the previous attempt's part, whose report of why it stopped is not this one's."""
     if not run.hosts or inside_horovod_job():
         yield None
         return
-    with HostJob(run, say) as job:
+    with HostJob(run, say, attempt_of.report_id if attempt_of is not None else None) as job:
         yield job
 
 
@@ -68,7 +75,7 @@ class HostJob:
     """This host's part of a job over --hosts: the first host's rendezvous server, or waiting for it; this
     host's ranks; and the reports through that server's store of why the job stopped."""
 
-    def __init__(self, run: RunOptions, say: Callable[[str], None]):
+    def __init__(self, run: RunOptions, say: Callable[[str], None], previous_report: Optional[str] = None):
         horovodrun()  # Horovod built for this TensorFlow, or a clear error
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
         self.run, self.say = run, say
@@ -83,10 +90,12 @@ class HostJob:
         self.ranks_started = threading.Event()
         self.stopped: list[dict] = []  # the first report of why the job stopped: a host before starting its
                                        # ranks, or a rank's own death
+        self.report_id: Optional[str] = None  # the id of the report that stopped this attempt (sent or read)
+        self.previous_report = previous_report  # the id of the one that stopped this command's previous attempt
 
     def __enter__(self) -> HostJob:
         if self.run.host_index == 0:
-            self.server = _start_rendezvous(self.run.rendezvous_port, self.plan)
+            self.server = _start_rendezvous(self.first, self.run.rendezvous_port, self.plan)
         return self
 
     def __exit__(self, kind, error, tb) -> bool:
@@ -101,6 +110,7 @@ class HostJob:
         finally:
             if self.server is not None:
                 self.server.shutdown()
+                self.server.server_close()  # the port is free for the next attempt's server
         return False
 
     @property
@@ -156,8 +166,8 @@ class HostJob:
         host_of = {slot.rank: (self.index[slot.hostname], slot.hostname) for slot in self.plan}
         death = rank_death(rank, code, f" on {self.me}", output, host_of)
         if death.first_hand:
-            self._report(death.cause, _SYMPTOM_SECONDS)
-            return self._stopped(opts, death.cause)
+            self._report(death.cause, _SYMPTOM_SECONDS, fault=True)
+            return JobFault(str(self._stopped(opts, death.cause)), death.cause)
         deadline = time.monotonic() + _SYMPTOM_SECONDS
         while (answered := self._look()) and not self.stopped and time.monotonic() < deadline:
             time.sleep(0.5)
@@ -166,7 +176,7 @@ class HostJob:
         gone = "" if answered else (
             f"; the first host's rendezvous ({self._where}) does not answer either: is `recpipe train ... "
             f"--host-index 0` on {self.hosts[0].hostname} still running, and its host up?")
-        return self._stopped(opts, death.cause + gone)
+        return JobFault(str(self._stopped(opts, death.cause + gone)), death.cause + gone)
 
     def _wait_for_first_host(self, opts: TrainOptions) -> None:
         """Until the first host's store answers (or says a host stopped), up to gloo_timeout_seconds(). A
@@ -176,6 +186,8 @@ class HostJob:
         first = f"`recpipe train ... --host-index 0` on {self.hosts[0].hostname}"
         while True:
             answered, report, age = self._fetch_report()
+            if report is not None and self._previous(report):  # served until every host has read it; then the
+                answered, report = False, None                  # first host starts this attempt's rendezvous
             if report is not None and age <= _process_age() + _STALE_SLACK_SECONDS:
                 self._keep(report)
                 raise self._stopped_error(opts)
@@ -213,9 +225,14 @@ class HostJob:
             answered = True
         else:
             answered, report, _ = self._fetch_report()
-        if report is not None:
+        if report is not None and not self._previous(report):
             self._keep(report)
         return answered
+
+    def _previous(self, report: dict) -> bool:
+        """Whether `report` is the one that stopped this command's previous attempt (the first host serves it
+        until every host has read it, and this host may read it again as its next attempt starts)."""
+        return self.previous_report is not None and report.get("id") == self.previous_report
 
     def _fetch_report(self) -> tuple[bool, Optional[dict], float]:
         """From the first host's store: (whether it answered, a stopped host's report or None, how long the
@@ -229,6 +246,7 @@ class HostJob:
         """Keep the first report this host reads (unless seen_only), and tell the first host it has read it."""
         if not seen_only and not self.stopped:
             self.stopped.append(report)
+            self.report_id = report.get("id")
         if self.server is None:
             _put(f"http://{self._where}/{_SCOPE}/seen_{self.run.host_index}", b"1")
 
@@ -251,12 +269,18 @@ class HostJob:
                                                 else self.hosts[0].hostname)
 
     def _stopped_error(self, opts: TrainOptions) -> StoppedElsewhere:
-        return StoppedElsewhere(str(self._stopped(opts, self.stopped[0]["cause"])))
+        cause = self.stopped[0]["cause"]
+        if self.stopped[0].get("fault"):
+            return LostElsewhere(str(self._stopped(opts, cause)), cause)
+        return StoppedElsewhere(str(self._stopped(opts, cause)))
 
-    def _report(self, cause: str, wait: float) -> None:
+    def _report(self, cause: str, wait: float, fault: bool = False) -> None:
         """Tell the other hosts' launchers why the job stops here: the first host keeps `cause` in its own store
-        (served until they have read it, on leaving), another host puts it there, trying for `wait` seconds."""
-        report = {"index": self.run.host_index, "host": self.me, "cause": cause}
+        (served until they have read it, on leaving), another host puts it there, trying for `wait` seconds.
+        fault: a rank lost (a job fault, which --max-restarts restarts), not this host's inputs."""
+        report = {"index": self.run.host_index, "host": self.me, "cause": cause, "fault": fault,
+                  "id": uuid.uuid4().hex}
+        self.report_id = report["id"]
         if self.server is not None:
             report["stored_at"] = time.time()
             with self.server.cache_lock:
@@ -398,13 +422,14 @@ def _watch_rendezvous(server, plan: list, index: dict[str, int], say: Callable[[
         said = now
 
 
-def _start_rendezvous(port: int, plan: list):
-    """Horovod's HTTP rendezvous server on 0.0.0.0:port, serving in a thread, initialised with the plan."""
+def _start_rendezvous(address: str, port: int, plan: list):
+    """Horovod's HTTP rendezvous server on the first host's address (the cluster interface alone: its store
+    takes unauthenticated writes), serving in a thread, initialised with the plan."""
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
     try:
-        server = RendezvousHTTPServer(("", port), RendezvousHandler, 0)
+        server = RendezvousHTTPServer((address, port), RendezvousHandler, 0)
     except OSError as e:
-        raise TrainError(f"--rendezvous-port {port}: cannot listen ({e})") from None
+        raise TrainError(f"--rendezvous-port {port}: cannot listen on {address} ({e})") from None
     threading.Thread(target=server.serve_forever, name="horovod-rendezvous", daemon=True).start()
     server.init(plan)
     return server

@@ -8,7 +8,7 @@ import contextlib
 from contextlib import AbstractContextManager
 from typing import Callable, Optional
 
-from recpipe.trainers.errors import TrainError
+from recpipe.trainers.errors import JobFault, TrainError
 from recpipe.trainers.strategies.hvd_hosts import HostJob, host_job
 from recpipe.trainers.strategies.hvd_launch import inside_horovod_job, launch
 from recpipe.trainers.strategies.tf_config import tf_config
@@ -41,9 +41,26 @@ def launch_ranks(opts: TrainOptions, prepared: PreparedRun, say: Callable[[str],
 def launch_job(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
     """The whole launcher: this host's part of a job over --hosts (the first host's rendezvous server, or
     waiting for it) around preparing the run and starting the ranks, so a host that stops before starting
-    its ranks tells the others why."""
-    with host_job(opts.run, say) as hosts, writer_lock(opts):
-        return launch_ranks(opts, prepare_run(opts), say, hosts)
+    its ranks tells the others why. A rank lost (a JobFault, on any host) starts the job again from its last
+    checkpoint, up to --max-restarts times: every host's launcher restarts its own ranks, and the first host
+    serves a new rendezvous.
+
+    Raises:
+        TrainError: a host's inputs stopped the job, or it was stopped by more faults than --max-restarts.
+    """
+    restarts, previous = 0, None
+    while True:
+        hosts = None
+        try:
+            with host_job(opts.run, say, previous) as hosts, writer_lock(opts):
+                return launch_ranks(opts, prepare_run(opts), say, hosts)
+        except JobFault as e:
+            if restarts >= opts.run.max_restarts:
+                raise
+            restarts += 1
+            previous = hosts
+            say(f"train: restart {restarts} of {opts.run.max_restarts} (--max-restarts) after {e.cause}: resuming "
+                f"from rank 0's last checkpoint")
 
 
 def writer_lock(opts: TrainOptions) -> AbstractContextManager:

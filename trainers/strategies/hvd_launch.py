@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from recpipe.trainers.errors import TrainError, how_it_ended
+from recpipe.trainers.errors import JobFault, TrainError, how_it_ended
 from recpipe.trainers.model_dir import ModelDir, TrainState
 from recpipe.trainers.options import TrainOptions, run_flags
 from recpipe.trainers.progress import EVENTS_ENV, Reporter, follow_events
@@ -189,9 +189,10 @@ def rank_death(rank: int, code: int, where: str = "", output: list[str] = (),
 
 
 def rank_died(opts: TrainOptions, rank: int, code: int, where: str = "", output: list[str] = (),
-              host_of: Optional[dict[int, tuple[int, str]]] = None) -> TrainError:
+              host_of: Optional[dict[int, tuple[int, str]]] = None) -> JobFault:
     """The launcher's error for a rank that died (rank_death's cause, and what a rerun does)."""
-    return ModelDir(opts.model_dir).stopped(rank_death(rank, code, where, output, host_of).cause)
+    cause = rank_death(rank, code, where, output, host_of).cause
+    return JobFault(str(ModelDir(opts.model_dir).stopped(cause)), cause)
 
 
 def launch(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:

@@ -17,7 +17,6 @@ coordinator and rejoins when restarted (the local launcher restarts it; on a clu
 """
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import socket
@@ -25,16 +24,16 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 import tensorflow as tf
 
 from recpipe.common.ports import free_ports
-from recpipe.trainers.errors import TrainError, how_it_ended
+from recpipe.trainers.errors import how_it_ended
+from recpipe.trainers.strategies.ps_tasks import Task
 from recpipe.trainers.strategies.tf_config import PSCluster
 
-__all__ = ["LocalPSCluster", "TablePartitioner", "make_strategy", "serve_task",
-           "silent_tasks", "task_names", "wait_for_tasks"]
+__all__ = ["LocalPSCluster", "TablePartitioner", "make_strategy", "serve_task"]
 
 MIN_SHARD_BYTES = 256 << 10
 
@@ -82,54 +81,6 @@ def serve_task(cluster: dict[str, list[str]], job: str, index: int, threads: int
     server.join()
 
 
-def silent_tasks(cluster: PSCluster, jobs: tuple[str, ...] = ("ps",), timeout: float = 2.0
-                 ) -> list[tuple[str, int, str, str]]:
-    """(job, index, address, why) of every task of `jobs` in `cluster` that does not accept a TCP connection
-    now, probed at once: a task not started yet, one that died, or one whose host went away."""
-    tasks = [(job, i, address) for job in jobs for i, address in enumerate(cluster.spec()[job])]
-
-    def probe(address: str) -> Optional[str]:
-        host, _, port = address.rpartition(":")
-        try:
-            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-            return None
-        except OSError as e:
-            return "timed out" if isinstance(e, socket.timeout) else e.strerror or str(e)
-    with concurrent.futures.ThreadPoolExecutor(max_workers=min(32, len(tasks) or 1)) as pool:
-        whys = list(pool.map(probe, [address for _, _, address in tasks]))
-    return [(job, i, address, why) for (job, i, address), why in zip(tasks, whys) if why is not None]
-
-
-def task_names(silent: list[tuple[str, int, str, str]]) -> str:
-    name = {"ps": "PS task", "worker": "worker"}
-    return "; ".join(f"{name.get(job, job)} {i} ({address}: {why})" for job, i, address, why in silent)
-
-
-def wait_for_tasks(cluster: PSCluster, timeout: float, say: Callable[[str], None], every: float = 30.0) -> None:
-    """Until every PS and worker task of `cluster` accepts connections. TensorFlow's coordinator waits on a
-    missing task without a word, for ever; this says which tasks it waits for (at once, then every `every`
-    seconds) and raises a TrainError naming them after `timeout` seconds."""
-    start = time.monotonic()
-    said = None
-    while True:
-        silent = silent_tasks(cluster, ("ps", "worker"))
-        waited = time.monotonic() - start
-        if not silent:
-            if said is not None:
-                say(f"train: every PS and worker task serves (after {waited:.0f} s)")
-            return
-        if waited >= timeout:
-            worker = any(job == "worker" for job, *_ in silent)
-            raise TrainError(f"{task_names(silent)}: not serving after {timeout:g} s (--cluster-wait-seconds); is "
-                             f"`recpipe train` running there with that TF_CONFIG task, and can this host reach it?"
-                             + (" A worker whose own copy of --data is not this run's stops before it serves, "
-                                "naming why in its own log." if worker else ""))
-        if said is None or time.monotonic() - said >= every:
-            say(f"train: waiting for {task_names(silent)} to serve ({waited:.0f} s of {timeout:g})")
-            said = time.monotonic()
-        time.sleep(0.5)
-
-
 class LocalPSCluster:
     """N worker + M PS task processes on 127.0.0.1; a dead worker is restarted on its port."""
 
@@ -175,7 +126,7 @@ class LocalPSCluster:
                     self.say(f"train: worker {index} exited ({proc.returncode}); restarting it")
                     self._start(job, index)
 
-    def dead_ps(self, grace: float = 0.0) -> list[tuple[str, int, str, str]]:
+    def dead_ps(self, grace: float = 0.0) -> list[Task]:
         """("ps", index, address, how it ended) of every PS task that has exited, as silent_tasks gives them (a
         PS is not restarted: its variables were in its memory), waiting up to `grace` seconds for one to: a
         killed task's connections reset while it is still exiting, so the chief's error can come before its
