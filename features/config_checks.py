@@ -197,7 +197,9 @@ def validate(cfg: Config) -> Config:
     if m.wide and m.type not in ("dcn_v2", "dlrm"):
         raise ConfigError(f"model.wide: only dcn_v2 and dlrm take a wide logit ({m.type} has none)")
     metric = t.early_stopping.metric
-    task_metrics = {"ranking": ("auc", "logloss"), "retrieval": ("recall_at_10", "ndcg_at_10")}[m.task]
+    task_metrics = {"ranking": ("auc", "logloss"),
+                    "retrieval": ("recall_at_10", "ndcg_at_10", "seen_excluded_recall_at_10",
+                                  "seen_excluded_ndcg_at_10")}[m.task]
     if metric != "auto" and metric not in task_metrics:
         raise ConfigError(f"train.early_stopping.metric: {metric!r} is not a {m.task} metric "
                           f"(use auto | {' | '.join(task_metrics)})")

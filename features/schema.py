@@ -146,7 +146,9 @@ class EarlyStoppingSpec:
     """Model selection on the validation split (split.validation_fraction > 0): each checkpoint is
     scored on it, the best one is kept and is what evaluate, export and warm start use; with
     patience > 0, training stops after that many checkpoints without improvement."""
-    metric: Literal["auto", "auc", "logloss", "recall_at_10", "ndcg_at_10"] = "auto"  # auto: auc / recall_at_10
+    # auto: auc / recall_at_10; seen_excluded_*: retrieval with only the candidates new to each query ranked
+    metric: Literal["auto", "auc", "logloss", "recall_at_10", "ndcg_at_10", "seen_excluded_recall_at_10",
+                    "seen_excluded_ndcg_at_10"] = "auto"
     patience: int = 0  # stop after this many checkpoints without improvement (0: never)
 
 

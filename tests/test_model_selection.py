@@ -333,3 +333,29 @@ def test_splits_of_one_label_give_null_metrics_named_not_bare_nan(tmp_path, smal
 
 def _refuse(constant: str):
     raise AssertionError(f"{constant} is not JSON")
+
+
+@pytest.mark.integration
+def test_retrieval_selects_on_seen_excluded_recall_and_says_when_the_step_cap_cut_it_short(
+        tmp_path, preprocessed_with_validation):
+    """Under a split where users come back, the plain recall rewards candidates a user already clicked, so
+    selection could only pick by it; now early stopping takes the seen-excluded metrics too. And a run whose
+    last checkpoint was still its best said nothing of having stopped at its step cap."""
+    data_dir, _, data = preprocessed_with_validation
+    data = copy.deepcopy(data)
+    data["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user_id", "hist", "I1"],
+                     "candidate_features": ["item_id"], "tower_layers": [32, 16]}
+    data["train"].update(steps=40, checkpoint_every=20, learning_rate=0.05,
+                         early_stopping={"metric": "seen_excluded_recall_at_10"})
+    path = tmp_path / "tt.yaml"
+    path.write_text(yaml.safe_dump(data))
+    said = []
+    train(TrainOptions(data_dir, str(tmp_path / "m"), str(path)), say=said.append)
+    h = ValidationHistory.read(ModelDir(str(tmp_path / "m")).validation_path)
+    assert h.metric == "seen_excluded_recall_at_10" and [e["step"] for e in h.history] == [20, 40]
+    assert h.best == max(e["seen_excluded_recall_at_10"] for e in h.history)
+    assert all(e["seen_excluded_recall_at_10"] != e["recall_at_10"] for e in h.history)  # another metric
+    assert h.best_step == 40, h  # 40 steps of this seed are too few: it still improves (training is reproducible)
+    assert [s for s in said if "step cap" in s] == [
+        f"train: note: validation seen_excluded_recall_at_10 still improved at the last step, 40 ({h.best:.4f}); the "
+        f"run ended at its step cap (train.steps), so more steps may help"]

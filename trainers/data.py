@@ -147,8 +147,11 @@ def _literal(path: str) -> str:
 
 
 def _row_shuffler(seed: int):
-    def shuffle_rows(record: dict) -> dict:
-        perm = tf.random.shuffle(tf.range(tf.shape(record[LABEL_KEY])[0]), seed=seed)
+    """Shuffles the rows of the index-th record (enumerate's) by a permutation that depends on (seed, index)
+    alone: a stateless op, so the rows come out the same whatever order parallel calls run in."""
+    def shuffle_rows(index, record: dict) -> dict:
+        perm = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(record[LABEL_KEY])[0]),
+                                                        seed=tf.stack([tf.constant(seed, tf.int64), index]))
         return {k: tf.gather(v, perm) for k, v in record.items()}
     return shuffle_rows
 
@@ -179,11 +182,11 @@ def make_dataset(cfg: Config, data_dir: str, split: str, batch_size: int, *, tra
         if training:
             ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
         ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 4),
-                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
-    ds = ds.map(parse_record(cfg), num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
+                           num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    ds = ds.map(parse_record(cfg), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if training:
-        ds = ds.shuffle(shuffle_records, seed=seed, reshuffle_each_iteration=True)
-        ds = ds.map(_row_shuffler(seed), num_parallel_calls=tf.data.AUTOTUNE, deterministic=False).repeat()
+        ds = ds.shuffle(shuffle_records, seed=seed, reshuffle_each_iteration=True).repeat().enumerate()
+        ds = ds.map(_row_shuffler(seed), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     ds = ds.rebatch(batch_size, drop_remainder=training)
     if by == "batches":  # fewer records than pipelines (a tiny split): every n-th batch
         ds = ds.shard(pipelines, input_context.input_pipeline_id)

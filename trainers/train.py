@@ -290,6 +290,10 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
                       callbacks=[checkpoints, tensorboard])
         reporter.close()
         done = int(model.optimizer.iterations.numpy())
+        if validator is not None and validator.still_improving(done):
+            h = validator.history
+            say(f"train: note: validation {h.metric} still improved at the last step, {done} ({h.best:.4f}); the run "
+                f"ended at its step cap (train.steps), so more steps may help")
         if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(f"-{done}"):
             manager.save(checkpoint_number=done)
         overall, steady = reporter.rates(done)

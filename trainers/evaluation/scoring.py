@@ -22,10 +22,36 @@ from recpipe.trainers.errors import TrainError
 from recpipe.trainers.evaluation.slices import ranking_slices, retrieval_slices, slice_labels, slice_name
 
 __all__ = ["score", "Slicing", "ranking_scores", "retrieval_clicks", "retrieval_scores", "baselines",
-           "HIGHER_IS_BETTER", "undefined_metrics"]
+           "HIGHER_IS_BETTER", "selected", "undefined_metrics"]
 
 # which way each selectable metric improves
-HIGHER_IS_BETTER = {"auc": True, "logloss": False, "recall_at_10": True, "ndcg_at_10": True}
+HIGHER_IS_BETTER = {"auc": True, "logloss": False, "recall_at_10": True, "ndcg_at_10": True,
+                    "seen_excluded_recall_at_10": True, "seen_excluded_ndcg_at_10": True}
+_SEEN_EXCLUDED = "seen_excluded_"
+
+
+def selected(scores: dict, metric: str, split: str) -> float:
+    """The value of a selectable metric (HIGHER_IS_BETTER's keys) in `score`'s output.
+
+    Args:
+        scores: score()'s dict for `split`.
+        metric: e.g. "auc", or "seen_excluded_recall_at_10" for scores["seen_excluded"]["recall_at_10"].
+        split: the split scored, named in the error.
+
+    Returns:
+        The metric's value.
+
+    Raises:
+        TrainError: a seen_excluded metric where the split has none (no query key to know what each query
+            clicked before).
+    """
+    if not metric.startswith(_SEEN_EXCLUDED):
+        return scores[metric]
+    if "seen_excluded" not in scores:
+        raise TrainError(f"train.early_stopping.metric {metric}: the {split} split has no seen-excluded scores: they "
+                         f"need a query key (model.query_key, or a single-valued first query feature) to know what "
+                         f"each query clicked before; set one, or pick {metric[len(_SEEN_EXCLUDED):]}")
+    return scores["seen_excluded"][metric[len(_SEEN_EXCLUDED):]]
 
 
 def score(cfg: Config, model: tf.keras.Model, data_dir: str, split: str, batch_size: int = 4096,

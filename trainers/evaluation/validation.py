@@ -19,7 +19,7 @@ from recpipe.features.artifact import TransformArtifact
 from recpipe.features.config import Config
 from recpipe.trainers.model_dir import ModelDir
 from recpipe.trainers.models import build_model, dummy_batch
-from recpipe.trainers.evaluation.scoring import HIGHER_IS_BETTER, retrieval_clicks, score, undefined_metrics
+from recpipe.trainers.evaluation.scoring import HIGHER_IS_BETTER, retrieval_clicks, score, selected, undefined_metrics
 
 __all__ = ["ValidationHistory", "Validator", "selection_metric", "validator_for"]
 
@@ -94,8 +94,10 @@ class Validator:
             self._clicks = retrieval_clicks(self.cfg, self.data_dir, "validation")
         scores = score(self.cfg, model, self.data_dir, "validation", clicks=self._clicks)
         h = self.history
-        value = scores[h.metric]
-        h.history.append({"step": step, **{k: v for k, v in scores.items() if isinstance(v, float)}})
+        value = selected(scores, h.metric, "validation")
+        seen_excluded = {f"seen_excluded_{k}": v for k, v in scores.get("seen_excluded", {}).items()
+                         if isinstance(v, float)}
+        h.history.append({"step": step, **{k: v for k, v in scores.items() if isinstance(v, float)}, **seen_excluded})
         improved = h.better(value)
         if improved:
             best = tf.train.Checkpoint(model=model)
@@ -117,6 +119,13 @@ class Validator:
             self.say(f"train: early stop at step {step}: no better validation {h.metric} in {patience} "
                      f"checkpoints; the best, step {h.best_step}, is the model kept")
         return stop
+
+
+    def still_improving(self, last_step: int) -> bool:
+        """Whether the run's last scored checkpoint, at `last_step`, was its best after at least two were scored:
+        training stopped at its step cap while the validation metric still improved."""
+        h = self.history
+        return not self.stopped and len(h.history) >= 2 and h.best_step == last_step
 
 
 def validator_for(cfg: Config, artifact: TransformArtifact, data_dir: str, model_dir: ModelDir,
