@@ -639,7 +639,7 @@ def test_the_task_watch_declares_a_silent_task_and_shuts_its_connections():
     assert not watch.cut_off and not said
     watch.look(110.0)
     assert list(watch.cut_off) == [("worker", 0)] and not watch.lost_ps
-    assert said == [f"train: worker 0 ({address}: no answer for 10 s: Connection refused): cut off "
+    assert said == [f"train: worker 0 ({address}: no answer for 10 s: Connection refused): lost "
                     f"(--task-timeout-seconds 10); its steps run on the other workers"]
     server = socket.create_server(("127.0.0.1", int(address.rsplit(":", 1)[1])))
     watch.look(111.0)

@@ -207,7 +207,8 @@ class TaskWatch:
             if key not in self.cut_off:
                 self.cut_off[key] = now
                 task = (*key, address, f"no answer for {now - since:.0f} s: {why}")
-                self.say(f"train: {task_names([task])}: cut off (--task-timeout-seconds {self.timeout:g}); "
+                state = "cut off" if why == "timed out" else "lost"  # no answer at all, or a refused connection
+                self.say(f"train: {task_names([task])}: {state} (--task-timeout-seconds {self.timeout:g}); "
                          + ("the job stops" if key[0] == "ps" else "its steps run on the other workers"))
                 if key[0] == "ps":
                     self.lost_ps.append(task)
