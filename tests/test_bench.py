@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from recpipe.bench.targets import SUITES, TARGETS
+from recpipe.bench.targets import RETIRED, SUITES, TARGETS
 from recpipe.bench.netns import netns_available
 
 # The cluster suite needs network namespaces (root); without them `bench` skips it and says why.
@@ -84,7 +84,8 @@ def test_quick_bench_runs_every_suite_and_reports_every_ratio(tmp_path):
         ratios.update(result["ratios"])
         assert (out / f"{suite}.md").read_text().startswith("#")
     # the quick cluster run shapes links to 100mbit only
-    expected = {k for k in TARGETS if not k.endswith("_1gbit") and (CLUSTER or not k.startswith("cluster_"))}
+    expected = {k for k in [*TARGETS, *RETIRED]
+                if not k.endswith("_1gbit") and (CLUSTER or not k.startswith("cluster_"))}
     assert expected <= set(ratios), expected - set(ratios)
     assert all(isinstance(v, float) and math.isfinite(v) for v in ratios.values()), ratios
     assert {f"export_prune_{k}" for k in ("bytes_vs_fp32", "weight_bytes_vs_fp32", "qps_vs_fp32", "auc_delta_abs")

