@@ -226,9 +226,16 @@ def cmd_daily(a, extra: list[str]) -> int:
 def cmd_cluster(a) -> None:
     from recpipe.k8s import RenderOptions, render, write_manifests
     opts = RenderOptions(a.project, a.day, a.image, a.name, a.namespace, a.volume_claim, a.volume_mount,
-                         a.dask_workers, a.dask_threads)
-    for path in write_manifests(render(opts), a.output):
-        say(f"cluster render: {path} (validated against its schema)")
+                         a.dask_workers, a.dask_threads, a.horovod_launcher)
+    manifests = render(opts, say=say)
+    written, order = write_manifests(manifests, a.output, a.namespace,
+                                     f"recpipe cluster render --project {a.project} --day {a.day}")
+    for path in written[:-1]:
+        say(f"cluster render: {path} (checked, and validated against its schema)")
+    say(f"cluster render: apply in this order, each step once the one before has finished ({written[-1]} does "
+        f"it, waiting on each):")
+    for line in order:
+        say(f"cluster render:   {line}")
 
 
 def cmd_bench(a) -> None:

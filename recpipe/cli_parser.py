@@ -242,9 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--day", required=True, help="the logical date, YYYY-MM-DD")
     dl.set_defaults(beam=True, own_flags=("--project", "--day"))
 
-    cl = _command(sub, "cluster", help="Kubernetes manifests for one day: DaskJob (preprocess), TFJob (PS), "
-                                        "MPIJob (Horovod), an Indexed Job + headless Service (Horovod without "
-                                        "ssh), validated offline against their schemas")
+    cl = _command(sub, "cluster", help="Kubernetes manifests for one day, one folder per step, and an apply.sh "
+                                        "running the steps in order: a DaskJob (preprocess), the project's "
+                                        "training strategy, a Job (evaluate, bless, push); checked and validated "
+                                        "offline against their schemas")
     cl.add_argument("action", choices=["render"], help="render: write the manifests")
     cl.add_argument("--project", required=True, help="the daily project YAML (its paths: shared storage)")
     cl.add_argument("--day", required=True, help="YYYY-MM-DD")
@@ -252,10 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
     cl.add_argument("--output", required=True, help="folder for the YAML manifests")
     cl.add_argument("--name", default="recpipe", help="prefix of the jobs' names")
     cl.add_argument("--namespace", help="the Kubernetes namespace (default: none set)")
-    cl.add_argument("--volume-claim", help="PersistentVolumeClaim holding the project's log/work/model paths")
-    cl.add_argument("--volume-mount", default="/data", help="where every pod mounts --volume-claim")
+    cl.add_argument("--volume-claim", help="PersistentVolumeClaim holding the project's log_root, work_root and "
+                                           "export_base (required: the pods share them)")
+    cl.add_argument("--volume-mount", default="/data", help="where every pod mounts --volume-claim; the project's "
+                                                            "paths must lie under it")
     cl.add_argument("--dask-workers", type=int, default=4, help="Dask workers of the preprocess job")
     cl.add_argument("--dask-threads", type=int, default=2, help="threads per Dask worker")
+    cl.add_argument("--horovod-launcher", choices=["hosts", "mpijob"], default="hosts",
+                    help="train.strategy horovod: hosts, an Indexed Job + headless Service (no ssh, no operator); "
+                         "mpijob, Kubeflow's MPIJob (sshd in the image)")
 
     b = _command(sub, "bench", help="benchmarks -> bench/results/<suite>.json + .md and REPORT.md with plots")
     b.add_argument("suite", nargs="?", default="all", metavar="{" + ",".join([*SUITES, "all", "compare"]) + "}",

@@ -17,6 +17,7 @@ TensorFlow, so the steps that need them import them when they run.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -28,6 +29,7 @@ from recpipe.common import fsio
 from recpipe.common.typed_yaml import build_typed, read_yaml
 from recpipe.features.config import ConfigError, load_config
 from recpipe.features.preprocessed import PreprocessedData
+from recpipe.k8s_resources import ResourcesSpec
 from recpipe.serving.version import ExportBase
 from recpipe.trainers.options import RunOptions, TrainOptions
 
@@ -49,6 +51,8 @@ class DailyConfig:
     # `ready` waits for it, so a day still being written is never trained on; null: ready at the first
     # Parquet file, for writers that leave no marker
     ready_marker: Optional[str] = "_SUCCESS"
+    # what each pod of `recpipe cluster render` requests (cpu, memory per role); null values: the role's default
+    resources: ResourcesSpec = field(default_factory=ResourcesSpec)
 
 
 def load_daily_config(path: str) -> DailyConfig:
@@ -59,8 +63,8 @@ def load_daily_config(path: str) -> DailyConfig:
         raise ConfigError(f"{path}: {e}") from None
     base = Path(path).resolve().parent
     resolve = lambda p: str(p if os.path.isabs(p) or "://" in p else base / p)  # noqa: E731
-    return DailyConfig(resolve(dc.log_root), resolve(dc.work_root), resolve(dc.export_base), resolve(dc.config),
-                       dc.train, dc.bless_tolerance, dc.ready_marker)
+    return dataclasses.replace(dc, log_root=resolve(dc.log_root), work_root=resolve(dc.work_root),
+                               export_base=resolve(dc.export_base), config=resolve(dc.config))
 
 
 @dataclass(frozen=True)

@@ -388,14 +388,15 @@ def test_the_rendered_horovod_hosts_job_trains_across_hosts(tmp_path, preprocess
     project.write_text(yaml.safe_dump({"log_root": str(tmp_path / "log"), "work_root": str(tmp_path / "work"),
                                        "export_base": str(tmp_path / "serving"), "config": small_cfg_path,
                                        "train": {"strategy": "horovod", "np": 2, "threads": 1, "steps": 30}}))
-    manifests = {m["kind"]: m for m in render(RenderOptions(str(project), day, "img"))}
+    rendered = render(RenderOptions(str(project), day, "img", volume_claim="data", volume_mount=str(tmp_path)))
+    manifests = {m["kind"]: m for m in rendered}
     mount = tmp_path / "etc-recpipe"
     mount.mkdir()
     for key, text in manifests["ConfigMap"]["data"].items():
         (mount / key).write_text(text.replace(MOUNT, str(mount)))
-    job = manifests["Job"]
+    job = next(m for m in rendered if m["kind"] == "Job")  # the first Job trains; the last publishes
     container = job["spec"]["template"]["spec"]["containers"][0]
-    assert container["args"][0] == "recpipe"
+    assert container["command"] == ["recpipe"]
     service = manifests["Service"]["metadata"]["name"]
     names = {i: f"{job['metadata']['name']}-{i}.{service}" for i in range(job["spec"]["completions"])}
     waiting = f"waiting for the first host's rendezvous ({names[0]}:29500)"
@@ -404,7 +405,7 @@ def test_the_rendered_horovod_hosts_job_trains_across_hosts(tmp_path, preprocess
         for i in sorted(names, reverse=True):
             for j in names:
                 hosts.know(j, {i: names[i]})
-            args = [a.replace("$(HOST_INDEX)", str(i)).replace(MOUNT, str(mount)) for a in container["args"][1:]]
+            args = [a.replace("$(HOST_INDEX)", str(i)).replace(MOUNT, str(mount)) for a in container["args"]]
             procs[i] = _Output(hosts.popen(i, [sys.executable, "-m", "recpipe.cli", *args], stdout=subprocess.PIPE,
                                            stderr=subprocess.STDOUT, text=True, cwd="/"))
             if i:  # the next pod starts once this one waits for the first's rendezvous
