@@ -15,7 +15,7 @@ from recpipe.features.config_checks import validate
 from recpipe.features.schema import (DEFAULT_EMBEDDING_DIM, Config, DenseFeature, EarlyStoppingSpec, EvaluateSpec,
                                      FeatureLimits, FeaturesSpec, InputSpec, LabelSpec, ModelSpec, PreprocessSpec,
                                      SliceSpec, SparseFeature, SplitSpec, TrainSpec, TuneParam, TuneSpec, TuningSpec,
-                                     VocabSpec, embedding_dim)
+                                     VocabSpec, embedding_dim, unread_model_keys)
 
 __all__ = [
     "ConfigError", "VocabSpec", "SparseFeature", "DenseFeature", "FeaturesSpec", "InputSpec", "SplitSpec",
@@ -40,8 +40,21 @@ def check_config(cfg: Config) -> Config:
     return validate(check_typed(cfg))
 
 
+# The model keys config_to_dict wrote in every model mapping before it left out those the type does not read:
+# it wrote every field not null, and these fields (not null by default) are as old as the config. A mapping that
+# holds them all is such a dump, a transform artifact's, model dir's or export's config.yaml, not a user's
+# config (which would list both ranking and retrieval keys): it loads, the keys its type ignored reset to their
+# defaults, which is what its model was trained with.
+_EARLIER_DUMP_MODEL_KEYS = frozenset({"task", "type", "cross_layers", "deep_layers", "bottom_layers", "query_features",
+                                      "candidate_features", "tower_layers"})
+
+
 def parse_config(data: Any) -> Config:
     """Build and validate a Config from already-parsed YAML or JSON data.
+
+    A model key the model's type does not read is refused when the model mapping holds it (see
+    recpipe.features.config_checks.check_model_keys), but in a config dumped before config_to_dict left such
+    keys out (one holding every key of every type), where they are reset to their defaults.
 
     Args:
         data: the parsed mapping.
@@ -52,7 +65,14 @@ def parse_config(data: Any) -> Config:
     Raises:
         ConfigError: the first problem, naming its key.
     """
-    return validate(build_typed(Config, data))
+    cfg = build_typed(Config, data)
+    given = data.get("model", {})  # a mapping: build_typed checked it
+    if _EARLIER_DUMP_MODEL_KEYS <= set(given):
+        defaults = ModelSpec(task=cfg.model.task, type=cfg.model.type)
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+            cfg.model, **{key: getattr(defaults, key) for key in unread_model_keys(cfg.model)}))
+        return validate(cfg)
+    return validate(cfg, model_keys=list(given))
 
 
 def load_config(path: str | Path) -> Config:
@@ -75,7 +95,8 @@ def load_config(path: str | Path) -> Config:
 
 
 def config_to_dict(cfg: Config) -> dict:
-    """The Config as plain data, keys of unset (None) values left out; parse_config reads it back.
+    """The Config as plain data, keys of unset (None) values and the model keys its type does not read left
+    out; parse_config reads it back.
 
     Args:
         cfg: the Config.
@@ -89,7 +110,10 @@ def config_to_dict(cfg: Config) -> dict:
         if isinstance(v, list):
             return [strip(x) for x in v]
         return v
-    return strip(dataclasses.asdict(cfg))
+    out = strip(dataclasses.asdict(cfg))
+    unread = set(unread_model_keys(cfg.model))
+    out["model"] = {k: v for k, v in out["model"].items() if k not in unread}
+    return out
 
 
 def dump_config(cfg: Config) -> str:

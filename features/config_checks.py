@@ -2,13 +2,15 @@
 can take as inputs, crosses of single-valued features, retrieval towers, limits). Every error names the key."""
 from __future__ import annotations
 
+import dataclasses
 import re
-from typing import Optional
+from typing import Iterable, Optional
 
 from recpipe.common.errors import ConfigError
-from recpipe.features.schema import Config, SparseFeature, embedding_dim, list_separator
+from recpipe.features.schema import (MODEL_KEYS, MODEL_TYPES, Config, ModelSpec, SparseFeature, embedding_dim,
+                                     list_separator, unread_model_keys)
 
-__all__ = ["validate"]
+__all__ = ["validate", "check_model_keys"]
 
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
 # A raw column a feature reads becomes a SavedModel signature input of the same name, so it must be a
@@ -42,11 +44,12 @@ def _check_feature_limits(cfg: Config) -> None:
             _positive(own.max_mean_shift, f"{path}.max_mean_shift")
 
 
-def validate(cfg: Config) -> Config:
+def validate(cfg: Config, model_keys: Optional[Iterable[str]] = None) -> Config:
     """Check a typed Config as a whole.
 
     Args:
         cfg: a Config whose fields already have their annotated types.
+        model_keys: the keys the YAML's model mapping held, when known (see check_model_keys).
 
     Returns:
         `cfg` itself.
@@ -184,9 +187,10 @@ def validate(cfg: Config) -> Config:
         _positive(sl.top, f"{path}.top")
 
     m = cfg.model
-    allowed = {"ranking": ("dcn_v2", "dlrm", "logistic"), "retrieval": ("two_tower",)}[m.task]
+    allowed = MODEL_TYPES[m.task]
     if m.type not in allowed:
         raise ConfigError(f"model.type: {m.type!r} is not a {m.task} model (use {' | '.join(allowed)})")
+    check_model_keys(m, model_keys)  # the keys of other types (a ranking model's towers, logistic's dropout)
     for key in ("deep_layers", "bottom_layers", "tower_layers"):
         for j, width in enumerate(getattr(m, key)):
             _positive(width, f"model.{key}[{j}]")
@@ -194,8 +198,6 @@ def validate(cfg: Config) -> Config:
     _positive(m.low_rank, "model.low_rank")
     if not 0 <= m.dropout < 1:
         raise ConfigError(f"model.dropout: must be in [0, 1), got {m.dropout}")
-    if m.wide and m.type not in ("dcn_v2", "dlrm"):
-        raise ConfigError(f"model.wide: only dcn_v2 and dlrm take a wide logit ({m.type} has none)")
     metric = t.early_stopping.metric
     task_metrics = {"ranking": ("auc", "logloss"),
                     "retrieval": ("recall_at_10", "ndcg_at_10", "seen_excluded_recall_at_10",
@@ -238,12 +240,37 @@ def validate(cfg: Config) -> Config:
         if m.logq_correction and (first is None or cfg.table_owner(first).vocab is None):
             raise ConfigError(f"model.logq_correction: needs candidate frequencies: the first candidate feature "
                               f"({m.candidate_features[0]!r}) must have a vocab (the counts come from it)")
-    elif m.query_features or m.candidate_features or m.query_key:
-        raise ConfigError("model.query_features: only retrieval models have towers and a query key")
-    elif m.temperature is not None or m.logq_correction or m.uniform_negatives or m.remove_accidental_hits:
-        raise ConfigError("model.temperature: temperature, logq_correction, uniform_negatives and "
-                          "remove_accidental_hits are for retrieval models")
     return cfg
+
+
+def _field_default(name: str) -> object:
+    f = next(f for f in dataclasses.fields(ModelSpec) if f.name == name)
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def check_model_keys(model: ModelSpec, given: Optional[Iterable[str]] = None) -> None:
+    """Refuse a model key the model's type does not read (MODEL_KEYS), which training would ignore.
+
+    Args:
+        model: the built ModelSpec (its task and type already checked to agree).
+        given: the keys the config's model mapping holds, as written; None when they are not known (a Config
+            built in code): then the keys holding a value other than their default are the ones set.
+
+    Raises:
+        ConfigError: the first such key (in `given`'s order, else field order), naming the type, its task and
+            the keys that type reads.
+    """
+    unread = unread_model_keys(model)
+    if given is None:
+        set_keys = [k for k in unread if getattr(model, k) != _field_default(k)]
+    else:
+        set_keys = [k for k in given if k in unread]
+    if set_keys:
+        key, reads = set_keys[0], MODEL_KEYS[model.type]
+        what = f"reads {', '.join(reads)}" if reads else "reads no model key"
+        raise ConfigError(f"model.{key}: model.type {model.type} ({model.task}) does not read it, so it would change "
+                          f"nothing; {model.type} {what} besides task and type: remove model.{key} (or choose a "
+                          f"model.type that reads it)")
 
 
 def _check_cross(cfg: Config, f: SparseFeature, path: str) -> None:

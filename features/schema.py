@@ -2,7 +2,7 @@
 load one). Each field's annotation is its type; recpipe.features.config_checks holds the checks across fields."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Optional
 
 from recpipe.common.errors import ConfigError
@@ -11,7 +11,7 @@ __all__ = [
     "ConfigError", "VocabSpec", "SparseFeature", "DenseFeature", "FeaturesSpec", "InputSpec", "SplitSpec",
     "LabelSpec", "ModelSpec", "TuningSpec", "EarlyStoppingSpec", "TrainSpec", "TuneParam", "TuneSpec", "SliceSpec",
     "EvaluateSpec", "FeatureLimits", "PreprocessSpec", "Config", "DEFAULT_EMBEDDING_DIM", "embedding_dim",
-    "DEFAULT_SEPARATOR", "list_separator",
+    "DEFAULT_SEPARATOR", "list_separator", "MODEL_TYPES", "MODEL_KEYS", "unread_model_keys",
 ]
 
 DEFAULT_EMBEDDING_DIM = 16
@@ -93,12 +93,15 @@ class LabelSpec:
 
 @dataclass(frozen=True)
 class ModelSpec:
+    """Each model.type reads only some of these keys (each key's meaning starts with the types that read it;
+    task and type are always read): a config that sets a key its type does not read is refused, naming the
+    keys that type reads, rather than trained on as if the key were not there."""
     task: Literal["ranking", "retrieval"] = "ranking"  # ranking: score a row; retrieval: two towers, top k items
     type: Literal["dcn_v2", "dlrm", "logistic", "two_tower"] = "dcn_v2"  # logistic: the baseline
-    cross_layers: int = 2                 # DCN-v2: cross layers
-    low_rank: Optional[int] = None        # DCN-v2: factor each cross layer's matrix to this rank (none: full)
-    deep_layers: list[int] = field(default_factory=lambda: [256, 128])  # the deep (top) MLP's widths
-    bottom_layers: list[int] = field(default_factory=lambda: [64])      # DLRM: the dense features' MLP
+    cross_layers: int = 2                 # dcn_v2: cross layers
+    low_rank: Optional[int] = None        # dcn_v2: factor each cross layer's matrix to this rank (none: full)
+    deep_layers: list[int] = field(default_factory=lambda: [256, 128])  # dcn_v2, dlrm: the deep (top) MLP's widths
+    bottom_layers: list[int] = field(default_factory=lambda: [64])      # dlrm: the dense features' MLP
     query_features: list[str] = field(default_factory=list)       # retrieval: the query tower's inputs
     # retrieval: sparse features; the first is the candidate's ID (single-valued), the others its attributes
     # (multivalent ones too, e.g. genres), taken from the candidate's first row when candidates are enumerated
@@ -108,10 +111,10 @@ class ModelSpec:
     # ("already seen", co-occurrence, users with history); it need not be a tower input. Default: the
     # first query feature, when it is a single-valued sparse feature
     query_key: Optional[str] = None
-    # ranking: add a wide (linear) logit to DCN-v2/DLRM's (one weight per ID + a linear term on the dense
+    # dcn_v2, dlrm: add a wide (linear) logit to the deep one (one weight per ID + a linear term on the dense
     # features, as in Wide & Deep): the memorisation small logs reward
     wide: bool = False
-    dropout: float = 0.0                                          # after each deep layer, while training
+    dropout: float = 0.0                  # dcn_v2, dlrm: after each deep layer, while training
     # retrieval: the in-batch softmax's temperature (logits / T), and logQ correction: subtract log of each
     # in-batch candidate's sampling probability (its train frequency, from the vocabulary counts the Beam
     # job keeps), so popular items are not over-penalised as negatives (Yi et al., RecSys 2019)
@@ -123,6 +126,25 @@ class ModelSpec:
     # retrieval: do not score a row's candidate as a negative of another row with the same candidate ID
     # (TFRS's remove_accidental_hits)
     remove_accidental_hits: bool = False
+
+
+# The model types of each task.
+MODEL_TYPES: dict[str, tuple[str, ...]] = {"ranking": ("dcn_v2", "dlrm", "logistic"), "retrieval": ("two_tower",)}
+
+# The ModelSpec keys each model.type reads besides task and type: the one table the config checks refuse the
+# other keys by (recpipe.features.config_checks.check_model_keys). Read off recpipe.trainers.models.build_model
+# (and layers.py): dcn_v2 = CrossStack(cross_layers, low_rank) + the deep MLP; dlrm = DotInteractionBlock(
+# bottom_layers) + the deep MLP; both: dropout after each deep layer, wide. logistic: no deep layers (so no
+# dropout), its one-wide embeddings are already the wide logit (a second is refused). two_tower: RetrievalModel,
+# and query_key, which only evaluation reads (recpipe.trainers.evaluation.candidates.query_key_feature).
+# tests/test_model_keys.py builds every type with each key changed and checks the table against the result.
+MODEL_KEYS: dict[str, tuple[str, ...]] = {
+    "dcn_v2": ("cross_layers", "low_rank", "deep_layers", "wide", "dropout"),
+    "dlrm": ("deep_layers", "bottom_layers", "wide", "dropout"),
+    "logistic": (),
+    "two_tower": ("query_features", "candidate_features", "tower_layers", "query_key", "temperature",
+                  "logq_correction", "uniform_negatives", "remove_accidental_hits"),
+}
 
 
 @dataclass(frozen=True)
@@ -340,6 +362,19 @@ class Config:
             if f.column not in cols:
                 cols.append(f.column)
         return cols
+
+
+def unread_model_keys(model: ModelSpec) -> tuple[str, ...]:
+    """The model keys the model's type does not read.
+
+    Args:
+        model: a ModelSpec.
+
+    Returns:
+        Its field names other than task, type and MODEL_KEYS[model.type], in field order.
+    """
+    reads = MODEL_KEYS[model.type]
+    return tuple(f.name for f in fields(ModelSpec) if f.name not in ("task", "type") and f.name not in reads)
 
 
 def embedding_dim(cfg: Config, feature: SparseFeature) -> int:

@@ -46,14 +46,15 @@ def _with(mutate):
     (lambda d: d["split"].update(eval_fraction=1.5), "split.eval_fraction: must be between 0 and 1"),
     (lambda d: d["train"].update(batch_size=0), "train.batch_size: must be > 0"),
     (lambda d: d["model"].update(type="two_tower"), "model.type: 'two_tower' is not a ranking model"),
-    (lambda d: d["model"].update(task="retrieval", type="two_tower"), "model.query_features: retrieval needs"),
-    (lambda d: d["model"].update(task="retrieval", type="two_tower", query_features=["user_id"],
-                                 candidate_features=["hist"]), "model.candidate_features[0]: 'hist' must be single-valued"),
-    (lambda d: d["model"].update(task="retrieval", type="two_tower", query_features=["user_id", "item_id"],
-                                 candidate_features=["item_id"]), "also listed in model.query_features"),
-    (lambda d: d["model"].update(query_features=["user_id"]), "model.query_features: only retrieval models"),
-    (lambda d: d["model"].update(task="retrieval", type="two_tower", query_features=["user_id"],
-                                 candidate_features=["item_id"], query_key="hist"),
+    (lambda d: d.update(model=dict(task="retrieval", type="two_tower")), "model.query_features: retrieval needs"),
+    (lambda d: d.update(model=dict(task="retrieval", type="two_tower", query_features=["user_id"],
+                                   candidate_features=["hist"])), "model.candidate_features[0]: 'hist' must be single-valued"),
+    (lambda d: d.update(model=dict(task="retrieval", type="two_tower", query_features=["user_id", "item_id"],
+                                   candidate_features=["item_id"])), "also listed in model.query_features"),
+    (lambda d: d["model"].update(query_features=["user_id"]),
+     "model.query_features: model.type dcn_v2 (ranking) does not read it"),
+    (lambda d: d.update(model=dict(task="retrieval", type="two_tower", query_features=["user_id"],
+                                   candidate_features=["item_id"], query_key="hist")),
      "model.query_key: 'hist' must be a single-valued sparse feature"),
     (lambda d: d["features"]["sparse"][0].update(separator=","), "features.sparse[0].separator: only multivalent"),
     (lambda d: d["features"]["sparse"][1]["vocab"].update(oov_buckets=0), "features.sparse[1].vocab.oov_buckets: must be > 0"),
@@ -79,7 +80,7 @@ def test_errors_name_the_key(mutate, key):
 
 def test_dlrm_needs_one_dim():
     def mutate(d):
-        d["model"]["type"] = "dlrm"
+        d["model"] = {"task": "ranking", "type": "dlrm"}
         d["features"]["sparse"][0]["embedding_dim"] = 4
     with pytest.raises(ConfigError, match="dlrm needs one embedding_dim"):
         parse_config(_with(mutate))

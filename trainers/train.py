@@ -71,7 +71,7 @@ def _train(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
             _check_worker_copy(opts.data_dir, cluster)
         say(f"train: serving PS-cluster task {cluster.task_type} {cluster.task_index} until killed")
         serve_task(cluster.cluster.spec(), cluster.task_type, cluster.task_index, opts.run.ps_task_threads)
-    prepared = prepare_run(opts)
+    prepared = prepare_run(opts, say)
     cfg, artifact, total = prepared.cfg, prepared.artifact, prepared.total
     run = opts.run
     set_threads(run.threads or cfg.train.tuning.intra_op_threads, run.threads or cfg.train.tuning.inter_op_threads)

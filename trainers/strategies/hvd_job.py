@@ -53,7 +53,7 @@ def launch_job(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
         hosts = None
         try:
             with host_job(opts.run, say, previous) as hosts, writer_lock(opts):
-                return launch_ranks(opts, prepare_run(opts), say, hosts)
+                return launch_ranks(opts, prepare_run(opts, say), say, hosts)
         except JobFault as e:
             if restarts >= opts.run.max_restarts:
                 raise
