@@ -245,7 +245,8 @@ def test_a_cut_off_worker_is_worked_around_and_a_cut_off_ps_task_is_named(tmp_pa
             f"rejoin; once it serves again (its cluster manager restarts it), the last checkpoint is step {last} in "
             f"{md.checkpoints_dir}" in text), text[-3000:]
     assert "Traceback" not in text and "Exception ignored" not in text, text[-3000:]
-    assert worker_named < timeout + 20 and ps_named < timeout + 30, (worker_named, ps_named)
+    # probe rounds of up to 4 s each, then for a PS task up to the watch's 30 s grace before the hard exit
+    assert worker_named < timeout + 20 and ps_named < timeout + 45, (worker_named, ps_named)
     print(f"worker named {worker_named:.1f} s, PS task stopped the job {ps_named:.1f} s after its host was cut off "
           f"(--task-timeout-seconds {timeout})")
 

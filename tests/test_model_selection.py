@@ -312,6 +312,9 @@ def test_splits_of_one_label_give_null_metrics_named_not_bare_nan(tmp_path, smal
     state = train(TrainOptions(str(tmp_path / "data"), str(tmp_path / "m"), cfg_path), say=said.append)
     assert state.steps_done == 20 and state.best_step is None  # nothing to choose by: the last one is kept
     assert [s for s in said if "WARNING" in s] == [
+        f"train: WARNING: the validation split holds 0 positives of {pre.rows_validation:,} rows (0.00 %): fewer "
+        "than 100, its AUC is noise (undefined at 95 % from sampling alone) and cannot choose between "
+        "checkpoints: give split.validation_fraction more rows, or preprocess more of the log",
         f"train: WARNING: validation auc is undefined: every one of the {pre.rows_validation:,} validation rows "
         "has label 0: AUC needs rows of both labels, so the model cannot be judged on this split; no checkpoint "
         "can be chosen by it, so the last one is the model kept"]
