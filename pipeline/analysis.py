@@ -5,6 +5,8 @@ The Beam job (recpipe.pipeline.transforms) and the single-process benchmark base
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Iterable
 
 import numpy as np
@@ -18,7 +20,8 @@ __all__ = ["ts_histogram", "split_sizes", "split_cutoffs_from_histogram", "split
            "user_last_orders", "merge_last_orders", "user_split_masks",
            "COUNT_SCHEMA", "token_count_tables", "merge_count_tables",
            "select_vocabulary_table", "select_vocabulary",
-           "batch_moments", "moment_stats", "add_moments", "boundaries_from_quantiles", "merge_dense_stats"]
+           "Moments", "moments_of", "batch_moments", "moment_stats", "add_moments", "QuantileSketch",
+           "sketch_boundaries", "batch_dense_stats", "dense_stats", "boundaries_from_quantiles", "merge_dense_stats"]
 
 
 def ts_histogram(table: pa.Table, column: str) -> dict[float, int]:
@@ -139,27 +142,266 @@ def select_vocabulary(counts: Iterable[tuple[str, int]], min_count: int, max_siz
     return [v for v, _ in kept], [c for _, c in kept]
 
 
-def batch_moments(cols: dict[str, pa.Array], cfg: Config) -> dict[str, tuple[int, float, float]]:
-    out = {}
-    for d in cfg.features.dense:
-        if d.transform == "bucketize":
-            continue
-        x = dense_prenorm(cols[d.name].to_numpy(zero_copy_only=False), d.transform, d.fill).astype(np.float64)
-        out[d.name] = (len(x), float(x.sum()), float((x * x).sum()))
-    return out
+# ------------------------------------------------------------------ dense statistics, exact
+# A runner splits the train batches into bundles and merges their partial results in an order of its own, and
+# a float sum depends on that grouping. So the statistics are reduced exactly: integer sums and counts, the
+# same whatever the grouping and order, turned into floats once, at the end.
+_UNIT_BITS = 346  # sums are integers in units of 2**-346, of which every float32 and its square are multiples
+_CHUNK = 1 << 15  # values summed at a time: small arrays stay cheap to allocate (2**17: 1.7x the time); <= 2**17
+_BAND = 6  # exponents summed together (_band_sums)
 
 
-def moment_stats(acc: dict[str, tuple[int, float, float]]) -> dict[str, dict]:
+@dataclass(frozen=True)
+class Moments:
+    """The count, sum and sum of squares of float32 values, exactly.
+
+    The sums are Python ints in units of 2**-_UNIT_BITS (every float32 and its float64 square, which is
+    exact, is a whole multiple of it), so `+` is exact: any grouping and order of the same values gives
+    equal Moments. Non-finite values are counted, and their float sum kept apart in `nonfinite` (0.0 when
+    there is none; else inf, -inf or nan, whatever the order)."""
+    count: int = 0
+    total: int = 0
+    squares: int = 0
+    nonfinite: float = 0.0
+
+    def __add__(self, other: "Moments") -> "Moments":
+        return Moments(self.count + other.count, self.total + other.total, self.squares + other.squares,
+                       self.nonfinite + other.nonfinite)
+
+
+def moments_of(values: np.ndarray) -> Moments:
+    """The exact Moments of float32 values, vectorised: about 3 ns a value (7 when their magnitudes span
+    over 2**6 within a chunk), where numpy's float sums take 0.7.
+
+    Args:
+        values: a 1-D float32 array.
+
+    Returns:
+        Their count, and their sum and sum of squares in units of 2**-_UNIT_BITS.
+
+    Raises:
+        TypeError: `values` is not float32 (a float64's square is not exact in float64).
+    """
+    if values.dtype != np.float32:
+        raise TypeError(f"moments_of takes float32 values, not {values.dtype}")
+    total = squares = 0
+    nonfinite = 0.0
+    for start in range(0, len(values), _CHUNK):
+        v = values[start:start + _CHUNK]
+        finite = np.isfinite(v)
+        if not finite.all():
+            nonfinite += float(v[~finite].astype(np.float64).sum())  # inf, -inf or nan: the same in any order
+            v = v[finite]
+        tiny = (np.abs(v) < np.finfo(np.float32).tiny) & (v != 0)
+        if tiny.any():  # subnormals, scaled by 2**64 into normal numbers (exactly), their sums scaled back
+            t, q = _exact_sums(v[tiny] * np.float32(2.0 ** 64))
+            total, squares = total + (t >> 64), squares + (q >> 128)
+            v = v[~tiny]
+        t, q = _exact_sums(v)
+        total, squares = total + t, squares + q
+    return Moments(len(values), total, squares, nonfinite)
+
+
+def _exact_sums(v: np.ndarray) -> tuple[int, int]:
+    """(sum of v, sum of v*v) in units of 2**-_UNIT_BITS, for at most _CHUNK finite normal float32 values (or 0):
+    by plain float64 sums when their exponents span fewer than _BAND (3 ns a value), else per exponent (7 ns)."""
+    if not len(v):
+        return 0, 0
+    exponent = np.frexp(v)[1]
+    low = int(exponent.min())
+    if int(exponent.max()) - low < _BAND:
+        return _band_sums(v, low)
+    return _sums_by_exponent(v.astype(np.float64), exponent, low)
+
+
+def _sums_by_exponent(x: np.ndarray, exponent: np.ndarray, low: int) -> tuple[int, int]:
+    """_exact_sums of float32 values x (as float64) with their exponents e (x = f * 2**e) and the lowest.
+
+    f is a multiple of 2**-24 below 1, so per exponent the float64 sums of the f, of the whole parts of
+    f*f*2**24 (f*f: exact, 48 bits) and of their fractions (multiples of 2**-24 below 1) are exact for up
+    to 2**28 values; the few per-exponent sums then add up as Python ints."""
+    f = np.frexp(x)[0]
+    idx = (exponent - low).astype(np.intp)
+    sum_f = np.bincount(idx, weights=f)
+    f *= f
+    f *= 16777216.0  # f*f * 2**24, in [2**22, 2**24) or 0
+    whole = np.floor(f)
+    sum_whole = np.bincount(idx, weights=whole)
+    f -= whole
+    sum_frac = np.bincount(idx, weights=f)
+    total = squares = 0
+    for k in np.flatnonzero(sum_whole).tolist():  # the exponents present (a nonzero value has whole >= 2**22)
+        e = k + low
+        total += int(sum_f[k] * 16777216.0) << (e - 24 + _UNIT_BITS)
+        squares += ((int(sum_whole[k]) << 24) + int(sum_frac[k] * 16777216.0)) << (2 * e - 48 + _UNIT_BITS)
+    return total, squares
+
+
+def _band_sums(v: np.ndarray, b: int) -> tuple[int, int]:
+    """(sum of v, sum of v*v) in units of 2**-_UNIT_BITS, exactly, for at most _CHUNK normal float32 values (or
+    0) whose exponents e (|v| < 2**e) lie in [b, b + _BAND).
+
+    A value is a multiple of 2**(e - 24), so of 2**(b - 24), and below 2**(b + 6): 30 bits, and float64 sums
+    of 2**17 of them are exact in any order (30 + 17 <= 53). A square is h*h + 2*h*l + l*l, h the value's
+    top 12 significant bits (a multiple of 2**(b - 12) below 2**(b + 6)) and l the rest (a multiple of
+    2**(b - 24) below 2**(b - 6)): h*h, h*l and l*l are exact in float64 and span 36 bits each (multiples of
+    2**(2b - 24), 2**(2b - 36), 2**(2b - 48) below 2**(2b + 12), 2**(2b), 2**(2b - 12)), so their sums are
+    exact too (36 + 17 <= 53)."""
+    x = v.astype(np.float64)
+    h = (v.view(np.uint32) & np.uint32(0xFFFFF000)).view(np.float32).astype(np.float64)  # 12 significant bits
+    total = int(math.ldexp(float(x.sum()), 24 - b)) << (b - 24 + _UNIT_BITS)
+    x -= h  # the rest, l
+    # np.dot: no product arrays; its order, blocking or FMA cannot round a sum that is exact
+    hh, hl, ll = (int(math.ldexp(float(np.dot(p, q)), 48 - 2 * b)) for p, q in ((h, h), (h, x), (x, x)))
+    return total, (hh + 2 * hl + ll) << (2 * b - 48 + _UNIT_BITS)
+
+
+def batch_moments(cols: dict[str, pa.Array], cfg: Config) -> dict[str, Moments]:
+    """{dense feature with moments (not bucketized): the exact Moments of its values} of one canonical
+    batch, as its statistics see them (recpipe.features.canonical.dense_prenorm, missing values filled)."""
+    return {d.name: moments_of(dense_prenorm(cols[d.name].to_numpy(zero_copy_only=False), d.transform, d.fill))
+            for d in cfg.features.dense if d.transform != "bucketize"}
+
+
+def moment_stats(acc: dict[str, Moments]) -> dict[str, dict]:
+    """{feature: {"mean", "std", "count"}} from merged Moments, exact until each is rounded once: the
+    same floats for the same values, however they were grouped and ordered. No value: mean 0, std 1."""
     stats = {}
-    for k, (n, s, ss) in acc.items():
-        mean = s / n if n else 0.0
-        var = max(ss / n - mean * mean, 0.0) if n else 1.0
-        stats[k] = {"mean": mean, "std": math.sqrt(var), "count": n}
+    for k, m in acc.items():
+        if m.count and m.nonfinite != 0.0:  # an inf or nan among the values (nan != 0.0 too)
+            stats[k] = {"mean": m.nonfinite, "std": math.nan, "count": m.count}
+        else:
+            stats[k] = _stats(m.count, Fraction(m.total, 1 << _UNIT_BITS), Fraction(m.squares, 1 << _UNIT_BITS))
     return stats
 
 
-def add_moments(a: tuple, b: tuple) -> tuple:
-    return tuple(x + y for x, y in zip(a, b))
+def _stats(n: int, total: Fraction, squares: Fraction) -> dict:
+    """Mean and standard deviation of n values from their exact sum and sum of squares: the variance
+    squares/n - mean**2 is exact (so never negative), rounded once, then its square root."""
+    if not n:
+        return {"mean": 0.0, "std": 1.0, "count": 0}
+    mean = total / n
+    return {"mean": float(mean), "std": math.sqrt(float(squares / n - mean * mean)), "count": n}
+
+
+def add_moments(a: Moments, b: Moments) -> Moments:
+    return a + b
+
+
+# ------------------------------------------------------------------ bucket boundaries, from exact counts
+# A quantile sketch that collapses buffers as it is fed (Beam's ApproximateQuantiles) depends on the bundles
+# too. Exact counts of values on a fixed grid (like DDSketch's) do not: they are merged by adding.
+_SKETCH_DROP = 12  # low bits of a value's order-preserving 32-bit key dropped: bins 2**-11 of the value wide
+
+
+@dataclass(frozen=True, eq=False)
+class QuantileSketch:
+    """How many float32 values fall in each bin of a fixed grid: a value's order-preserving bit pattern
+    with its low _SKETCH_DROP bits dropped (sign, exponent and the top 11 bits of the significand), so a
+    bin holds the values that have the same 12 significant bits, cut toward zero. The counts are exact and
+    merged by adding, so any grouping and order of the same values gives the same sketch."""
+    bins: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))   # ascending
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # > 0, one per bin
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> "QuantileSketch":
+        """The sketch of float32 values (-0.0 counts as 0.0).
+
+        Args:
+            values: a 1-D float32 array without NaN.
+
+        Returns:
+            The counts of its values per bin.
+
+        Raises:
+            TypeError: `values` is not float32.
+            ValueError: a value is NaN (it has no place in an order).
+        """
+        if values.dtype != np.float32:
+            raise TypeError(f"QuantileSketch.of takes float32 values, not {values.dtype}")
+        if not len(values):
+            return cls()
+        if np.isnan(values).any():
+            raise ValueError("QuantileSketch.of: a value is NaN")
+        bins = _order_keys(values) >> np.uint32(_SKETCH_DROP)
+        low = int(bins.min())
+        if int(bins.max()) - low > 4 * len(bins):  # bins far apart (values of both signs): sort instead
+            present, counts = np.unique(bins, return_counts=True)
+            return cls(present.astype(np.uint32), counts.astype(np.int64))
+        counts = np.bincount((bins - np.uint32(low)).astype(np.intp))
+        present = np.flatnonzero(counts)
+        return cls((present + low).astype(np.uint32), counts[present].astype(np.int64))
+
+    def __add__(self, other: "QuantileSketch") -> "QuantileSketch":
+        bins = np.concatenate([self.bins, other.bins])
+        if not len(bins):
+            return QuantileSketch()
+        order = np.argsort(bins, kind="stable")
+        bins, counts = bins[order], np.concatenate([self.counts, other.counts])[order]
+        starts = np.flatnonzero(np.concatenate([[True], bins[1:] != bins[:-1]]))
+        return QuantileSketch(bins[starts], np.add.reduceat(counts, starts))
+
+    @property
+    def count(self) -> int:
+        return int(self.counts.sum())
+
+    def at_ranks(self, ranks: list[int]) -> list[float]:
+        """The values at these 0-based ranks in ascending order, each cut toward zero to 12 significant bits
+        (its bin's value nearest zero: off by under 2**-11 of it, exact when it has no more bits)."""
+        cumulative = np.cumsum(self.counts)
+        found = np.searchsorted(cumulative, np.asarray(ranks, np.int64), side="right")
+        return [_nearest_zero(int(self.bins[i])) for i in found.tolist()]
+
+
+def _order_keys(values: np.ndarray) -> np.ndarray:
+    """float32 values -> uint32 keys in the same order (-0.0 as 0.0)."""
+    bits = (values + np.float32(0.0)).view(np.uint32)  # -0.0 + 0.0 is 0.0
+    return np.where(bits >> np.uint32(31) != 0, ~bits, bits | np.uint32(0x80000000))
+
+
+def _nearest_zero(b: int) -> float:
+    """The float32 value of bin b nearest zero: its lowest key for a positive bin, its highest for a negative."""
+    key = b << _SKETCH_DROP
+    bits = key ^ 0x80000000 if key & 0x80000000 else ~(key | ((1 << _SKETCH_DROP) - 1)) & 0xFFFFFFFF
+    return float(np.array([bits], np.uint32).view(np.float32)[0])
+
+
+def sketch_boundaries(sketch: QuantileSketch, num_buckets: int) -> list[float]:
+    """num_buckets - 1 inner bucket boundaries, deduplicated: the values at the i/num_buckets quantiles,
+    0-based rank (i * n - 1) // num_buckets of the n values (the ranks ApproximateQuantiles targets).
+
+    Args:
+        sketch: the feature's values.
+        num_buckets: buckets wanted (>= 1).
+
+    Returns:
+        The ascending boundaries; [] when the sketch holds no value.
+    """
+    n = sketch.count
+    if not n:
+        return []
+    return sorted(set(sketch.at_ranks([(i * n - 1) // num_buckets for i in range(1, num_buckets)])))
+
+
+def batch_dense_stats(cols: dict[str, pa.Array], cfg: Config) -> dict[str, "Moments | QuantileSketch"]:
+    """{dense feature: its exact Moments, or for a bucketized one its QuantileSketch} of one canonical batch;
+    merged across batches with `+`, then finished by dense_stats."""
+    out: dict = batch_moments(cols, cfg)
+    for d in cfg.features.dense:
+        if d.transform == "bucketize":
+            out[d.name] = QuantileSketch.of(dense_prenorm(cols[d.name].to_numpy(zero_copy_only=False),
+                                                          d.transform, d.fill))
+    return out
+
+
+def dense_stats(acc: dict[str, "Moments | QuantileSketch"], cfg: Config) -> dict[str, dict]:
+    """The dense statistics from batch_dense_stats merged: {feature: {mean, std, count}} or, bucketized,
+    {feature: {boundaries}} (every bucketized feature, [] without a value)."""
+    stats = moment_stats({k: v for k, v in acc.items() if isinstance(v, Moments)})
+    for d in cfg.features.dense:
+        if d.transform == "bucketize":
+            stats[d.name] = {"boundaries": sketch_boundaries(acc.get(d.name, QuantileSketch()), d.num_buckets)}
+    return stats
 
 
 def boundaries_from_quantiles(qs: list[float], num_buckets: int) -> list[float]:
@@ -169,7 +411,16 @@ def boundaries_from_quantiles(qs: list[float], num_buckets: int) -> list[float]:
 
 
 def merge_dense_stats(previous: dict[str, dict], current: dict[str, dict]) -> dict[str, dict]:
-    """Running statistics over days: moments add up; bucket boundaries stay the previous ones."""
+    """Running statistics over days: moments add up; bucket boundaries stay the previous ones.
+
+    Args:
+        previous: the previous artifact's dense statistics.
+        current: this run's.
+
+    Returns:
+        `current` with each feature both have combined: bucket boundaries the previous ones; mean, std and
+        count those of the two days' values together, computed exactly from the floats (one rounding each).
+    """
     out = dict(current)
     for name, prev in previous.items():
         cur = current.get(name)
@@ -178,7 +429,11 @@ def merge_dense_stats(previous: dict[str, dict], current: dict[str, dict]) -> di
         if "boundaries" in prev:
             out[name] = prev
             continue
-        moments = [(s["count"], s["mean"] * s["count"], (s["std"] ** 2 + s["mean"] ** 2) * s["count"])
-                   for s in (prev, cur)]
-        out[name] = moment_stats({name: add_moments(*moments)})[name]
+        days = (prev, cur)
+        if not all(math.isfinite(s["mean"]) and math.isfinite(s["std"]) for s in days):
+            out[name] = {"mean": math.nan, "std": math.nan, "count": prev["count"] + cur["count"]}
+            continue
+        total = sum(Fraction(s["mean"]) * s["count"] for s in days)
+        squares = sum((Fraction(s["std"]) ** 2 + Fraction(s["mean"]) ** 2) * s["count"] for s in days)
+        out[name] = _stats(prev["count"] + cur["count"], total, squares)
     return out

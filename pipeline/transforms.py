@@ -10,6 +10,7 @@ The per-batch arithmetic lives in recpipe.pipeline.analysis (pure, shared with t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import operator
 import pickle
@@ -29,19 +30,18 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from recpipe.common import fsio
 from recpipe.features.artifact import TransformArtifact
-from recpipe.features.canonical import (LABEL_KEY, canonicalize, dense_prenorm, dense_sums, plain_columns, rows_with_value,
-                                times, validate_batch)
+from recpipe.features.canonical import (LABEL_KEY, canonicalize, dense_sums, plain_columns, rows_with_value, times,
+                                validate_batch)
 from recpipe.features.config import Config
 from recpipe.common.days import day_name, day_number
 from recpipe.features.preprocessed import SPLITS
 from recpipe.pipeline.lifecycle import VocabState, advance_vocabulary
 from recpipe.pipeline.repeats import (BUCKET_ROWS, Repeats, bucketed, find_repeats, pairs_bytes, pairs_from_bytes,
                               row_hashes)
-from recpipe.pipeline.analysis import (COUNT_SCHEMA, add_moments, batch_moments, boundaries_from_quantiles,
-                               merge_count_tables, merge_dense_stats, moment_stats,
-                               select_vocabulary_table, split_cutoffs_by_row, split_cutoffs_from_histogram,
-                               token_count_tables, ts_histogram, user_last_orders, user_split_masks,
-                               merge_last_orders)
+from recpipe.pipeline.analysis import (COUNT_SCHEMA, batch_dense_stats, dense_stats, merge_count_tables,
+                               merge_dense_stats, select_vocabulary_table, split_cutoffs_by_row,
+                               split_cutoffs_from_histogram, token_count_tables, ts_histogram, user_last_orders,
+                               user_split_masks, merge_last_orders)
 
 __all__ = ["NAMESPACE", "DEAD_LETTER_SCHEMA", "RawBatch", "RawBatchCoder", "ReadClickLogs", "ValidateRows",
            "SplitCutoffs", "SplitRows", "ComputeVocabularies", "ComputeDenseStats", "AssembleArtifact", "PackArtifact",
@@ -287,7 +287,9 @@ class _Split(beam.DoFn):
                 table = b.table if n == len(mask) else b.table.filter(pa.array(mask))
                 yield beam.pvalue.TaggedOutput(split, canonicalize(table, self._cfg))
                 if split == "eval" and self._rows is not None:
-                    yield beam.pvalue.TaggedOutput("eval_raw", table.slice(0, EVAL_SAMPLE_ROWS))
+                    positions = b.positions if n == len(mask) else b.positions[mask]
+                    yield beam.pvalue.TaggedOutput("eval_raw", (positions[:EVAL_SAMPLE_ROWS],
+                                                                table.slice(0, EVAL_SAMPLE_ROWS)))
 
 
 class SplitCutoffs(beam.PTransform):
@@ -322,9 +324,10 @@ class SplitCutoffs(beam.PTransform):
 
 
 class SplitRows(beam.PTransform):
-    """Good batches -> canonical column dicts on outputs `train`, `validation` and `eval` (and raw eval
-    rows on `eval_raw`; with `count` and a timestamp split, each batch's first and last timestamp as counts
-    for CountRows on `time_range`), by the cutoffs side input."""
+    """Good batches -> canonical column dicts on outputs `train`, `validation` and `eval` (and a batch's
+    first raw eval rows with their global row numbers, (positions, table), on `eval_raw`; with `count` and a
+    timestamp split, each batch's first and last timestamp as counts for CountRows on `time_range`), by the
+    cutoffs side input."""
 
     def __init__(self, cfg: Config, cutoff, count: bool = True):
         super().__init__()
@@ -337,7 +340,9 @@ class SplitRows(beam.PTransform):
 
 
 class _FirstRows(beam.CombineFn):
-    """Up to n rows of raw Arrow tables (a sample for the export's skew check)."""
+    """(global row numbers, raw Arrow table) pairs -> the table of the n rows with the lowest row numbers
+    among them all, in row order (a sample for the export's skew check): the same rows whatever bundles a
+    runner made and in whatever order it merged them."""
 
     def __init__(self, n: int):
         self._n = n
@@ -345,9 +350,13 @@ class _FirstRows(beam.CombineFn):
     def create_accumulator(self):
         return None
 
-    def add_input(self, acc, table):
-        merged = table if acc is None else pa.concat_tables([acc, table], promote_options="default")
-        return merged.slice(0, self._n)
+    def add_input(self, acc, rows):
+        positions, table = rows
+        if acc is not None:
+            positions = np.concatenate([acc[0], positions])
+            table = pa.concat_tables([acc[1], table], promote_options="default")
+        first = np.argsort(positions, kind="stable")[:self._n]
+        return positions[first], table.take(pa.array(first))
 
     def merge_accumulators(self, accs):
         out = None
@@ -357,13 +366,14 @@ class _FirstRows(beam.CombineFn):
         return out
 
     def extract_output(self, acc):
-        return acc
+        return None if acc is None else acc[1]
 
 
 class WriteEvalSample(beam.PTransform):
-    """Raw eval-row tables -> `parquet_path` (at most EVAL_SAMPLE_ROWS raw rows) and `record_path`
-    (the same rows, in order, transformed by the same DoFn as the shards): the export's skew check
-    compares the SavedModel on the first with the model on the second."""
+    """SplitRows' `eval_raw` (global row numbers, raw eval rows) -> `parquet_path` (the EVAL_SAMPLE_ROWS eval
+    rows first in the input, files in path order, or all) and `record_path` (the same rows, in order,
+    transformed by the same DoFn as the shards): the export's skew check compares the SavedModel on the
+    first with the model on the second."""
 
     def __init__(self, cfg: Config, parquet_path: str, record_path: str, packed):
         super().__init__()
@@ -493,8 +503,33 @@ class ComputeVocabularies(beam.PTransform):
                 | "State" >> beam.MapTuple(lambda o, flagged: (o, flagged[1])))
 
 
+class _BatchDenseStats(beam.DoFn):
+    """Canonical batch -> analysis.batch_dense_stats; counts the bundles that held a batch
+    (`dense_stats_bundles`: how the runner split the step's work)."""
+
+    def __init__(self, cfg: Config):
+        self._cfg = cfg
+        self._bundles = Metrics.counter(NAMESPACE, "dense_stats_bundles")
+        self._batches = 0
+
+    def start_bundle(self):
+        self._batches = 0
+
+    def process(self, cols: dict[str, pa.Array]):
+        self._batches += 1
+        yield batch_dense_stats(cols, self._cfg)
+
+    def finish_bundle(self):
+        if self._batches:
+            self._bundles.inc()
+
+
 class ComputeDenseStats(beam.PTransform):
-    """Canonical train batches -> {feature: {mean, std, count} or {boundaries}} (one element)."""
+    """Canonical train batches -> {feature: {mean, std, count} or {boundaries}} (one element).
+
+    Each batch gives exact partial statistics (analysis.batch_dense_stats: integer sums of the values and
+    of their squares, counts of the values of a bucketized feature on a fixed grid), which add up exactly,
+    so the result is the same however a runner splits the batches into bundles and merges them."""
 
     def __init__(self, cfg: Config, previous: TransformArtifact | None = None):
         super().__init__()
@@ -502,27 +537,12 @@ class ComputeDenseStats(beam.PTransform):
 
     def expand(self, train):
         cfg, previous = self._cfg, self._previous
-        moments = (train | "Moments" >> beam.Map(batch_moments, cfg)
-                   | "SumMoments" >> beam.CombineGlobally(_MergeDicts(add_moments, moment_stats)))
-        buckets = {d.name: d for d in cfg.features.dense if d.transform == "bucketize"}
-
-        def values(cols):
-            for name, d in buckets.items():
-                yield name, dense_prenorm(cols[name].to_numpy(zero_copy_only=False), d.transform, d.fill).tolist()
-
-        quantiles = (train | "BucketValues" >> beam.FlatMap(values)
-                     | "Quantiles" >> beam.ApproximateQuantiles.PerKey(
-                         max(d.num_buckets for d in buckets.values()) + 1 if buckets else 2, input_batched=True))
-
-        def merge(moment_stats, quantile_list):
-            stats = dict(moment_stats)
-            for name, qs in quantile_list:
-                stats[name] = {"boundaries": boundaries_from_quantiles(qs, buckets[name].num_buckets)}
-            for name in buckets:
-                stats.setdefault(name, {"boundaries": []})
-            return merge_dense_stats(previous.dense_stats, stats) if previous is not None else stats
-
-        return (moments | "WithBoundaries" >> beam.Map(merge, beam.pvalue.AsList(quantiles)))
+        stats = (train | "BatchStats" >> beam.ParDo(_BatchDenseStats(cfg))
+                 | "SumStats" >> beam.CombineGlobally(_MergeDicts(operator.add, functools.partial(dense_stats,
+                                                                                                   cfg=cfg))))
+        if previous is None:
+            return stats
+        return stats | "WithPrevious" >> beam.Map(lambda current: merge_dense_stats(previous.dense_stats, current))
 
 
 # ------------------------------------------------------------------------- artifact + transform

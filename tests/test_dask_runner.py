@@ -4,6 +4,7 @@ unchanged preprocess job giving DirectRunner's outputs, also with a worker kille
 from __future__ import annotations
 
 import collections
+import difflib
 import glob
 import json
 import os
@@ -312,15 +313,32 @@ def _dead_rows(data: PreprocessedData) -> list:
     return sorted((r["source_file"], r["row"], r["reason"], r["field"]) for r in rows)
 
 
+def _artifact_files(data: PreprocessedData) -> dict[str, bytes]:
+    """The transform artifact's files, {path under transform/: bytes}; in transform.json the shard list
+    (row_counts.shard_bytes, {split: {file: bytes}}) cut to each split's total bytes: how a runner splits a
+    split into shard files is its own (one per bundle that wrote), the records in them are not."""
+    root = Path(data.transform_dir)
+    files = {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+    meta = json.loads(files["transform.json"])
+    assert json.dumps(meta, indent=1, sort_keys=True).encode() == files["transform.json"]  # re-encoded byte for byte
+    meta["row_counts"]["shard_bytes"] = {split: sum(shards.values())
+                                         for split, shards in meta["row_counts"]["shard_bytes"].items()}
+    files["transform.json"] = json.dumps(meta, indent=1, sort_keys=True).encode()
+    return files
+
+
 def _assert_same_outputs(a: PreprocessedData, b: PreprocessedData) -> None:
-    ta, tb = a.transform(), b.transform()
-    assert ta.vocabularies == tb.vocabularies and ta.vocab_counts == tb.vocab_counts
-    assert json.dumps(ta.dense_stats, sort_keys=True) == json.dumps(tb.dense_stats, sort_keys=True)
-    assert ta.split == tb.split and ta.row_counts == tb.row_counts
+    ours, theirs = _artifact_files(a), _artifact_files(b)
+    assert sorted(ours) == sorted(theirs)
+    for name in ours:  # config.yaml, vocab/*.json, transform.json: dense statistics, row counts, split ...
+        assert ours[name] == theirs[name], "\n".join([name, *difflib.unified_diff(
+            ours[name].decode().splitlines(), theirs[name].decode().splitlines(), lineterm="", n=1)])
     for split in ("train", "eval"):
         assert _shard_rows(a, split) == _shard_rows(b, split), split
     assert _dead_rows(a) == _dead_rows(b) and _dead_rows(a)
-    assert pq.read_metadata(a.eval_sample_parquet).num_rows == pq.read_metadata(b.eval_sample_parquet).num_rows
+    sample = pq.read_table(a.eval_sample_parquet)
+    assert sample.num_rows and sample.equals(pq.read_table(b.eval_sample_parquet))  # the same rows, in order
+    assert Path(a.eval_sample_records).read_bytes() == Path(b.eval_sample_records).read_bytes()
 
 
 @pytest.fixture(scope="module")
@@ -342,6 +360,61 @@ def direct_output(tmp_path_factory, log_with_bad_rows):
     out = str(tmp_path_factory.mktemp("direct") / "pre")
     run_preprocess(parse_config(small_config_dict()), log_with_bad_rows, out, IN_MEMORY, say=lambda _: None)
     return PreprocessedData(out)
+
+
+@pytest.fixture(scope="module")
+def many_file_log(tmp_path_factory):
+    """26,000 rows (1 in 97 dead-lettered) in 130 files, each holding rows from the whole time range, so that
+    train and eval rows are in every file. Beam's DaskRunner puts up to 128 elements of a Create (here the
+    files) in one partition: this log makes it run each step in two bundles, the first of 128 files."""
+    from recpipe.pipeline.synthetic import GenerateSpec, generate_log
+    raw = tmp_path_factory.mktemp("many_raw")
+    files = generate_log(GenerateSpec(rows=26_000, days=2, seed=11, num_users=500, num_items=300), str(raw))
+    rows = pa.concat_tables([pq.read_table(f) for f in files])
+    labels = rows.column("label").to_pylist()
+    for j in range(0, len(labels), 97):
+        labels[j] = None if j % 2 else 7
+    rows = rows.set_column(rows.schema.get_field_index("label"), "label", pa.array(labels, pa.int64()))
+    out = tmp_path_factory.mktemp("many")
+    for i in range(130):
+        os.makedirs(out / f"part{i:03d}")
+        pq.write_table(rows.take(list(range(i, rows.num_rows, 130))), out / f"part{i:03d}" / "data.parquet")
+    return str(out)
+
+
+def _dense_stats_bundles(results: list) -> int:
+    """How many bundles held train batches in the job's dense-statistics step (its own counter)."""
+    from recpipe.pipeline.transforms import NAMESPACE
+    found = results[-1].metrics().query(MetricsFilter().with_namespace(NAMESPACE)
+                                        .with_name("dense_stats_bundles"))["counters"]
+    return sum(r.committed for r in found)
+
+
+def test_preprocess_on_dask_in_several_bundles_gives_directrunners_artifact(dask_cluster, tmp_path, many_file_log,
+                                                                             monkeypatch):
+    """A runner groups and merges partial results in its own way: Dask, its work split in bundles, wrote
+    dense statistics that differed from DirectRunner's in the last digits (float sums in another order),
+    bucket boundaries from a quantile sketch fed in another order, and another eval sample. They are now
+    reduced exactly: the artifact's files are byte for byte DirectRunner's."""
+    results = []
+    run = beam.Pipeline.run
+
+    def keep_result(pipeline, *args, **kwargs):
+        results.append(run(pipeline, *args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(beam.Pipeline, "run", keep_result)
+    cfg = parse_config(small_config_dict())
+    direct, dask = str(tmp_path / "direct"), str(tmp_path / "dask")
+    run_preprocess(cfg, many_file_log, direct, IN_MEMORY, say=lambda _: None)
+    direct_bundles = _dense_stats_bundles(results)
+    res = run_preprocess(cfg, many_file_log, dask, ["--runner", "dask", "--dask-address", dask_cluster],
+                         say=lambda _: None)
+    dask_bundles = _dense_stats_bundles(results)
+    print(f"dense statistics from train batches in {direct_bundles} bundle(s) on DirectRunner, {dask_bundles} on Dask")
+    assert dask_bundles >= 2 and direct_bundles >= 1
+    assert res.rows_in == 26_000 and res.rows_dead == len(range(0, 26_000, 97))
+    _assert_same_outputs(PreprocessedData(direct), PreprocessedData(dask))
 
 
 def test_preprocess_on_dask_gives_directrunners_outputs(dask_cluster, tmp_path, log_with_bad_rows, direct_output):
