@@ -11,7 +11,7 @@ __all__ = [
     "ConfigError", "VocabSpec", "SparseFeature", "DenseFeature", "FeaturesSpec", "InputSpec", "SplitSpec",
     "LabelSpec", "ModelSpec", "TuningSpec", "EarlyStoppingSpec", "TrainSpec", "TuneParam", "TuneSpec", "SliceSpec",
     "EvaluateSpec", "FeatureLimits", "PreprocessSpec", "Config", "DEFAULT_EMBEDDING_DIM", "embedding_dim",
-    "DEFAULT_SEPARATOR", "list_separator", "MODEL_TYPES", "MODEL_KEYS", "unread_model_keys",
+    "DEFAULT_SEPARATOR", "list_separator", "logq_correction", "MODEL_TYPES", "MODEL_KEYS", "unread_model_keys",
 ]
 
 DEFAULT_EMBEDDING_DIM = 16
@@ -119,7 +119,10 @@ class ModelSpec:
     # in-batch candidate's sampling probability (its train frequency, from the vocabulary counts the Beam
     # job keeps), so popular items are not over-penalised as negatives (Yi et al., RecSys 2019)
     temperature: Optional[float] = None
-    logq_correction: bool = False  # retrieval: subtract log of each in-batch candidate's frequency
+    # retrieval: subtract log of each in-batch candidate's frequency (unset: on when the first candidate feature has
+    # a vocabulary, whose train counts give the frequencies; then a query the model knows nothing of, a new user,
+    # ranks candidates by popularity, not below it)
+    logq_correction: Optional[bool] = None
     # retrieval: mixed negatives: this many candidate IDs drawn uniformly each step, beside the in-batch ones
     # (needs a single candidate feature: drawn IDs have no attribute rows)
     uniform_negatives: int = 0
@@ -375,6 +378,25 @@ def unread_model_keys(model: ModelSpec) -> tuple[str, ...]:
     """
     reads = MODEL_KEYS[model.type]
     return tuple(f.name for f in fields(ModelSpec) if f.name not in ("task", "type") and f.name not in reads)
+
+
+def logq_correction(cfg: Config) -> bool:
+    """Whether a retrieval model trains with logQ correction (model.logq_correction, or its default).
+
+    Args:
+        cfg: the config.
+
+    Returns:
+        model.logq_correction when set, else whether the first candidate feature's table has a vocabulary
+        (its train counts are the frequencies); False for a ranking model.
+    """
+    m = cfg.model
+    if m.task != "retrieval":
+        return False
+    if m.logq_correction is not None:
+        return m.logq_correction
+    first = cfg.sparse_by_name.get(m.candidate_features[0]) if m.candidate_features else None
+    return first is not None and cfg.table_owner(first).vocab is not None
 
 
 def embedding_dim(cfg: Config, feature: SparseFeature) -> int:

@@ -34,7 +34,7 @@ BASES = {
 # A value of each key other than every base's (and its default).
 SENTINELS = {"cross_layers": 3, "low_rank": 2, "deep_layers": [4], "bottom_layers": [4], "query_features": ["C1"],
              "candidate_features": ["item_id", "C2"], "tower_layers": [4], "query_key": "C3", "wide": True,
-             "dropout": 0.5, "temperature": 0.5, "logq_correction": True, "uniform_negatives": 3,
+             "dropout": 0.5, "temperature": 0.5, "logq_correction": False, "uniform_negatives": 3,
              "remove_accidental_hits": True}
 # build_model would add a wide logit to logistic regression, whose own logit already is one: refused as such
 # (a wide logit is for dcn_v2 and dlrm), so not a key logistic reads.

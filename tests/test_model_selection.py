@@ -257,6 +257,7 @@ def test_logq_correction_and_temperature_lift_two_tower_retrieval_past_popularit
     d = copy.deepcopy(d)
     d["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user_id", "hist", "I1"],
                   "candidate_features": ["item_id"], "tower_layers": [32, 16]}
+    d["model"]["logq_correction"] = False  # on by default: the plain in-batch softmax is asked for
     plain = _train_eval(tmp_path, data_dir, d, "plain", learning_rate=0.2, steps=500, checkpoint_every=250)
     d["model"].update(logq_correction=True, temperature=0.5)
     corrected = _train_eval(tmp_path, data_dir, d, "logq", learning_rate=0.2, steps=500, checkpoint_every=250)
@@ -279,6 +280,26 @@ def test_retrieval_options_are_checked():
                   "candidate_features": ["user_id"], "logq_correction": True}
     with pytest.raises(ConfigError, match="model.logq_correction: needs candidate frequencies"):
         parse_config(d)
+
+
+@pytest.mark.unit
+def test_logq_correction_is_on_by_default_where_the_candidate_has_train_counts():
+    """Unset, logQ correction is on when the first candidate feature has a vocabulary (its counts are the
+    frequencies) and off for a hashed one; an explicit value wins; a ranking model never has it."""
+    from conftest import small_config_dict
+
+    from recpipe.features.config import parse_config
+    from recpipe.features.schema import logq_correction
+    d = small_config_dict()
+    assert logq_correction(parse_config(d)) is False
+    d["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["user_id"],
+                  "candidate_features": ["item_id"]}
+    assert parse_config(d).model.logq_correction is None and logq_correction(parse_config(d)) is True
+    d["model"]["logq_correction"] = False
+    assert logq_correction(parse_config(d)) is False
+    d["model"] = {"task": "retrieval", "type": "two_tower", "query_features": ["item_id"],
+                  "candidate_features": ["user_id"]}  # user_id is hashed in the small config
+    assert logq_correction(parse_config(d)) is False
 
 
 @pytest.mark.system

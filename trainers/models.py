@@ -16,6 +16,7 @@ import tensorflow_recommenders as tfrs
 from recpipe.features.artifact import TransformArtifact
 from recpipe.features.canonical import LABEL_KEY
 from recpipe.features.config import Config, embedding_dim
+from recpipe.features.schema import logq_correction
 from recpipe.trainers.gradients import accumulated_gradients
 from recpipe.trainers.layers import CrossStack, DotInteractionBlock, SparseEmbeddings, mlp, register
 
@@ -277,7 +278,7 @@ def build_model(cfg: Config, artifact: TransformArtifact) -> tf.keras.Model:
         return RetrievalModel(embedding_layer(cfg, artifact, {*m.query_features, *m.candidate_features}),
                               m.query_features, m.candidate_features, m.tower_layers,
                               grad_accum_steps=t.grad_accum_steps, temperature=m.temperature,
-                              candidate_log_q=candidate_log_q(cfg, artifact) if m.logq_correction else None,
+                              candidate_log_q=candidate_log_q(cfg, artifact) if logq_correction(cfg) else None,
                               uniform_negatives=m.uniform_negatives, candidate_ids=known_ids(cfg, artifact),
                               remove_accidental_hits=m.remove_accidental_hits,
                               name="two_tower_retrieval")
