@@ -253,6 +253,10 @@ def test_warm_start_from_previous_day(tmp_path, small_log, small_cfg, small_cfg_
     from dataclasses import replace
     with pytest.raises(WarmStartError, match="model section differs"):
         warm_start(fresh_model, replace(small_cfg, model=replace(small_cfg.model, deep_layers=[8])), art_fresh, m1)
+    # logQ correction weights the loss, not the network: a model saved with it false (before it defaulted to on)
+    # warm-starts today's
+    assert warm_start(fresh_model, replace(small_cfg, model=replace(small_cfg.model, logq_correction=False)),
+                      art_fresh, m1)["rows_copied"]["item_id"] == len(pairs)
     # two dense features swapped in the YAML: the same shapes, so every kernel row went to the other input
     dense = small_cfg.features.dense
     swapped = replace(small_cfg, features=replace(small_cfg.features, dense=[dense[1], dense[0], *dense[2:]]))

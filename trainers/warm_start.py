@@ -87,6 +87,12 @@ def _checkpoint_keys(model: tf.keras.Model) -> dict[int, str]:
     return keys
 
 
+def _network(cfg: Config):
+    """The model section but logQ correction, which weights the loss and not the network (a model trained before it
+    defaulted to on saved it as false)."""
+    return dataclasses.replace(cfg.model, logq_correction=None)
+
+
 def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, previous_dir: str,
                say: Callable[[str], None] = print) -> dict:
     """Copy weights of previous_dir's trained weights into `model` (built); return what was copied. The weights
@@ -95,7 +101,7 @@ def warm_start(model: tf.keras.Model, cfg: Config, artifact: TransformArtifact, 
     older whole one, with a warning to `say`."""
     previous = ModelDir(previous_dir)
     prev_cfg, prev_art = previous.config(), previous.transform()
-    if prev_cfg.model != cfg.model:
+    if _network(prev_cfg) != _network(cfg):
         raise WarmStartError(f"{previous_dir}: its model section differs; warm start needs the same network")
     changed = features_difference(prev_cfg, cfg)
     if changed is not None:
