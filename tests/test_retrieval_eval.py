@@ -159,6 +159,11 @@ def test_two_towers_with_a_multivalent_candidate_attribute_beat_popularity_and_b
     # the query's group is learnable: popularity ranks the other group's hits too
     assert m["recall_at_10"] > b["most_popular"]["recall_at_10"] + 0.1, m
     assert b["cooccurrence"]["seen_excluded"]["recall_at_10"] > b["most_popular"]["seen_excluded"]["recall_at_10"]
+    # EASE, λ chosen on the validation split's seen-excluded recall@10, scored on eval like the others
+    from recpipe.trainers.evaluation.ease import LAMBDAS
+    assert b["ease"]["lambda"] in LAMBDAS and set(b["ease"]["validation_seen_excluded_recall_at_10"]) == {
+        str(lam) for lam in LAMBDAS}
+    assert b["ease"]["seen_excluded"]["examples"] == new and 0 <= b["ease"]["recall_at_10"] <= 1
     (only,) = m["slices"].values()  # every user has 12 train rows: one activity bucket
     assert only == [{"slice": "8-15", "rows": 180, "recall_at_10": m["recall_at_10"]}]
     # the export's candidate index carries each candidate's genres (its first row's)

@@ -16,6 +16,7 @@ from recpipe.features.canonical import LABEL_KEY
 from recpipe.features.artifact import TransformArtifact
 from recpipe.features.config import Config, SliceSpec
 from recpipe.common.metrics import log_loss, mrr_at_k, ndcg_at_k, recall_at_k, reliability_table, roc_auc
+from recpipe.trainers.evaluation import ease
 from recpipe.trainers.evaluation.candidates import Candidates, Clicks, has_history, ranks, read_clicks
 from recpipe.trainers.data import make_dataset
 from recpipe.trainers.errors import TrainError
@@ -222,7 +223,9 @@ def baselines(cfg: Config, data_dir: str, split: str = "eval", batch_size: int =
     without history) and, with a history feature too (recpipe.trainers.evaluation.candidates.history_feature: what the
     row's user had just before it, which the model sees too), history co-occurrence (item-to-item: the same
     counts with the candidates in the row's history, each candidate's sum divided by the square root of
-    its popularity), each also with the query's already-clicked candidates removed (`seen_excluded`)."""
+    its popularity), and on eval with a validation split EASE (recpipe.trainers.evaluation.ease: the closed-form
+    item-to-item model over the query's earlier clicks, λ chosen on validation), each also with the query's
+    already-clicked candidates removed (`seen_excluded`)."""
     if cfg.model.task != "retrieval":
         train = list(make_dataset(cfg, data_dir, "train", batch_size, training=False))
         rate = float(np.concatenate([b[LABEL_KEY].numpy() for b in train]).mean())
@@ -254,7 +257,30 @@ def baselines(cfg: Config, data_dir: str, split: str = "eval", batch_size: int =
             weight = 1.0 / np.sqrt(np.maximum(popularity, 1.0))
             out["history_cooccurrence"] = _scored(
                 lambda c: tie + (scored.history[c] @ together).toarray() * weight, scored, seen, ks)
+        if split == "eval" and "validation" in clicks and len(clicks["validation"].candidate):
+            out.update(_ease(clicks, user_item, seen, popularity, ks))
     return out
+
+
+def _ease(clicks: dict[str, Clicks], train: sp.csr_matrix, seen: sp.csr_matrix, popularity: np.ndarray,
+          ks: tuple[int, ...]) -> dict:
+    """{"ease": eval metrics of EASE with λ chosen on validation (its seen-excluded recall@10; train clicks
+    as the history), refitted on train + validation}, or {"ease": {"skipped": why}} over MAX_CANDIDATES."""
+    n = train.shape[1]
+    if n > ease.MAX_CANDIDATES:
+        return {"ease": {"skipped": f"{n:,} candidates: EASE inverts a dense candidates x candidates matrix; "
+                                   f"it runs up to {ease.MAX_CANDIDATES:,}"}}
+    validation = clicks["validation"]
+    tried = {}
+    for lam in ease.LAMBDAS:
+        scorer = ease.ease_scorer(train, ease.ease_weights(train, lam), validation.query, popularity)
+        tried[lam] = _scored(scorer, validation, train, (10,))["seen_excluded"]["recall_at_10"]
+    lam = max(tried, key=lambda x: (tried[x], -x))  # ties: the stronger regularisation
+    scored = clicks["eval"]
+    metrics = _scored(ease.ease_scorer(seen, ease.ease_weights(seen, lam), scored.query, popularity), scored, seen,
+                      ks)
+    return {"ease": {**metrics, "lambda": lam,
+                     "validation_seen_excluded_recall_at_10": {str(k): v for k, v in tried.items()}}}
 
 
 def undefined_metrics(metrics: dict, split: str) -> dict[str, str]:
