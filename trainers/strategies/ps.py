@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -30,7 +29,7 @@ import tensorflow as tf
 
 from recpipe.common.ports import free_ports
 from recpipe.trainers.errors import how_it_ended
-from recpipe.trainers.strategies.ps_tasks import Task
+from recpipe.trainers.strategies.ps_tasks import Task, silent_tasks
 from recpipe.trainers.strategies.tf_config import PSCluster
 
 __all__ = ["LocalPSCluster", "TablePartitioner", "make_strategy", "serve_task"]
@@ -104,19 +103,14 @@ class LocalPSCluster:
                                                     stderr=subprocess.DEVNULL)
 
     def _wait_listening(self, timeout: float = 120.0) -> None:
+        """Until every task accepts connections; stops the cluster and raises if one exits or `timeout` passes."""
         deadline = time.monotonic() + timeout
-        for addr in [*self.cluster.workers, *self.cluster.ps]:
-            host, port = addr.rsplit(":", 1)
-            while True:
-                try:
-                    with socket.create_connection((host, int(port)), timeout=1):
-                        break
-                except OSError:
-                    dead = [k for k, p in self.procs.items() if p.poll() is not None]
-                    if dead or time.monotonic() > deadline:
-                        self.stop()
-                        raise RuntimeError(f"PS cluster task {dead or addr} did not start")
-                    time.sleep(0.2)
+        while silent := silent_tasks(self.cluster, ("worker", "ps"), timeout=1.0):
+            dead = [k for k, p in self.procs.items() if p.poll() is not None]
+            if dead or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"PS cluster task {dead or silent[0][2]} did not start")
+            time.sleep(0.2)
 
     def _watch(self) -> None:
         while not self._stop.wait(0.5):
