@@ -18,9 +18,12 @@ from recpipe.common.errors import RecpipeError
 __all__ = ["DEFAULT_BEAM_ARGS", "DASK_RUNNER", "BeamOptionsError", "beam_args_with_defaults", "unknown_options",
            "check_beam_args", "pipeline_runner"]
 
-# DirectRunner in one process; any --runner/--direct_* option given by the user wins. multi_processing
-# is not the default: it once dropped rows (the row accounting check failed the run) and, since the job
-# was restructured, balances but is slower on 2 cores. Figures in README "Runners".
+# DirectRunner in one process on any number of cores; any --runner/--direct_* option given by the user wins.
+# Using more cores does not pay: on 2 cores, 2 workers of multi_processing, multi_threading or a local Dask
+# cluster all produce the same artifact with exact row accounting, but each is slower than in_memory at
+# 20k, 2M and 6M rows (in_memory already keeps Arrow's threads busy; worker processes add their start-up
+# and the encoding of every element between stages). `recpipe bench preprocess` measures all of them
+# against DuckDB in every run (bench/results/preprocess.md, "Against DuckDB").
 DEFAULT_BEAM_ARGS = ("--runner=DirectRunner", "--direct_running_mode=in_memory")
 DASK_RUNNER = "recpipe.pipeline.dask_runner.DaskRunner"
 _RUNNER_ALIASES = {"dask": DASK_RUNNER, "direct": "DirectRunner"}

@@ -161,7 +161,7 @@ def test_bench_compare_flags_a_missed_target_as_regressed():
     from recpipe.bench.compare import compare_ratios, format_comparison
     rows = {r["ratio"]: r for r in compare_ratios(
         {"serve_p99_ms_c8": 8.0, "preprocess_beam_vs_duckdb": 0.3, "train_bf16_vs_fp32": 1.2, "other": 2.0},
-        {"serve_p99_ms_c8": 25.0, "preprocess_beam_vs_duckdb": 0.6, "train_bf16_vs_fp32": 1.21, "new_key": 1.0})}
+        {"serve_p99_ms_c8": 25.0, "preprocess_beam_vs_duckdb": 0.9, "train_bf16_vs_fp32": 1.21, "new_key": 1.0})}
     assert rows["serve_p99_ms_c8"]["verdict"] == "regressed"          # <= 10 met before, missed now
     assert rows["preprocess_beam_vs_duckdb"]["verdict"] == "fixed"
     assert rows["train_bf16_vs_fp32"]["verdict"] == "same"

@@ -272,6 +272,8 @@ def _beam_vs_duckdb(key: str, found: dict) -> Optional[str]:
     peers = found.get("preprocess", {}).get("peers")
     if not (key == "preprocess_beam_vs_duckdb" and peers):
         return None
+    if peers.get("why"):  # the suite's own account, from the run's figures (recpipe.bench.preprocess.peers_why)
+        return peers["why"]
     w = peers["wall_s"]
     return (f"on {peers['rows']:,} rows `recpipe preprocess` takes {w['beam']['median']:.1f} s and DuckDB "
             f"{w['duckdb']['median']:.1f} s. Both count vocabularies with vectorised group-bys now (Arrow count "
