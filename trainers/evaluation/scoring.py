@@ -23,7 +23,7 @@ from recpipe.trainers.errors import TrainError
 from recpipe.trainers.evaluation.slices import ranking_slices, retrieval_slices, slice_labels, slice_name
 
 __all__ = ["score", "Slicing", "ranking_scores", "retrieval_clicks", "retrieval_scores", "baselines",
-           "HIGHER_IS_BETTER", "selected", "undefined_metrics"]
+           "HIGHER_IS_BETTER", "selected", "undefined_metrics", "scored_metrics", "seen_matrix"]
 
 # which way each selectable metric improves
 HIGHER_IS_BETTER = {"auc": True, "logloss": False, "recall_at_10": True, "ndcg_at_10": True,
@@ -135,7 +135,7 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
     query_fn = tf.function(model.query_embedding, reduce_retracing=True)
     cand = np.concatenate([cand_fn(candidates.batch(c.start, c.stop, multivalent)).numpy()
                            for c in _chunks(len(candidates.ids), batch_size)])
-    seen, scored = _seen(clicks, split), clicks[split]  # the split's clicked rows, in the order read below
+    seen, scored = seen_matrix(clicks, split), clicks[split]  # the split's clicked rows, in the order read below
     plain, excluded, history, done = [], [], [], 0
     kept: dict[str, list] = {f: [] for f in (slices.features() if slices else [])}
     for batch in make_dataset(cfg, data_dir, split, batch_size, training=False):
@@ -165,7 +165,7 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
     return out
 
 
-def _seen(clicks: dict[str, Clicks], split: str) -> sp.csr_matrix | None:
+def seen_matrix(clicks: dict[str, Clicks], split: str) -> sp.csr_matrix | None:
     """query x candidate: what each query clicked in the splits before `split` (None: no query key)."""
     history = [clicks[s] for s in _history(split) if s in clicks]
     if not history or history[0].query is None:
@@ -191,9 +191,21 @@ def _rank_metrics(ranks: np.ndarray, ks: tuple[int, ...]) -> dict:
     return out
 
 
-def _scored(score_rows, clicks: Clicks, seen: sp.csr_matrix | None, ks: tuple[int, ...], chunk: int = 1024) -> dict:
-    """Rank metrics of a scorer (a slice of `clicks`' rows -> [rows, candidates] scores) on `clicks`,
-    plain and, with `seen`, with each query's already-clicked candidates removed."""
+def scored_metrics(score_rows, clicks: Clicks, seen: sp.csr_matrix | None, ks: tuple[int, ...],
+                   chunk: int = 1024) -> dict:
+    """Rank metrics of a scorer on a split's clicked rows, as every retrieval model and baseline is scored.
+
+    Args:
+        score_rows: a slice of `clicks`' rows -> [rows, candidates] scores.
+        clicks: the split's clicked rows (candidate index, query key).
+        seen: seen_matrix of the split, or None (no query key).
+        ks: the cut-offs of recall, NDCG and MRR.
+        chunk: rows scored at a time.
+
+    Returns:
+        recall_at_K, ndcg_at_K, mrr_at_K; with `seen`, also "seen_excluded" (each query's already-clicked
+        candidates removed) and "with_history" / "without_history"; {} for a split without rows.
+    """
     plain, excluded, history = [], [], []
     for c in _chunks(len(clicks.candidate), chunk):
         queries = clicks.query[c] if clicks.query is not None else None
@@ -236,9 +248,10 @@ def baselines(cfg: Config, data_dir: str, split: str = "eval", batch_size: int =
     candidates, clicks = read_clicks(cfg, data_dir, splits, batch_size)
     n = len(candidates.ids)
     popularity = np.bincount(clicks["train"].candidate, minlength=n).astype(np.float64)
-    seen = _seen(clicks, split)
+    seen = seen_matrix(clicks, split)
     scored = clicks[split]
-    out = {"most_popular": _scored(lambda c: np.broadcast_to(popularity, (c.stop - c.start, n)), scored, seen, ks)}
+    out = {"most_popular": scored_metrics(lambda c: np.broadcast_to(popularity, (c.stop - c.start, n)), scored, seen,
+                                          ks)}
     if clicks["train"].query is not None:
         n_queries = seen.shape[0]
         user_item = clicks["train"].matrix(n_queries, n)
@@ -252,10 +265,10 @@ def baselines(cfg: Config, data_dir: str, split: str = "eval", batch_size: int =
             scores = np.broadcast_to(tie, (len(q), n)).copy()
             scores[known] += (user_item[q[known]] @ together).toarray()
             return scores
-        out["cooccurrence"] = _scored(cooccurrence, scored, seen, ks)
+        out["cooccurrence"] = scored_metrics(cooccurrence, scored, seen, ks)
         if scored.history is not None:
             weight = 1.0 / np.sqrt(np.maximum(popularity, 1.0))
-            out["history_cooccurrence"] = _scored(
+            out["history_cooccurrence"] = scored_metrics(
                 lambda c: tie + (scored.history[c] @ together).toarray() * weight, scored, seen, ks)
         if split == "eval" and "validation" in clicks and len(clicks["validation"].candidate):
             out.update(_ease(clicks, user_item, seen, popularity, ks))
@@ -264,22 +277,24 @@ def baselines(cfg: Config, data_dir: str, split: str = "eval", batch_size: int =
 
 def _ease(clicks: dict[str, Clicks], train: sp.csr_matrix, seen: sp.csr_matrix, popularity: np.ndarray,
           ks: tuple[int, ...]) -> dict:
-    """{"ease": eval metrics of EASE with λ chosen on validation (its seen-excluded recall@10; train clicks
-    as the history), refitted on train + validation}, or {"ease": {"skipped": why}} over MAX_CANDIDATES."""
-    n = train.shape[1]
-    if n > ease.MAX_CANDIDATES:
-        return {"ease": {"skipped": f"{n:,} candidates: EASE inverts a dense candidates x candidates matrix; "
-                                   f"it runs up to {ease.MAX_CANDIDATES:,}"}}
+    """{"ease": eval metrics of EASE fitted on the train clicks (as the model and the other baselines learn
+    from train alone) with λ chosen on validation (its seen-excluded recall@10, train clicks as the history);
+    eval queries are scored from their train and validation clicks}, or {"ease": {"skipped": why}} beyond
+    ease.fits' bounds."""
+    too_big = ease.fits(train)
+    if too_big:
+        return {"ease": {"skipped": too_big}}
     validation = clicks["validation"]
-    tried = {}
+    tried, best = {}, None
     for lam in ease.LAMBDAS:
-        scorer = ease.ease_scorer(train, ease.ease_weights(train, lam), validation.query, popularity)
-        tried[lam] = _scored(scorer, validation, train, (10,))["seen_excluded"]["recall_at_10"]
-    lam = max(tried, key=lambda x: (tried[x], -x))  # ties: the stronger regularisation
+        model = ease.Ease(train, lam)
+        scorer = ease.ease_scorer(train, model, validation.query, popularity)
+        tried[lam] = scored_metrics(scorer, validation, train, (10,))["seen_excluded"]["recall_at_10"]
+        if best is None or tried[lam] >= tried[best.lam]:  # ties: the stronger regularisation
+            best = model
     scored = clicks["eval"]
-    metrics = _scored(ease.ease_scorer(seen, ease.ease_weights(seen, lam), scored.query, popularity), scored, seen,
-                      ks)
-    return {"ease": {**metrics, "lambda": lam,
+    metrics = scored_metrics(ease.ease_scorer(seen, best, scored.query, popularity), scored, seen, ks)
+    return {"ease": {**metrics, "lambda": best.lam,
                      "validation_seen_excluded_recall_at_10": {str(k): v for k, v in tried.items()}}}
 
 
