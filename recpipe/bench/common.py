@@ -50,7 +50,10 @@ def run_measured(cmd: list[str]) -> tuple[float, float, str]:
     return wall, peak, stdout
 
 
-_EVALUATING = threading.Lock()
+# A suite's threads share this process's TensorFlow, Keras and matplotlib state: building tf.data pipelines or
+# models in two threads at once can fail inside Keras (a KeyError '__class__' seen reading the peers' data
+# beside an evaluation), so whatever does holds this lock.
+TF_IN_PROCESS = threading.Lock()
 
 
 def evaluate_model(model_dir: str, data: str) -> dict:
@@ -58,7 +61,7 @@ def evaluate_model(model_dir: str, data: str) -> dict:
     this process: the same numbers without a TensorFlow start-up per model. One evaluation at a time: the
     threads of a suite share this process's Keras and matplotlib state."""
     from recpipe.trainers.evaluation.evaluate import evaluate
-    with _EVALUATING:
+    with TF_IN_PROCESS:
         return evaluate(model_dir, data)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from recpipe.common.metrics import log_loss, roc_auc
 from recpipe.features.canonical import LABEL_KEY
 from recpipe.features.config import Config
+from recpipe.bench.common import TF_IN_PROCESS
 from recpipe.bench.peer_env import run_peer
 
 __all__ = ["GRID", "QUICK_GRID", "Column", "lightgbm_columns", "column_values", "write_columns", "export_columns",
@@ -129,7 +130,8 @@ def export_columns(cfg: Config, data_dir: str, columns: list[Column], path: str)
     Raises:
         ValueError: a split is empty, or an ID cannot be a LightGBM category.
     """
-    splits = {split: _read_split(cfg, data_dir, split, columns) for split in ("train", "validation", "eval")}
+    with TF_IN_PROCESS:  # tf.data in this process, beside the suite's other threads
+        splits = {split: _read_split(cfg, data_dir, split, columns) for split in ("train", "validation", "eval")}
     write_columns(path, splits)
     return {split: splits[split][1] for split in ("validation", "eval")}
 

@@ -41,7 +41,7 @@ import yaml
 
 from recpipe.features.config import load_config
 from recpipe.bench.als_peer import ALS_GRID, QUICK_ALS_GRID, als_peer
-from recpipe.bench.common import CLI, evaluate_model, preprocess_once
+from recpipe.bench.common import CLI, TF_IN_PROCESS, evaluate_model, preprocess_once
 from recpipe.bench.lightgbm_peer import GRID as LIGHTGBM_GRID
 from recpipe.bench.lightgbm_peer import QUICK_GRID as QUICK_LIGHTGBM_GRID
 from recpipe.bench.lightgbm_peer import lightgbm_peer
@@ -132,7 +132,8 @@ def _chosen(params: dict) -> str:
 def _als(work: str, say: Callable[[str], None], name: str, cfg_path: str, data: str, seed_list: list[int],
          quick: bool) -> dict:
     """{"als": ALS on the retrieval log}, or {} when it has no query key (ALS learns from each query's clicks)."""
-    clicks = read_peer_clicks(load_config(cfg_path), data)
+    with TF_IN_PROCESS:  # tf.data in this process, beside the suite's other threads
+        clicks = read_peer_clicks(load_config(cfg_path), data)
     if clicks is None:
         say(f"bench quality: {name} has no query key: no ALS")
         return {}
@@ -296,12 +297,12 @@ _PEERS_TEXT = ("Peers, each tuned on the validation split only: **LightGBM** on 
                "sparse feature's ID a native categorical column, dense features as transformed, a list feature as "
                "its length), a grid of num_leaves × learning_rate × min_data_in_leaf with early stopping on "
                "validation AUC, then the chosen values over the seeds (bagging and feature_fraction 0.8). **EASE** "
-               "(`recpipe evaluate`'s `baselines.ease`): the closed-form item-item model, λ chosen on validation's "
-               "seen-excluded recall@10 with B fitted on train, then refitted on train and validation for eval. "
-               "**ALS** (implicit): factors × regularization × alpha chosen the same way on B fitted on train, then "
-               "over the seeds. EASE and ALS score a query from its clicks before the split (train and validation "
-               "for eval); a query without any gets the most-popular ranking. LightGBM and implicit run in an "
-               "environment of their own (`recpipe.bench.peer_env`).")
+               "(`recpipe evaluate`'s `baselines.ease`): the closed-form item-item model fitted on the train "
+               "clicks, λ chosen on validation's seen-excluded recall@10. **ALS** (implicit): factors × "
+               "regularization × alpha chosen the same way, then over the seeds. EASE and ALS score a query from "
+               "its clicks before the split (train and validation for eval); a query without any gets the "
+               "most-popular ranking. LightGBM and implicit run in an environment of their own "
+               "(`recpipe.bench.peer_env`).")
 
 
 def markdown(r: dict) -> str:

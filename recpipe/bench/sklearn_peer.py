@@ -10,6 +10,7 @@ from recpipe.features.canonical import LABEL_KEY
 from recpipe.features.config import Config
 from recpipe.common.metrics import log_loss, roc_auc
 from recpipe.features.preprocessed import PreprocessedData
+from recpipe.bench.common import TF_IN_PROCESS
 from recpipe.trainers.data import make_dataset
 
 __all__ = ["design_matrix", "sklearn_logistic"]
@@ -54,9 +55,9 @@ def design_matrix(cfg: Config, data_dir: str, split: str):
 def sklearn_logistic(cfg: Config, data_dir: str, grid: tuple[float, ...] = C_GRID) -> dict:
     """Fit one LogisticRegression per C on train, keep the best on validation, score it on eval."""
     from sklearn.linear_model import LogisticRegression
-    x_tr, y_tr = design_matrix(cfg, data_dir, "train")
-    x_va, y_va = design_matrix(cfg, data_dir, "validation")
-    x_ev, y_ev = design_matrix(cfg, data_dir, "eval")
+    with TF_IN_PROCESS:  # tf.data in this process, beside the suite's other threads
+        (x_tr, y_tr), (x_va, y_va), (x_ev, y_ev) = (design_matrix(cfg, data_dir, s)
+                                                    for s in ("train", "validation", "eval"))
     trials = []
     best = None
     for c in grid:
