@@ -7,8 +7,9 @@ import re
 from typing import Iterable, Optional
 
 from recpipe.common.errors import ConfigError
-from recpipe.features.schema import (MODEL_KEYS, MODEL_TYPES, Config, ModelSpec, SparseFeature, embedding_dim,
+from recpipe.features.schema import (MODEL_TYPES, Config, ModelSpec, SparseFeature, embedding_dim,
                                      list_separator, unread_model_keys)
+from recpipe.features.schema import model_keys as keys_read_by
 
 __all__ = ["validate", "check_model_keys"]
 
@@ -249,7 +250,7 @@ def _field_default(name: str) -> object:
 
 
 def check_model_keys(model: ModelSpec, given: Optional[Iterable[str]] = None) -> None:
-    """Refuse a model key the model's type does not read (MODEL_KEYS), which training would ignore.
+    """Refuse a model key the model's type does not read (model_keys), which training would ignore.
 
     Args:
         model: the built ModelSpec (its task and type already checked to agree).
@@ -266,7 +267,7 @@ def check_model_keys(model: ModelSpec, given: Optional[Iterable[str]] = None) ->
     else:
         set_keys = [k for k in given if k in unread]
     if set_keys:
-        key, reads = set_keys[0], MODEL_KEYS[model.type]
+        key, reads = set_keys[0], keys_read_by(model)
         what = f"reads {', '.join(reads)}" if reads else "reads no model key"
         raise ConfigError(f"model.{key}: model.type {model.type} ({model.task}) does not read it, so it would change "
                           f"nothing; {model.type} {what} besides task and type: remove model.{key} (or choose a "

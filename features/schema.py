@@ -11,7 +11,8 @@ __all__ = [
     "ConfigError", "VocabSpec", "SparseFeature", "DenseFeature", "FeaturesSpec", "InputSpec", "SplitSpec",
     "LabelSpec", "ModelSpec", "TuningSpec", "EarlyStoppingSpec", "TrainSpec", "TuneParam", "TuneSpec", "SliceSpec",
     "EvaluateSpec", "FeatureLimits", "PreprocessSpec", "Config", "DEFAULT_EMBEDDING_DIM", "embedding_dim",
-    "DEFAULT_SEPARATOR", "list_separator", "logq_correction", "MODEL_TYPES", "MODEL_KEYS", "unread_model_keys",
+    "DEFAULT_SEPARATOR", "list_separator", "logq_correction", "MODEL_TYPES", "MODEL_KEYS", "CANDIDATES", "model_keys",
+    "candidate_types", "unread_model_keys",
 ]
 
 DEFAULT_EMBEDDING_DIM = 16
@@ -97,7 +98,9 @@ class ModelSpec:
     task and type are always read): a config that sets a key its type does not read is refused, naming the
     keys that type reads, rather than trained on as if the key were not there."""
     task: Literal["ranking", "retrieval"] = "ranking"  # ranking: score a row; retrieval: two towers, top k items
-    type: Literal["dcn_v2", "dlrm", "logistic", "two_tower"] = "dcn_v2"  # logistic: the baseline
+    # auto: ranking trains dcn_v2 and logistic and keeps the better on the validation split (one training each);
+    # retrieval trains two_tower. logistic: the baseline
+    type: Literal["auto", "dcn_v2", "dlrm", "logistic", "two_tower"] = "auto"
     cross_layers: int = 2                 # dcn_v2: cross layers
     low_rank: Optional[int] = None        # dcn_v2: factor each cross layer's matrix to this rank (none: full)
     deep_layers: list[int] = field(default_factory=lambda: [256, 128])  # dcn_v2, dlrm: the deep (top) MLP's widths
@@ -132,7 +135,12 @@ class ModelSpec:
 
 
 # The model types of each task.
-MODEL_TYPES: dict[str, tuple[str, ...]] = {"ranking": ("dcn_v2", "dlrm", "logistic"), "retrieval": ("two_tower",)}
+MODEL_TYPES: dict[str, tuple[str, ...]] = {"ranking": ("auto", "dcn_v2", "dlrm", "logistic"),
+                                           "retrieval": ("auto", "two_tower")}
+
+# The types `type: auto` trains and selects among on the validation split, the first the one trained alone when there
+# is no validation split: for ranking a deep model and the logistic one, which small or sparse logs can favour.
+CANDIDATES: dict[str, tuple[str, ...]] = {"ranking": ("dcn_v2", "logistic"), "retrieval": ("two_tower",)}
 
 # The ModelSpec keys each model.type reads besides task and type: the one table the config checks refuse the
 # other keys by (recpipe.features.config_checks.check_model_keys). Read off recpipe.trainers.models.build_model
@@ -376,8 +384,34 @@ def unread_model_keys(model: ModelSpec) -> tuple[str, ...]:
     Returns:
         Its field names other than task, type and MODEL_KEYS[model.type], in field order.
     """
-    reads = MODEL_KEYS[model.type]
+    reads = model_keys(model)
     return tuple(f.name for f in fields(ModelSpec) if f.name not in ("task", "type") and f.name not in reads)
+
+
+def model_keys(model: ModelSpec) -> tuple[str, ...]:
+    """The model keys the model's type reads besides task and type.
+
+    Args:
+        model: a ModelSpec.
+
+    Returns:
+        MODEL_KEYS[model.type]; for type auto, every key one of the task's CANDIDATES reads.
+    """
+    if model.type != "auto":
+        return MODEL_KEYS[model.type]
+    return tuple(dict.fromkeys(k for t in CANDIDATES[model.task] for k in MODEL_KEYS[t]))
+
+
+def candidate_types(model: ModelSpec) -> tuple[str, ...]:
+    """The model types a training run of this model trains.
+
+    Args:
+        model: a ModelSpec.
+
+    Returns:
+        (model.type,), or the task's CANDIDATES for type auto.
+    """
+    return CANDIDATES[model.task] if model.type == "auto" else (model.type,)
 
 
 def logq_correction(cfg: Config) -> bool:

@@ -29,7 +29,8 @@ from recpipe.common.errors import RecpipeError
 from recpipe.features.preprocessed import PreprocessedData
 from recpipe.trainers.model_dir import ModelDir
 from recpipe.trainers.evaluation.scoring import HIGHER_IS_BETTER
-from recpipe.trainers.evaluation.validation import ValidationHistory, selection_metric
+from recpipe.trainers.evaluation.validation import ValidationHistory
+from recpipe.trainers.selection import selection_metric
 
 __all__ = ["TuneError", "tune", "with_values"]
 

@@ -15,7 +15,7 @@ import yaml
 from conftest import small_config_dict
 from helpers import REPO
 from recpipe.features.config import ConfigError, check_config, config_to_dict, dump_config, load_config, parse_config
-from recpipe.features.schema import MODEL_KEYS, MODEL_TYPES, ModelSpec
+from recpipe.features.schema import CANDIDATES, MODEL_KEYS, MODEL_TYPES, ModelSpec
 from recpipe.features.schema_doc import field_docs
 from recpipe.trainers.label_counts import MIN_POSITIVES, input_features, label_count_warnings
 
@@ -48,8 +48,10 @@ def _cfg(model: dict):
 
 
 def test_the_table_covers_every_type_and_key():
-    types = typing.get_args(typing.get_type_hints(ModelSpec)["type"])
-    assert sorted(MODEL_KEYS) == sorted(types) == sorted(t for ts in MODEL_TYPES.values() for t in ts)
+    types = [t for t in typing.get_args(typing.get_type_hints(ModelSpec)["type"]) if t != "auto"]
+    assert sorted(MODEL_KEYS) == sorted(types) == sorted(t for ts in MODEL_TYPES.values() for t in ts if t != "auto")
+    for task, ts in MODEL_TYPES.items():  # auto selects among the task's candidates, each a type of the task
+        assert "auto" in ts and set(CANDIDATES[task]) <= set(ts), task
     read = {k for keys in MODEL_KEYS.values() for k in keys}
     assert read == set(MODEL_FIELDS), "a key no type reads, or a table entry that is no key"
     assert set(SENTINELS) == set(MODEL_FIELDS)
@@ -62,7 +64,7 @@ def test_each_keys_meaning_names_the_types_that_read_it():
     docs = field_docs(ModelSpec)
     for key in MODEL_FIELDS:
         head = docs[key].split(":", 1)[0]
-        named = {t for word in re.split(r",\s*", head) for t in MODEL_TYPES.get(word, (word,))}
+        named = {t for word in re.split(r",\s*", head) for t in MODEL_TYPES.get(word, (word,)) if t != "auto"}
         assert named == {t for t, keys in MODEL_KEYS.items() if key in keys}, (key, docs[key])
 
 
@@ -206,7 +208,7 @@ def test_a_dump_written_before_unread_keys_were_left_out_still_loads(tmp_path):
     first = {k: earlier[k] for k in ("task", "type", "cross_layers", "deep_layers", "bottom_layers",
                                      "query_features", "candidate_features", "tower_layers")}
     d["model"] = {**first, "type": "dcn_v2"}  # the first release's dump: no wide, dropout, ... yet
-    assert parse_config(d).model == ModelSpec(cross_layers=3, deep_layers=[32, 16])
+    assert parse_config(d).model == ModelSpec(type="dcn_v2", cross_layers=3, deep_layers=[32, 16])
     d["model"] = {k: v for k, v in first.items() if k != "tower_layers"}  # not a whole dump: a user's config
     with pytest.raises(ConfigError, match="model.cross_layers: model.type logistic"):
         parse_config(d)

@@ -17,6 +17,7 @@ from recpipe.features.artifact import TransformArtifact
 from recpipe.features.canonical import LABEL_KEY
 from recpipe.features.config import Config, embedding_dim
 from recpipe.features.schema import logq_correction
+from recpipe.trainers.errors import TrainError
 from recpipe.trainers.gradients import accumulated_gradients
 from recpipe.trainers.layers import CrossStack, DotInteractionBlock, SparseEmbeddings, mlp, register
 
@@ -274,6 +275,9 @@ def _interaction(cfg: Config) -> Optional[tf.keras.layers.Layer]:
 def build_model(cfg: Config, artifact: TransformArtifact) -> tf.keras.Model:
     t = cfg.train.tuning  # how to compute, not what: changing these never changes the weights' layout
     m = cfg.model
+    if m.type == "auto":
+        raise TrainError("model.type auto names no model to build: `recpipe train` trains its candidates and keeps "
+                         "one (recpipe.trainers.selection); build from a config that names its type")
     if m.task == "retrieval":
         return RetrievalModel(embedding_layer(cfg, artifact, {*m.query_features, *m.candidate_features}),
                               m.query_features, m.candidate_features, m.tower_layers,

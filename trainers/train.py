@@ -33,6 +33,7 @@ from recpipe.trainers.optim import optimizer_for, precision_policy
 from recpipe.trainers.options import TrainOptions
 from recpipe.trainers.prepare import prepare_run
 from recpipe.trainers.progress import Reporter
+from recpipe.trainers.selection import select
 from recpipe.trainers.strategies.ps import LocalPSCluster, make_strategy, serve_task
 from recpipe.trainers.strategies.restarts import fault_exit_code
 from recpipe.trainers.strategies.ps_tasks import Task, TaskWatch, silent_tasks, task_names, wait_for_tasks
@@ -44,6 +45,22 @@ __all__ = ["TrainError", "TrainOptions", "TrainState", "train", "set_threads"]
 
 
 def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
+    """Train (or resume) the model of `opts`; with model.type auto, the candidates and keep the best
+    (recpipe.trainers.selection).
+
+    Args:
+        opts: the train options.
+        say: progress.
+
+    Returns:
+        The TrainState of the model left in opts.model_dir.
+
+    Raises:
+        TrainError, DataError, ConfigError, JobFault: the run cannot go on; the message names why.
+    """
+    selected = select(opts, say, lambda one: train(one, say))
+    if selected is not None:
+        return selected
     if launches_ranks(opts.run):  # `recpipe train` calls recpipe.trainers.strategies.hvd_job itself, before importing TensorFlow
         return launch_job(opts, say)
     with naming_bad_shards(opts.data_dir), writer_lock(opts):

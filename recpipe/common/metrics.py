@@ -3,7 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["roc_auc", "auc_standard_error", "log_loss", "rank_of_true", "recall_at_k", "ndcg_at_k", "mrr_at_k", "reliability_table"]
+__all__ = ["HIGHER_IS_BETTER", "roc_auc", "auc_standard_error", "log_loss", "rank_of_true", "recall_at_k", "ndcg_at_k",
+           "mrr_at_k", "reliability_table"]
+
+# which way each metric a training run can select checkpoints or models by improves
+HIGHER_IS_BETTER = {"auc": True, "logloss": False, "recall_at_10": True, "ndcg_at_10": True,
+                    "seen_excluded_recall_at_10": True, "seen_excluded_ndcg_at_10": True}
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:

@@ -1,6 +1,7 @@
 """Evaluate a trained model on the eval split: flat metrics JSON (the eval split is touched here only)."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from recpipe.common import fsio
@@ -13,6 +14,7 @@ from recpipe.trainers.model_dir import ModelDir, check_data_matches, check_same_
 from recpipe.trainers.evaluation.plots import reliability_png, slices_png
 from recpipe.trainers.evaluation.scoring import Slicing, baselines, score, undefined_metrics
 from recpipe.trainers.evaluation.slices import check_slices
+from recpipe.trainers.selection import SELECTION_FILE, Selection
 
 __all__ = ["evaluate"]
 
@@ -25,7 +27,8 @@ def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_s
     models' scores on the same split (constant click rate; most popular candidates). The model's best
     checkpoint on the validation split is the one evaluated, when training kept one. With the config's
     evaluate.slices, `slices` holds the AUC (ranking) or recall@10 (retrieval) per slice, and
-    MODEL_DIR/slices.png their bars; `slices` replaces the config's. A metric the split cannot define
+    MODEL_DIR/slices.png their bars; `slices` replaces the config's. A model kept by `model.type: auto` has
+    `selection`: every candidate's validation score (recpipe.trainers.selection). A metric the split cannot define
     (AUC on rows of one label) is null, and `undefined` says why, per metric."""
     cfg, trained_with, model = load_trained(model_dir)
     data = PreprocessedData(data_dir)
@@ -44,6 +47,9 @@ def evaluate(model_dir: str, data_dir: str, out_path: str | None = None, batch_s
     with naming_bad_shards(data_dir):
         metrics = score(cfg, model, data_dir, "eval", batch_size, slices=slicing)
         metrics["baselines"] = baselines(cfg, data_dir, "eval")  # every number with its reference beside it
+    selection = Selection.read(os.path.join(model_dir, SELECTION_FILE))
+    if selection is not None:  # model.type auto: every candidate's validation score beside the kept one's eval
+        metrics["selection"] = dataclasses.asdict(selection)
     if "reliability" in metrics:
         reliability_png(metrics["reliability"], metrics["positive_rate"], ModelDir(model_dir).reliability_png)
     if "slices" in metrics:

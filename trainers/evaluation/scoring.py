@@ -15,7 +15,8 @@ import tensorflow as tf
 from recpipe.features.canonical import LABEL_KEY
 from recpipe.features.artifact import TransformArtifact
 from recpipe.features.config import Config, SliceSpec
-from recpipe.common.metrics import log_loss, mrr_at_k, ndcg_at_k, recall_at_k, reliability_table, roc_auc
+from recpipe.common.metrics import (HIGHER_IS_BETTER, log_loss, mrr_at_k, ndcg_at_k, recall_at_k, reliability_table,
+                                   roc_auc)
 from recpipe.trainers.evaluation import ease
 from recpipe.trainers.evaluation.candidates import Candidates, Clicks, has_history, ranks, read_clicks
 from recpipe.trainers.data import make_dataset
@@ -25,9 +26,6 @@ from recpipe.trainers.evaluation.slices import ranking_slices, retrieval_slices,
 __all__ = ["score", "Slicing", "ranking_scores", "retrieval_clicks", "retrieval_scores", "baselines",
            "HIGHER_IS_BETTER", "selected", "undefined_metrics", "scored_metrics", "seen_matrix"]
 
-# which way each selectable metric improves
-HIGHER_IS_BETTER = {"auc": True, "logloss": False, "recall_at_10": True, "ndcg_at_10": True,
-                    "seen_excluded_recall_at_10": True, "seen_excluded_ndcg_at_10": True}
 _SEEN_EXCLUDED = "seen_excluded_"
 
 

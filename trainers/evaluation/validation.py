@@ -18,17 +18,11 @@ from recpipe.common import fsio
 from recpipe.features.artifact import TransformArtifact
 from recpipe.features.config import Config
 from recpipe.trainers.model_dir import ModelDir
+from recpipe.trainers.selection import selection_metric
 from recpipe.trainers.models import build_model, dummy_batch
 from recpipe.trainers.evaluation.scoring import HIGHER_IS_BETTER, retrieval_clicks, score, selected, undefined_metrics
 
-__all__ = ["ValidationHistory", "Validator", "selection_metric", "validator_for"]
-
-
-def selection_metric(cfg: Config) -> str:
-    metric = cfg.train.early_stopping.metric
-    if metric == "auto":
-        return "recall_at_10" if cfg.model.task == "retrieval" else "auc"
-    return metric
+__all__ = ["ValidationHistory", "Validator", "validator_for"]
 
 
 @dataclass
