@@ -222,6 +222,11 @@ def explain(key: str, r: dict) -> Optional[str]:
     b = r["spec"]["batch_size"]
     text = (f"ours {ours:,.0f} ex/s ({1000 * b / ours:.1f} ms per step of {b}) against {theirs:,.0f} "
             f"({1000 * b / theirs:.1f} ms), eval AUC {auc[0]:.4f} against {auc[1]:.4f} after the same examples.")
+    p = r["params"]
+    text += (f" The model's dense part differs by design: recpipe's DLRM (TFRS DotInteraction with skip_gather) "
+             f"feeds its top MLP the whole masked {r['spec']['tables'] + 1}² product matrix, "
+             f"{p['recpipe']['dense']:,} dense weights, where both peers gather the upper triangle, "
+             f"{p['triangle']['dense']:,}.")
     if peer == "torchrec":
         text += _parts_text(r)
     else:
