@@ -43,11 +43,11 @@ def http_limits(_arg=None) -> str:
 
 
 def targets(suite: str) -> str:
-    from recpipe.bench.targets import MEANINGS, RETIRED, TARGETS
+    from recpipe.bench.targets import MEANINGS, RETIRED, TARGETS, suite_of
     rows = [(f"`{k}`", f"{op} {value:g}", MEANINGS[k]) for k, (op, value) in TARGETS.items()
-            if k.startswith(suite + "_")]
+            if suite_of(k) == suite]
     rows += [(f"`{k}`", "none: reported", f"{MEANINGS[k]}. No target: {why}") for k, why in RETIRED.items()
-             if k.startswith(suite + "_")]
+             if suite_of(k) == suite]
     if not rows:
         raise ValueError(f"no targets for the suite {suite!r}")
     return _table(("ratio", "target", "what it compares"), rows)

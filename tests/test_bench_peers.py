@@ -67,12 +67,14 @@ def test_lightgbm_columns_round_trip_ids_through_the_peer_file(tmp_path):
 
 @pytest.mark.unit
 def test_the_peer_environment_key_changes_with_the_pins():
-    from recpipe.bench.peer_env import PEER_REQUIREMENTS, requirements_key
-    key = requirements_key(PEER_REQUIREMENTS, (3, 11))
-    assert key.startswith("py311-") and key == requirements_key(tuple(reversed(PEER_REQUIREMENTS)), (3, 11))
-    bumped = [r.replace("lightgbm==4.7.0", "lightgbm==4.6.0") for r in PEER_REQUIREMENTS]
-    assert requirements_key(bumped, (3, 11)) != key
-    assert requirements_key(PEER_REQUIREMENTS, (3, 12)) != key
+    from recpipe.bench.isolated_env import plan_key
+    from recpipe.bench.peer_env import PEER_PLAN, PEER_REQUIREMENTS
+    key = plan_key(PEER_PLAN, (3, 11))
+    assert key.startswith("py311-") and key == plan_key(((tuple(reversed(PEER_REQUIREMENTS)), ()),), (3, 11))
+    bumped = tuple(r.replace("lightgbm==4.7.0", "lightgbm==4.6.0") for r in PEER_REQUIREMENTS)
+    assert plan_key(((bumped, ()),), (3, 11)) != key
+    assert plan_key(PEER_PLAN, (3, 12)) != key
+    assert plan_key(((PEER_REQUIREMENTS, ("--no-deps",)),), (3, 11)) != key  # the flags are part of the plan
     assert all("==" in r for r in PEER_REQUIREMENTS)  # pinned: the same environment every time
 
 

@@ -10,7 +10,7 @@ from typing import Optional
 import matplotlib.pyplot as plt
 
 from recpipe.common import fsio
-from recpipe.bench.targets import RETIRED, SUITES, TARGETS
+from recpipe.bench.targets import RETIRED, SUITES, TARGETS, suite_of
 
 __all__ = ["write_report"]
 
@@ -83,8 +83,7 @@ def write_report(out_dir: str) -> str:
              "with AMX or AVX512-BF16).", "",
              "| ratio | value | target | met | suite run |", "|---|---|---|---|---|"]
     for key, (op, target) in TARGETS.items():
-        suite = key.split("_", 1)[0]
-        r = found.get(suite)
+        r = found.get(suite_of(key))
         if key in ratios:
             mark = "yes" if _meets(key, ratios[key]) else "**no**: see below"
             when = f"{r['machine'].get('date', '')}{' (quick)' if r.get('quick') else ''}{_isa(r['machine'])}" \
@@ -492,10 +491,16 @@ def _real_vs_synthetic(key: str, found: dict) -> Optional[str]:
             "input path takes CPU time the synthetic in-memory batch does not.")
 
 
+def _embedding_heavy(key: str, found: dict) -> Optional[str]:
+    """train_embedding_heavy_*: the contenders' rates and AUCs, and the parts of both steps."""
+    from recpipe.bench.embedding import explain
+    return explain(key, found["embedding"]) if "embedding" in found else None
+
+
 # Each explains the keys it knows from what the same run measured, or returns None.
 _EXPLANATIONS = (_horovod_vs_plain, _horovod_scaling, _ps_vs_local, _bf16_vs_fp32, _vs_tfrs_fit, _cluster_prediction,
                  _beam_vs_duckdb, _quality_margin, _retrieval_vs_popularity, _auc_vs_lightgbm, _recall_vs_ease,
-                 _export_bytes, _lifecycle_gap, _serve_p99, _serve_qps, _real_vs_synthetic)
+                 _export_bytes, _lifecycle_gap, _serve_p99, _serve_qps, _real_vs_synthetic, _embedding_heavy)
 
 
 def _why(key: str, found: dict) -> str:

@@ -1,4 +1,4 @@
-"""`recpipe bench [preprocess|train|serve|cluster|quality|export|lifecycle|SUITE,SUITE,...|all] [--quick]`:
+"""`recpipe bench [preprocess|train|serve|cluster|quality|export|lifecycle|embedding|SUITE,...|all] [--quick]`:
 runs the suites, each ratio against its baseline measured in the same run, -> bench/results/<suite>.json + .md, then
 REPORT.md with PNG plots (recpipe.bench.report).
 
@@ -16,6 +16,8 @@ from typing import Callable, Optional
 from recpipe.bench.cluster import ClusterBenchOptions, bench_cluster
 from recpipe.bench.cluster import markdown as cluster_markdown
 from recpipe.bench.common import machine_info, save_result
+from recpipe.bench.embedding import EmbeddingBenchOptions, bench_embedding
+from recpipe.bench.embedding import markdown as embedding_markdown
 from recpipe.bench.export import bench_export
 from recpipe.bench.export import markdown as export_markdown
 from recpipe.bench.lifecycle import bench_lifecycle
@@ -116,6 +118,10 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
                                   synthetic=shared if shared and not opts.rows else None)
             result["machine"] = info
             save_result(opts.out_dir, suite, result, export_markdown(result))
+        elif suite == "embedding":
+            result = bench_embedding(EmbeddingBenchOptions(quick=quick, reps=reps, steps=opts.steps), sw, say)
+            result["machine"] = info
+            save_result(opts.out_dir, suite, result, embedding_markdown(result))
         elif suite == "lifecycle":
             result = bench_lifecycle(sw, say, quick=quick, reps=reps)
             result["machine"] = info

@@ -1,0 +1,151 @@
+"""Where one training step of recpipe's DLRM goes, part by part, on fixed in-memory batches: the parts
+TorchRec's script times the same way (recpipe/bench/torch_peer/torchrec_dlrm.py), each alone, compiled:
+  - input: batches of the real input pipeline (shards, parsing, shuffling) per step, read on their own;
+  - lookup_forward: the embedding lookups (with ID dedup) of a batch, no gradient;
+  - interaction: the pairwise dot products, forward and backward, on fixed embeddings;
+  - mlp: the bottom MLP and the top MLP with its logit, forward and backward, on fixed inputs;
+  - dense_optimizer: Adagrad's update of the dense weights from fixed gradients;
+  - sparse_optimizer: Adagrad's update of the tables' rows from a fixed step's sparse gradients (reported
+    apart; it is inside the rest);
+  - step: the compiled train step (no input); what it has beyond the parts above is the rest: the lookups'
+    backward, the tables' Adagrad and the loss.
+Every part is built and warmed up first, then timed round-robin (`rounds` rounds of `steps` calls).
+
+    python -m recpipe.bench.embedding_parts DATA CONFIG [STEPS] [ROUNDS]   -> one JSON line on stdout
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from typing import Callable
+
+import tensorflow as tf
+
+from recpipe.features.config import Config, load_config
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.trainers.data import make_dataset
+from recpipe.trainers.models import compiled_model
+from recpipe.trainers.optim import optimizer_for
+
+__all__ = ["embedding_parts"]
+
+
+def _timed(fn: Callable[[int], object], steps: int) -> float:
+    t0 = time.perf_counter()
+    out = None
+    for i in range(steps):
+        out = fn(i)
+    if isinstance(out, dict):
+        float(tf.reduce_sum(next(iter(out.values()))))
+    elif out is not None:
+        float(tf.reduce_sum(out))
+    return 1000 * (time.perf_counter() - t0) / steps
+
+
+def _functions(cfg: Config, data_dir: str, steps: int) -> dict[str, Callable[[int], object]]:
+    model = compiled_model(cfg, PreprocessedData(data_dir).transform(), optimizer_for(cfg, own_step=True))
+    it = iter(make_dataset(cfg, data_dir, "train", cfg.train.batch_size, training=False))
+    batches = [next(it) for _ in range(4)]
+    block, opt = model.interaction, model.optimizer
+    tables = {v.ref() for v in model.embeddings.trainable_variables}
+    dense_vars = [v for v in model.trainable_variables if v.ref() not in tables]
+    table_vars = [v for v in model.trainable_variables if v.ref() in tables]
+    by_name = model.embeddings(batches[0])
+    embedded = [tf.Variable(by_name[f["name"]]) for f in model.embeddings.feature_specs]
+    dense_in = model._dense(batches[0])
+    bottom = dense_in
+    for layer in block.bottom:
+        bottom = layer(bottom)
+    bottom_v = tf.Variable(bottom)
+    top_in = tf.Variable(block(list(embedded), dense_in))
+
+    @tf.function
+    def interaction(_):
+        with tf.GradientTape() as tape:
+            y = tf.reduce_sum(block.dot([bottom_v, *embedded]))
+        return tf.add_n([tf.reduce_sum(g) for g in tape.gradient(y, [bottom_v, *embedded])])
+
+    mlp_vars = [w for layer in [*block.bottom, *model.deep, model.logit] for w in layer.trainable_weights]
+
+    @tf.function
+    def mlp(_):
+        with tf.GradientTape() as tape:
+            x = dense_in
+            for layer in block.bottom:
+                x = layer(x)
+            y = top_in
+            for layer in model.deep:
+                y = layer(y)
+            y = tf.reduce_sum(model.logit(y)) + tf.reduce_sum(x)
+        return tf.add_n([tf.reduce_sum(g) for g in tape.gradient(y, [top_in, *mlp_vars])])
+
+    with tf.GradientTape() as tape:  # one real step's gradients, held fixed for the optimizer parts
+        loss = model.compute_loss(batches[0], training=True)
+    grads = tape.gradient(loss, model.trainable_variables)
+    by_ref = {v.ref(): g for v, g in zip(model.trainable_variables, grads)}
+    dense_grads = [by_ref[v.ref()] for v in dense_vars]
+    table_grads = [by_ref[v.ref()] for v in table_vars]
+    lookup = tf.function(lambda b: tf.add_n([tf.reduce_sum(v) for v in model.embeddings(b).values()]))
+    train_step = tf.function(model.train_step)
+    pipeline = iter(make_dataset(cfg, data_dir, "train", cfg.train.batch_size, training=True,
+                                 seed=cfg.train.seed))
+    return {"input": lambda i: next(pipeline)[f"{cfg.features.sparse[0].name}"],
+            "lookup_forward": lambda i: lookup(batches[i % 4]),
+            "interaction": interaction, "mlp": mlp,
+            "dense_optimizer": tf.function(lambda i: opt.apply_gradients(zip(dense_grads, dense_vars))),
+            "sparse_optimizer": tf.function(lambda i: opt.apply_gradients(zip(table_grads, table_vars))),
+            "step": lambda i: train_step(batches[i % 4])}
+
+
+def embedding_parts(data_dir: str, cfg: Config, steps: int = 30, rounds: int = 3) -> dict:
+    """ms per step of each part (median over the rounds) and the rest of the step beyond them.
+
+    Args:
+        data_dir: a `recpipe preprocess` output folder of a dlrm config.
+        cfg: its config.
+        steps: calls per part per round.
+        rounds: round-robin rounds.
+
+    Returns:
+        {"parts_ms": {part: ms}, "rounds_ms": {part: [ms per round]}, "steps", "rounds", "batch_size"}.
+
+    Raises:
+        ValueError: not a dlrm config.
+    """
+    if cfg.model.type != "dlrm":
+        raise ValueError("embedding_parts: a dlrm config")
+    t = cfg.train.tuning
+    if t.intra_op_threads:
+        tf.config.threading.set_intra_op_parallelism_threads(t.intra_op_threads)
+    if t.inter_op_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(t.inter_op_threads)
+    tf.keras.utils.set_random_seed(cfg.train.seed)
+    fns = _functions(cfg, data_dir, steps)
+    for fn in fns.values():  # trace and warm up
+        for i in range(4):
+            fn(i)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(_timed(fn, steps))
+    ms = {name: statistics.median(v) for name, v in times.items()}
+    ms["lookup_backward_sparse_update_loss"] = ms["step"] - sum(
+        ms[k] for k in ("lookup_forward", "interaction", "mlp", "dense_optimizer"))
+    return {"parts_ms": ms, "rounds_ms": times, "steps": steps, "rounds": rounds,
+            "batch_size": cfg.train.batch_size}
+
+
+def main(argv: list[str]) -> None:
+    """`python -m recpipe.bench.embedding_parts DATA CONFIG [STEPS] [ROUNDS]`: one JSON line on stdout.
+
+    Args:
+        argv: DATA CONFIG [STEPS] [ROUNDS].
+    """
+    steps, rounds = (int(argv[2]) if len(argv) > 2 else 30), (int(argv[3]) if len(argv) > 3 else 3)
+    print(json.dumps(embedding_parts(argv[0], load_config(argv[1]), steps, rounds)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
