@@ -158,8 +158,8 @@ def test_bench_runs_the_suites_named_in_their_order_and_refuses_an_unknown_one()
     proc = subprocess.run([sys.executable, "-m", "recpipe.cli", "bench", "train,,serve"], capture_output=True,
                           text=True)
     assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == (
-        "recpipe bench: error: bench suite 'train,,serve': use preprocess, train, serve, cluster, quality, export, "
-        "lifecycle, several of them joined by commas, or all")
+        f"recpipe bench: error: bench suite 'train,,serve': use {', '.join(SUITES)}, several of them joined by "
+        f"commas, or all")
 
 
 @pytest.mark.unit
