@@ -81,14 +81,14 @@ def test_the_peer_environment_key_changes_with_the_pins():
 @pytest.mark.unit
 def test_peer_scripts_import_only_numpy_scipy_and_their_library():
     """They run in the peer environment, which has neither recpipe nor TensorFlow."""
-    allowed = {"numpy", "scipy", "lightgbm", "implicit", *sys.stdlib_module_names}
+    allowed = {"numpy", "scipy", "lightgbm", "implicit", "torch", "torchrec", "fbgemm_gpu", *sys.stdlib_module_names}
     found = {}
     for path in PEERS.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                      [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
             found.update({n.split(".")[0]: path.name for n in names})
-    assert {"lightgbm", "implicit"} <= found.keys()
+    assert {"lightgbm", "implicit", "torchrec"} <= found.keys()
     assert {n: f for n, f in found.items() if n not in allowed} == {}
 
 

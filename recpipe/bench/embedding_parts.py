@@ -1,5 +1,5 @@
 """Where one training step of recpipe's DLRM goes, part by part, on fixed in-memory batches: the parts
-TorchRec's script times the same way (recpipe/bench/torch_peer/torchrec_dlrm.py), each alone, compiled:
+TorchRec's script times the same way (recpipe/bench/peers/torchrec_dlrm.py), each alone, compiled:
   - input: batches of the real input pipeline (shards, parsing, shuffling) per step, read on their own;
   - lookup_forward: the embedding lookups (with ID dedup) of a batch, no gradient;
   - interaction: the pairwise dot products, forward and backward, on fixed embeddings;

@@ -1,4 +1,4 @@
-"""The peer of `train_embedding_heavy_vs_torchrec`: TorchRec's DLRM (recpipe/bench/torch_peer/torchrec_dlrm.py)
+"""The peer of `train_embedding_heavy_vs_torchrec`: TorchRec's DLRM (recpipe/bench/peers/torchrec_dlrm.py)
 on the same data, in an environment of its own (recpipe.bench.isolated_env).
 
 The bench exports the train and eval splits of our shards to .npz (IDs, dense features and labels, in the
@@ -31,7 +31,7 @@ TORCHREC_PLAN = (
     (("tensordict==0.15.3", "torchmetrics==1.0.3", "tqdm==4.70.1", "pyre-extensions==0.0.32"), ()),
     (("torchrec==1.9.2",), ("--no-deps",)),
 )
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_peer", "torchrec_dlrm.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers", "torchrec_dlrm.py")
 
 
 def export_split(cfg, data_dir: str, split: str, out: str) -> str:
