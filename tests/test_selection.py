@@ -104,3 +104,18 @@ def test_auto_without_a_validation_split_trains_the_first_candidate_and_says_so(
     assert load_config(tmp_path / "m" / "config.yaml").model.type == "dcn_v2"
     assert not os.path.exists(tmp_path / "m" / "selection.json")
     assert any("no validation split" in line and "training dcn_v2" in line for line in said), said
+
+
+@pytest.mark.integration
+def test_auto_refuses_a_model_dir_holding_a_model_it_did_not_select(tmp_path, preprocessed_with_validation):
+    from recpipe.trainers.options import TrainOptions
+    from recpipe.trainers.train import train
+    named = tmp_path / "m"
+    named.mkdir()
+    (named / "config.yaml").write_text(yaml.safe_dump(preprocessed_with_validation[2]))  # a dcn_v2 model's
+    cfg_path = tmp_path / "auto.yaml"
+    cfg_path.write_text(yaml.safe_dump(_auto_dict()))
+    with pytest.raises(TrainError, match="holds a model not trained by model.type auto"):
+        train(TrainOptions(data_dir=preprocessed_with_validation[0], model_dir=str(named), config_path=str(cfg_path)),
+              say=lambda _: None)
+    assert sorted(p.name for p in named.iterdir()) == ["config.yaml"]  # nothing written beside it

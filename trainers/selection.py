@@ -197,6 +197,9 @@ def select(opts: TrainOptions, say: Callable[[str], None], train_one: Callable[[
     model_dir = ModelDir(opts.model_dir)
     folder = os.path.join(opts.model_dir, _CANDIDATES)
     types = types_to_train(cfg, opts, say)
+    selection_path = os.path.join(opts.model_dir, SELECTION_FILE)
+    if len(types) > 1 and model_dir.has_config() and not fsio.exists(selection_path):
+        raise TrainError(f"{opts.model_dir}: holds a model not trained by model.type auto; use a new --model-dir")
     os.makedirs(folder, exist_ok=True)
     paths = {}
     for t in types:
@@ -204,9 +207,6 @@ def select(opts: TrainOptions, say: Callable[[str], None], train_one: Callable[[
         fsio.write_text(paths[t], dump_config(with_type(cfg, t)))
     if len(types) == 1:
         return train_one(dataclasses.replace(opts, config_path=paths[types[0]]))
-    selection_path = os.path.join(opts.model_dir, SELECTION_FILE)
-    if model_dir.has_config() and not fsio.exists(selection_path):
-        raise TrainError(f"{opts.model_dir}: holds a model not trained by model.type auto; use a new --model-dir")
     metric = selection_metric(cfg)
     say(f"train: model.type auto: training {', '.join(types)} and keeping the best on validation {metric}")
     with model_dir.writer_lock():
