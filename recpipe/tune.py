@@ -17,8 +17,6 @@ import copy
 import csv
 import os
 import shutil
-import subprocess
-import sys
 from typing import Any, Callable
 
 import yaml
@@ -27,10 +25,8 @@ from recpipe.common.typed_yaml import read_yaml
 from recpipe.features.config import ConfigError, TuneParam, parse_config
 from recpipe.common.errors import RecpipeError
 from recpipe.features.preprocessed import PreprocessedData
-from recpipe.trainers.model_dir import ModelDir
 from recpipe.trainers.evaluation.scoring import HIGHER_IS_BETTER
-from recpipe.trainers.evaluation.validation import ValidationHistory
-from recpipe.trainers.selection import selection_metric
+from recpipe.trainers.selection import selection_metric, train_subprocess
 
 __all__ = ["TuneError", "tune", "with_values"]
 
@@ -97,18 +93,16 @@ def tune(config_path: str, data_dir: str, out_dir: str, trials: int | None = Non
         cfg_file = os.path.join(trial_dir, "config.yaml")
         with open(cfg_file, "w") as fh:
             yaml.safe_dump(trial_cfg, fh, sort_keys=False)
-        run = subprocess.run([sys.executable, "-m", "recpipe.cli", "train", "--config", cfg_file, "--data", data_dir,
-                              "--model-dir", model_dir, *train_flags], capture_output=True, text=True)
-        history = ValidationHistory.read(ModelDir(model_dir).validation_path)
-        if run.returncode != 0 or history is None or history.best is None:
-            why = (run.stdout + run.stderr).strip().splitlines()[-1:] or ["no validation score"]
+        run = train_subprocess(f"trial {i}", cfg_file, data_dir, model_dir, list(train_flags), lambda _: None)
+        if run.validation is None:
+            why = run.status[len("failed: "):]
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            rows.append({"trial": i, **values, metric: None, "best_step": None, "status": f"failed: {why[0]}"})
-            say(f"tune: trial {i}: {values}: FAILED ({why[0]})")
+            rows.append({"trial": i, **values, metric: None, "best_step": None, "status": run.status})
+            say(f"tune: trial {i}: {values}: FAILED ({why})")
             continue
-        study.tell(trial, history.best)
-        rows.append({"trial": i, **values, metric: history.best, "best_step": history.best_step, "status": "ok"})
-        say(f"tune: trial {i}: {values}: validation {metric} {history.best:.4f} at step {history.best_step}")
+        study.tell(trial, run.validation)
+        rows.append({"trial": i, **values, metric: run.validation, "best_step": run.best_step, "status": "ok"})
+        say(f"tune: trial {i}: {values}: validation {metric} {run.validation:.4f} at step {run.best_step}")
     done = [r for r in rows if r["status"] == "ok"]
     if not done:
         raise TuneError(f"every trial failed; see {out_dir}/trials.md")

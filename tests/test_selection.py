@@ -119,3 +119,13 @@ def test_auto_refuses_a_model_dir_holding_a_model_it_did_not_select(tmp_path, pr
         train(TrainOptions(data_dir=preprocessed_with_validation[0], model_dir=str(named), config_path=str(cfg_path)),
               say=lambda _: None)
     assert sorted(p.name for p in named.iterdir()) == ["config.yaml"]  # nothing written beside it
+
+
+@pytest.mark.system
+def test_a_run_that_fails_is_a_failed_result_naming_its_last_line(tmp_path, preprocessed_with_validation):
+    from recpipe.trainers.selection import train_subprocess
+    said: list[str] = []
+    r = train_subprocess("trial 0", str(tmp_path / "missing.yaml"), preprocessed_with_validation[0],
+                         str(tmp_path / "m"), [], said.append)
+    assert r.validation is None and r.best_step is None and r.status.startswith("failed: ")
+    assert "missing.yaml" in r.status and said and said[-1] == f"[trial 0] {r.status[len('failed: '):]}"

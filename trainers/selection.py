@@ -35,7 +35,7 @@ from recpipe.trainers.options import TrainOptions, run_flags
 from recpipe.trainers.strategies.tf_config import tf_config
 
 __all__ = ["SELECTION_FILE", "CandidateResult", "Selection", "requested_config", "types_to_train", "with_type",
-           "pick", "select", "selection_metric"]
+           "pick", "select", "selection_metric", "train_subprocess"]
 
 SELECTION_FILE = "selection.json"
 _CANDIDATES = "candidates"
@@ -210,7 +210,8 @@ def select(opts: TrainOptions, say: Callable[[str], None], train_one: Callable[[
     metric = selection_metric(cfg)
     say(f"train: model.type auto: training {', '.join(types)} and keeping the best on validation {metric}")
     with model_dir.writer_lock():
-        results = [_train_candidate(opts, t, paths[t], os.path.join(folder, t), say) for t in types]
+        results = [train_subprocess(t, paths[t], opts.data_dir, os.path.join(folder, t), run_flags(opts.run), say)
+                   for t in types]
         winner = pick(results, metric)
         _publish(os.path.join(folder, winner.type), opts.model_dir)
         Selection(metric, winner.type, results).write(selection_path)
@@ -241,11 +242,24 @@ def _score(r: CandidateResult) -> str:
     return f"{r.validation:.4f}" if r.validation is not None else r.status
 
 
-def _train_candidate(opts: TrainOptions, model_type: str, config_path: str, model_dir: str,
+def train_subprocess(label: str, config_path: str, data_dir: str, model_dir: str, flags: list[str],
                      say: Callable[[str], None]) -> CandidateResult:
-    """One candidate as its own `recpipe train`, its output passed on line by line under its type's name."""
-    cmd = [sys.executable, "-m", "recpipe.cli", "train", "--config", config_path, "--data", opts.data_dir,
-           "--model-dir", model_dir, *run_flags(opts.run)]
+    """One `recpipe train` in its own process, scored by its best checkpoint on validation.
+
+    Args:
+        label: what the run is (a model type, a trial), naming its output lines and its result.
+        config_path: the config to train.
+        data_dir: the preprocessed data.
+        model_dir: the run's model dir.
+        flags: further `recpipe train` flags (e.g. run_flags of the run options).
+        say: each line of the run's output, as "[LABEL] line".
+
+    Returns:
+        Its CandidateResult (type = label); status "failed: " and the run's last line when it failed, or
+        "failed: no validation score" when it kept none.
+    """
+    cmd = [sys.executable, "-m", "recpipe.cli", "train", "--config", config_path, "--data", data_dir,
+           "--model-dir", model_dir, *flags]
     t0 = time.perf_counter()
     last = ""
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
@@ -253,16 +267,16 @@ def _train_candidate(opts: TrainOptions, model_type: str, config_path: str, mode
             line = line.rstrip()
             if line:
                 last = line
-                say(f"[{model_type}] {line}")
+                say(f"[{label}] {line}")
     seconds = round(time.perf_counter() - t0, 1)
-    history = fsio.read_json(ModelDir(model_dir).validation_path) if fsio.exists(
-        ModelDir(model_dir).validation_path) else {}
-    state = ModelDir(model_dir).state()
+    run_dir = ModelDir(model_dir)
+    history = fsio.read_json(run_dir.validation_path) if fsio.exists(run_dir.validation_path) else {}
+    state = run_dir.state()
+    steps = state.steps_done if state else None
     if proc.returncode != 0 or history.get("best") is None:
         status = f"failed: {last}" if proc.returncode != 0 else "failed: no validation score"
-        return CandidateResult(model_type, None, None, state.steps_done if state else None, seconds, status)
-    return CandidateResult(model_type, float(history["best"]), history.get("best_step"),
-                           state.steps_done if state else None, seconds, "ok")
+        return CandidateResult(label, None, None, steps, seconds, status)
+    return CandidateResult(label, float(history["best"]), history.get("best_step"), steps, seconds, "ok")
 
 
 def _publish(source: str, target: str) -> None:
