@@ -45,7 +45,7 @@ from recpipe.bench.common import CLI, TF_IN_PROCESS, evaluate_model, preprocess_
 from recpipe.bench.lightgbm_peer import GRID as LIGHTGBM_GRID
 from recpipe.bench.lightgbm_peer import QUICK_GRID as QUICK_LIGHTGBM_GRID
 from recpipe.bench.lightgbm_peer import lightgbm_peer
-from recpipe.bench.peer_clicks import read_peer_clicks
+from recpipe.bench.peer_clicks import read_peer_clicks, recall_summary
 from recpipe.bench.peer_env import PEER_REQUIREMENTS, ensure_peer_env
 from recpipe.bench.sklearn_peer import C_GRID, sklearn_logistic
 from recpipe.samples import find_criteo_sample, repo_configs
@@ -151,10 +151,7 @@ def _ease(b: dict) -> dict:
     e = b["ease"]
     if "skipped" in e:
         return {"ease_skipped": e["skipped"]}
-    return {"ease": {"recall_at_10": e["recall_at_10"], "recall_at_100": e["recall_at_100"],
-                     "new_recall_at_10": e["seen_excluded"]["recall_at_10"],
-                     "history_recall_at_10": e["with_history"].get("recall_at_10", float("nan")),
-                     "lambda": e["lambda"],
+    return {"ease": {**recall_summary(e), "lambda": e["lambda"],
                      "validation_new_recall_at_10": e["validation_seen_excluded_recall_at_10"][str(e["lambda"])]}}
 
 
@@ -188,9 +185,7 @@ def _retrieval(work: str, say: Callable[[str], None], name: str, cfg_path: str, 
            "history_examples": runs[0]["with_history"]["examples"], "candidates": runs[0]["candidates"],
            "config": cfg_path}
     for baseline in [k for k in BASELINES if k in b]:
-        out[baseline] = {"recall_at_10": b[baseline]["recall_at_10"], "recall_at_100": b[baseline]["recall_at_100"],
-                         "new_recall_at_10": b[baseline]["seen_excluded"]["recall_at_10"],
-                         "history_recall_at_10": history(b[baseline])}
+        out[baseline] = recall_summary(b[baseline])
     out.update(_ease(b))
     out.update(_als(work, say, name, cfg_path, data, seed_list, quick))
     out["ease_applies"] = "ease" in out and load_config(cfg_path).split.by == "user"
