@@ -12,7 +12,7 @@ __all__ = [
     "LabelSpec", "ModelSpec", "TuningSpec", "EarlyStoppingSpec", "TrainSpec", "TuneParam", "TuneSpec", "SliceSpec",
     "EvaluateSpec", "FeatureLimits", "PreprocessSpec", "Config", "DEFAULT_EMBEDDING_DIM", "embedding_dim",
     "DEFAULT_SEPARATOR", "list_separator", "logq_correction", "MODEL_TYPES", "MODEL_KEYS", "CANDIDATES", "model_keys",
-    "candidate_types", "unread_model_keys",
+    "candidate_types", "unread_model_keys", "query_key_feature",
 ]
 
 DEFAULT_EMBEDDING_DIM = 16
@@ -97,57 +97,64 @@ class ModelSpec:
     """Each model.type reads only some of these keys (each key's meaning starts with the types that read it;
     task and type are always read): a config that sets a key its type does not read is refused, naming the
     keys that type reads, rather than trained on as if the key were not there."""
-    task: Literal["ranking", "retrieval"] = "ranking"  # ranking: score a row; retrieval: two towers, top k items
-    # auto: ranking trains dcn_v2 and logistic and keeps the better on the validation split (one training each);
-    # retrieval trains two_tower. logistic: the baseline
-    type: Literal["auto", "dcn_v2", "dlrm", "logistic", "two_tower"] = "auto"
+    task: Literal["ranking", "retrieval"] = "ranking"  # ranking: score a row; retrieval: top k items for a query
+    # auto: ranking trains dcn_v2 and logistic, retrieval two_tower and item_to_item (where it applies), and keeps
+    # the best on the validation split (one training each). logistic: the baseline. item_to_item: EASE, the
+    # closed-form item-to-item model over each user's earlier clicks (recpipe.trainers.item_to_item)
+    type: Literal["auto", "dcn_v2", "dlrm", "logistic", "two_tower", "item_to_item"] = "auto"
     cross_layers: int = 2                 # dcn_v2: cross layers
     low_rank: Optional[int] = None        # dcn_v2: factor each cross layer's matrix to this rank (none: full)
     deep_layers: list[int] = field(default_factory=lambda: [256, 128])  # dcn_v2, dlrm: the deep (top) MLP's widths
     bottom_layers: list[int] = field(default_factory=lambda: [64])      # dlrm: the dense features' MLP
-    query_features: list[str] = field(default_factory=list)       # retrieval: the query tower's inputs
+    # retrieval: the query tower's inputs (item_to_item: the first names the user when query_key is unset)
+    query_features: list[str] = field(default_factory=list)
     # retrieval: sparse features; the first is the candidate's ID (single-valued), the others its attributes
     # (multivalent ones too, e.g. genres), taken from the candidate's first row when candidates are enumerated
+    # (two_tower reads them; item_to_item scores the IDs alone)
     candidate_features: list[str] = field(default_factory=list)
-    tower_layers: list[int] = field(default_factory=lambda: [64, 32])  # retrieval: each tower's MLP widths
-    # retrieval: the single-valued sparse feature naming the user, whose earlier clicks evaluation uses
-    # ("already seen", co-occurrence, users with history); it need not be a tower input. Default: the
-    # first query feature, when it is a single-valued sparse feature
+    tower_layers: list[int] = field(default_factory=lambda: [64, 32])  # two_tower: each tower's MLP widths
+    # retrieval: the single-valued sparse feature naming the user, whose earlier clicks evaluation uses ("already
+    # seen", co-occurrence, users with history) and item_to_item scores from; it need not be a tower input.
+    # Default: the first query feature, when it is a single-valued sparse feature
     query_key: Optional[str] = None
     # dcn_v2, dlrm: add a wide (linear) logit to the deep one (one weight per ID + a linear term on the dense
     # features, as in Wide & Deep): the memorisation small logs reward
     wide: bool = False
     dropout: float = 0.0                  # dcn_v2, dlrm: after each deep layer, while training
-    # retrieval: the in-batch softmax's temperature (logits / T), and logQ correction: subtract log of each
+    # two_tower: the in-batch softmax's temperature (logits / T), and logQ correction: subtract log of each
     # in-batch candidate's sampling probability (its train frequency, from the vocabulary counts the Beam
     # job keeps), so popular items are not over-penalised as negatives (Yi et al., RecSys 2019)
     temperature: Optional[float] = None
-    # retrieval: subtract log of each in-batch candidate's frequency (unset: on when the first candidate feature has
+    # two_tower: subtract log of each in-batch candidate's frequency (unset: on when the first candidate feature has
     # a vocabulary, whose train counts give the frequencies; then a query the model knows nothing of, a new user,
     # ranks candidates by popularity, not below it)
     logq_correction: Optional[bool] = None
-    # retrieval: mixed negatives: this many candidate IDs drawn uniformly each step, beside the in-batch ones
+    # two_tower: mixed negatives: this many candidate IDs drawn uniformly each step, beside the in-batch ones
     # (needs a single candidate feature: drawn IDs have no attribute rows)
     uniform_negatives: int = 0
-    # retrieval: do not score a row's candidate as a negative of another row with the same candidate ID
+    # two_tower: do not score a row's candidate as a negative of another row with the same candidate ID
     # (TFRS's remove_accidental_hits)
     remove_accidental_hits: bool = False
 
 
 # The model types of each task.
 MODEL_TYPES: dict[str, tuple[str, ...]] = {"ranking": ("auto", "dcn_v2", "dlrm", "logistic"),
-                                           "retrieval": ("auto", "two_tower")}
+                                           "retrieval": ("auto", "two_tower", "item_to_item")}
 
 # The types `type: auto` trains and selects among on the validation split, the first the one trained alone when there
-# is no validation split: for ranking a deep model and the logistic one, which small or sparse logs can favour.
-CANDIDATES: dict[str, tuple[str, ...]] = {"ranking": ("dcn_v2", "logistic"), "retrieval": ("two_tower",)}
+# is no validation split: for ranking a deep model and the logistic one, which small or sparse logs can favour; for
+# retrieval the two towers and item_to_item, trained where it applies (recpipe.trainers.item_to_item.unfit_reason).
+CANDIDATES: dict[str, tuple[str, ...]] = {"ranking": ("dcn_v2", "logistic"),
+                                          "retrieval": ("two_tower", "item_to_item")}
 
 # The ModelSpec keys each model.type reads besides task and type: the one table the config checks refuse the
 # other keys by (recpipe.features.config_checks.check_model_keys). Read off recpipe.trainers.models.build_model
 # (and layers.py): dcn_v2 = CrossStack(cross_layers, low_rank) + the deep MLP; dlrm = DotInteractionBlock(
 # bottom_layers) + the deep MLP; both: dropout after each deep layer, wide. logistic: no deep layers (so no
 # dropout), its one-wide embeddings are already the wide logit (a second is refused). two_tower: RetrievalModel,
-# and query_key, which only evaluation reads (recpipe.trainers.evaluation.candidates.query_key_feature).
+# and query_key, which only evaluation reads (recpipe.trainers.evaluation.candidates.query_key_feature). item_to_item:
+# ItemToItemModel, its user the query key (query_key, else the first query feature), its candidate the first
+# candidate feature.
 # tests/test_model_keys.py builds every type with each key changed and checks the table against the result.
 MODEL_KEYS: dict[str, tuple[str, ...]] = {
     "dcn_v2": ("cross_layers", "low_rank", "deep_layers", "wide", "dropout"),
@@ -155,6 +162,7 @@ MODEL_KEYS: dict[str, tuple[str, ...]] = {
     "logistic": (),
     "two_tower": ("query_features", "candidate_features", "tower_layers", "query_key", "temperature",
                   "logq_correction", "uniform_negatives", "remove_accidental_hits"),
+    "item_to_item": ("query_features", "candidate_features", "query_key"),
 }
 
 
@@ -431,6 +439,22 @@ def logq_correction(cfg: Config) -> bool:
         return m.logq_correction
     first = cfg.sparse_by_name.get(m.candidate_features[0]) if m.candidate_features else None
     return first is not None and cfg.table_owner(first).vocab is not None
+
+
+def query_key_feature(cfg: Config) -> Optional[str]:
+    """The feature naming a retrieval query's user: whose earlier clicks evaluation and item_to_item read.
+
+    Args:
+        cfg: a retrieval config.
+
+    Returns:
+        model.query_key, else the first query feature when it is a single-valued sparse feature, else None.
+    """
+    if cfg.model.query_key is not None:
+        return cfg.model.query_key
+    first = cfg.model.query_features[0]
+    f = cfg.sparse_by_name.get(first)
+    return first if f is not None and not f.multivalent else None
 
 
 def embedding_dim(cfg: Config, feature: SparseFeature) -> int:

@@ -120,12 +120,13 @@ def cmd_train(a) -> int | None:
     if supervises_attempts(a.strategy, a.max_restarts):  # before the re-exec: attempts make their own
         return run_attempts(a.argv, a.max_restarts, say)
     reexec_with(_train_allocator(a), a.argv, say)
-    from recpipe.trainers.selection import select
+    from recpipe.trainers.selection import requested_config, select
     opts = TrainOptions(data_dir=a.data, model_dir=a.model_dir, config_path=a.config, run=_run_options(a),
                         warm_start=a.warm_start, synthetic_input=a.synthetic_input)
 
     def train_one(opts: TrainOptions):
-        if launches_ranks(opts.run):  # Horovod's launcher: its ranks import TensorFlow, it does not
+        # Horovod's launcher: its ranks import TensorFlow, it does not (item_to_item is fitted in this process)
+        if launches_ranks(opts.run) and requested_config(opts).model.type != "item_to_item":
             return launch_job(opts, say=say)
         tensorflow_after_reexec(a)
         if ps_chief(a):  # after the re-exec, which would orphan the folder
@@ -133,8 +134,8 @@ def cmd_train(a) -> int | None:
         from recpipe.trainers.train import train
         return train(opts, say=say)
     r = select(opts, say, train_one) or train_one(opts)  # model.type auto: each candidate, then the best
-    say(f"train: {r.steps_done} steps done ({r.steps_this_run} this run, {r.examples_per_sec_last_run:,.0f} ex/s) "
-         f"-> {a.model_dir}")
+    rate = f", {r.examples_per_sec_last_run:,.0f} ex/s" if r.examples_per_sec_last_run else ""  # item_to_item: none
+    say(f"train: {r.steps_done} steps done ({r.steps_this_run} this run{rate}) -> {a.model_dir}")
 
 
 def cmd_tune(a) -> None:

@@ -171,6 +171,57 @@ def test_two_towers_with_a_multivalent_candidate_attribute_beat_popularity_and_b
     export_model(str(tmp_path / "m"), str(tmp_path / "export"), version=1)
 
 
+@pytest.mark.system
+def test_auto_keeps_the_better_retriever_and_item_to_item_is_ease_served_from_a_users_key(tmp_path, baskets):
+    """A retrieval config with no type trains the two towers and item_to_item and keeps the better on validation's
+    seen-excluded recall@10. item_to_item is evaluation's EASE baseline made a model: the same λ (chosen on the
+    same validation metric, ties to the stronger), the same eval metrics up to float32; exported, a user's key
+    alone gets its top k over REST, and a user of group 0 gets group 0's items."""
+    import urllib.request
+
+    import tensorflow as tf
+
+    from recpipe.serving.export.savedmodel import export_model
+    from recpipe.serving.server.serve import ModelServer, ServeOptions
+    from recpipe.trainers.item_to_item import LAMBDAS_TRIED
+    d = _basket_config()
+    del d["model"]["type"]
+    d["train"].update(steps=100, early_stopping={"metric": "seen_excluded_recall_at_10"})
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(d))
+    train(TrainOptions(baskets, str(tmp_path / "m"), str(path)), say=lambda _: None)
+    selection = json.loads((tmp_path / "m" / "selection.json").read_text())
+    scores = {c["type"]: c["validation"] for c in selection["candidates"]}
+    assert set(scores) == {"two_tower", "item_to_item"} and selection["winner"] == max(scores, key=scores.get)
+    i2i = tmp_path / "m" / "candidates" / "item_to_item"
+    m = evaluate(str(i2i), baskets)
+    ease = m["baselines"]["ease"]
+    validation = json.loads((i2i / "validation.json").read_text())
+    assert LAMBDAS_TRIED[validation["best_step"] - 1] == ease["lambda"]
+    assert validation["best"] == pytest.approx(ease["validation_seen_excluded_recall_at_10"][str(ease["lambda"])])
+    assert m["seen_excluded"]["recall_at_10"] == pytest.approx(ease["seen_excluded"]["recall_at_10"], abs=0.02)
+    assert m["recall_at_10"] == pytest.approx(ease["recall_at_10"], abs=0.02)
+    assert m["seen_excluded"]["recall_at_10"] > m["baselines"]["most_popular"]["seen_excluded"]["recall_at_10"]
+    version = export_model(str(i2i), str(tmp_path / "export"), version=1, top_k=10)
+    report = json.loads((tmp_path / "export" / "1" / "skew_check.json").read_text())
+    assert report["passed"] and report["compared"] == "query_scores", report
+    loaded = tf.saved_model.load(version)
+    assert set(loaded.signatures) == {"serving_default", "query_scores"}
+    assert set(loaded.signatures["serving_default"].structured_input_signature[1]) == {"user"}
+    srv = ModelServer(ServeOptions(str(tmp_path / "export"), "i2i", rest_port=0, grpc_port=None)).start()
+    try:
+        request = urllib.request.Request(f"http://127.0.0.1:{srv.rest_port}/v1/models/i2i:predict", method="POST",
+                                         data=json.dumps({"instances": [{"user": "u0"}, {"user": "u1"}]}).encode())
+        with urllib.request.urlopen(request, timeout=30) as r:
+            body = json.loads(r.read())
+    finally:
+        srv.stop()
+    first, second = body["predictions"]
+    assert len(first["candidates"]) == 10 and first["scores"] == sorted(first["scores"], reverse=True)
+    assert all(int(c[1:]) < 20 for c in first["candidates"]), first  # u0: group 0 (items i0-i19)
+    assert all(int(c[1:]) >= 20 for c in second["candidates"]), second  # u1: group 1
+
+
 @pytest.mark.integration
 def test_mixed_negatives_train_and_score(tmp_path, baskets):
     """In-batch plus 32 uniform negatives: recall@10 0.622-0.667 against popularity's 0.450 after 400 steps

@@ -43,7 +43,7 @@ def test_a_config_without_a_type_selects_and_reads_the_keys_of_its_candidates():
         parse_config(bad)
     retrieval = candidate_types(parse_config({**data, "model": {"task": "retrieval", "query_features": ["user_id"],
                                                                  "candidate_features": ["item_id"]}}).model)
-    assert retrieval == ("two_tower",)
+    assert retrieval == ("two_tower", "item_to_item")
 
 
 def _auto_dict(steps: int = 100) -> dict:

@@ -1,5 +1,5 @@
 """TFRS models over the sparse embeddings + normalised dense features: ranking (DCN-v2, DLRM,
-logistic regression) and retrieval (two towers).
+logistic regression) and retrieval (two towers); and item-to-item retrieval, a table of scores fitted in closed form.
 
 The models take their building blocks (recpipe.trainers.layers) as arguments, TFRS style; `build_model`
 makes them from the typed config and the transform artifact (table sizes are produced data, never
@@ -16,12 +16,12 @@ import tensorflow_recommenders as tfrs
 from recpipe.features.artifact import TransformArtifact
 from recpipe.features.canonical import LABEL_KEY
 from recpipe.features.config import Config, embedding_dim
-from recpipe.features.schema import logq_correction
+from recpipe.features.schema import logq_correction, query_key_feature
 from recpipe.trainers.errors import TrainError
 from recpipe.trainers.gradients import accumulated_gradients
 from recpipe.trainers.layers import CrossStack, DotInteractionBlock, SparseEmbeddings, mlp, register
 
-__all__ = ["RankingModel", "RetrievalModel", "build_model", "compiled_model", "dummy_batch", "embedding_layer",
+__all__ = ["ItemToItemModel", "RankingModel", "RetrievalModel", "build_model", "compiled_model", "dummy_batch", "embedding_layer",
            "table_shapes"]
 
 
@@ -240,6 +240,44 @@ class RetrievalModel(_Model):
         return cls(**{**config, "embeddings": tf.keras.layers.deserialize(config["embeddings"])})
 
 
+@register
+class ItemToItemModel(tf.keras.Model):
+    """Item-to-item retrieval (EASE, fitted in closed form by recpipe.trainers.item_to_item): each user's score
+    for every candidate ID is their earlier clicks times the item-to-item weights, kept as one table [user IDs,
+    candidate IDs]; a user with no earlier click (a new user, an OOV ID) scores the candidates by popularity. No
+    gradients train it: `recpipe train` fills `user_scores`. A request names the user (the query key); the
+    model holds what it clicked before, as a two-tower model holds a user's embedding.
+
+    Args:
+        query_key: the sparse feature naming the user (its IDs index the table's rows).
+        candidate_feature: the candidate's ID feature (its IDs index the table's columns).
+        users: rows of the query key's table.
+        candidates: rows of the candidate feature's table.
+    """
+
+    def __init__(self, query_key: str, candidate_feature: str, users: int, candidates: int, **kwargs):
+        super().__init__(**kwargs)
+        self.query_key, self.candidate_feature = query_key, candidate_feature
+        self.users, self.candidates = int(users), int(candidates)
+        self.user_scores = self.add_weight(name="user_scores", shape=(self.users, self.candidates), dtype="float32",
+                                           initializer="zeros", trainable=False)
+
+    def id_scores(self, features: dict) -> tf.Tensor:
+        """[rows, candidate IDs] float32: each row's user's score of every ID of the candidate feature."""
+        return tf.gather(self.user_scores, features[self.query_key])
+
+    def call(self, features: dict, training: bool = False) -> tf.Tensor:
+        return self.id_scores(features)
+
+    def get_config(self):
+        return {"query_key": self.query_key, "candidate_feature": self.candidate_feature, "users": self.users,
+                "candidates": self.candidates, "name": self.name}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)
+
+
 def embedding_layer(cfg: Config, artifact: TransformArtifact, names: Optional[set[str]] = None,
                     one_wide: Optional[bool] = None, name: str = "embeddings") -> SparseEmbeddings:
     """The SparseEmbeddings of the config's sparse features (those in `names`, if given): one table per
@@ -278,6 +316,15 @@ def build_model(cfg: Config, artifact: TransformArtifact) -> tf.keras.Model:
     if m.type == "auto":
         raise TrainError("model.type auto names no model to build: `recpipe train` trains its candidates and keeps "
                          "one (recpipe.trainers.selection); build from a config that names its type")
+    if m.type == "item_to_item":
+        key = query_key_feature(cfg)
+        if key is None:
+            raise TrainError("model.type item_to_item: no query key names the user (model.query_key, or a "
+                             "single-valued sparse first query feature)")
+        sizes = artifact.table_sizes()
+        return ItemToItemModel(key, m.candidate_features[0], sizes[cfg.table_owner(cfg.sparse_by_name[key]).name],
+                               sizes[cfg.table_owner(cfg.sparse_by_name[m.candidate_features[0]]).name],
+                               name="item_to_item_retrieval")
     if m.task == "retrieval":
         return RetrievalModel(embedding_layer(cfg, artifact, {*m.query_features, *m.candidate_features}),
                               m.query_features, m.candidate_features, m.tower_layers,

@@ -1,6 +1,7 @@
 """`model.type: auto`: train the task's candidate types and keep the best on the validation split.
 
-The candidates are recpipe.features.schema.CANDIDATES[task] (ranking: DCN-v2 and the logistic model). Each is a
+The candidates are recpipe.features.schema.CANDIDATES[task] (ranking: DCN-v2 and the logistic model; retrieval: the
+two towers and, where it applies, item_to_item, recpipe.trainers.item_to_item). Each is a
 whole `recpipe train` (any strategy: the run flags are passed through) into MODEL_DIR/candidates/TYPE, with the
 config's model section narrowed to the keys that type reads (MODEL_DIR/candidates/TYPE.yaml), and each keeps its
 best checkpoint on validation as any run does. The candidate with the best validation score on the selection
@@ -30,6 +31,7 @@ from recpipe.features.config import Config, dump_config, load_config
 from recpipe.features.preprocessed import PreprocessedData
 from recpipe.features.schema import candidate_types
 from recpipe.trainers.errors import TrainError
+from recpipe.trainers.item_to_item import unfit_reason
 from recpipe.trainers.model_dir import ModelDir, TrainState
 from recpipe.trainers.options import TrainOptions, run_flags
 from recpipe.trainers.strategies.tf_config import tf_config
@@ -136,6 +138,11 @@ def types_to_train(cfg: Config, opts: TrainOptions, say: Callable[[str], None]) 
     if why:
         say(f"train: model.type auto: {why} to select on; training {types[0]}")
         return types[:1]
+    if "item_to_item" in types:
+        unfit = unfit_reason(cfg, PreprocessedData(opts.data_dir).transform())
+        if unfit:
+            say(f"train: model.type auto: not training item_to_item: {unfit}")
+            types = tuple(t for t in types if t != "item_to_item")
     return types
 
 

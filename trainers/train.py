@@ -33,7 +33,8 @@ from recpipe.trainers.optim import optimizer_for, precision_policy
 from recpipe.trainers.options import TrainOptions
 from recpipe.trainers.prepare import prepare_run
 from recpipe.trainers.progress import Reporter
-from recpipe.trainers.selection import select
+from recpipe.trainers.item_to_item import fit_item_to_item
+from recpipe.trainers.selection import requested_config, select
 from recpipe.trainers.strategies.ps import LocalPSCluster, make_strategy, serve_task
 from recpipe.trainers.strategies.restarts import fault_exit_code
 from recpipe.trainers.strategies.ps_tasks import Task, TaskWatch, silent_tasks, task_names, wait_for_tasks
@@ -46,7 +47,7 @@ __all__ = ["TrainError", "TrainOptions", "TrainState", "train", "set_threads"]
 
 def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
     """Train (or resume) the model of `opts`; with model.type auto, the candidates and keep the best
-    (recpipe.trainers.selection).
+    (recpipe.trainers.selection); item_to_item is fitted in closed form (recpipe.trainers.item_to_item).
 
     Args:
         opts: the train options.
@@ -61,6 +62,9 @@ def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
     selected = select(opts, say, lambda one: train(one, say))
     if selected is not None:
         return selected
+    if requested_config(opts).model.type == "item_to_item":  # closed form, in this process, any strategy
+        with naming_bad_shards(opts.data_dir), writer_lock(opts):
+            return fit_item_to_item(opts, say)
     if launches_ranks(opts.run):  # `recpipe train` calls recpipe.trainers.strategies.hvd_job itself, before importing TensorFlow
         return launch_job(opts, say)
     with naming_bad_shards(opts.data_dir), writer_lock(opts):

@@ -14,13 +14,13 @@ The same for a second real ranking log of another schema: MovieLens-100K's six c
 (recpipe.pipeline.movielens, configs/movielens.yaml: the Criteo model and train sections but the learning rate).
 
 Retrieval, on the real Instacart sample (recpipe.pipeline.instacart; leave-last-out per user) and on
-MovieLens-100K (users with attributes, movies with genres; time split): the config's two towers over
-seeds against the most-popular and co-occurrence baselines on the same split, recall@10 against every
+MovieLens-100K (users with attributes, movies with genres; time split): the config's model over seeds (both
+configs name no type: `recpipe train` keeps the two towers or item_to_item on validation) against the most-popular and co-occurrence baselines on the same split, recall@10 against every
 candidate, and again on the rows whose candidate is new to the user, with the user's earlier ones
 removed; beside them the peers a practitioner would run, learnt from the train clicks and tuned on
 validation's seen-excluded recall@10: EASE (closed-form item-item, the evaluation's own `baselines.ease`,
-recpipe.trainers.evaluation.ease) and implicit's ALS over seeds (recpipe.bench.als_peer). Ratio keys: the two
-towers' recall@10 over popularity's, and their seen-excluded recall@10 over EASE's and ALS's.
+recpipe.trainers.evaluation.ease) and implicit's ALS over seeds (recpipe.bench.als_peer). Ratio keys: the
+model's recall@10 over popularity's, and their seen-excluded recall@10 over EASE's and ALS's.
 
 The peers that are not numpy (LightGBM, implicit) run in an environment of their own (recpipe.bench.peer_env),
 created once and cached: the project's stack does not change.
@@ -47,6 +47,7 @@ from recpipe.bench.lightgbm_peer import QUICK_GRID as QUICK_LIGHTGBM_GRID
 from recpipe.bench.lightgbm_peer import lightgbm_peer
 from recpipe.bench.peer_clicks import read_peer_clicks, recall_summary
 from recpipe.bench.peer_env import PEER_REQUIREMENTS, ensure_peer_env
+from recpipe.bench.report import kept_types
 from recpipe.bench.sklearn_peer import C_GRID, sklearn_logistic
 from recpipe.samples import find_criteo_sample, repo_configs
 
@@ -76,8 +77,9 @@ def _train_and_evaluate(work: str, name: str, cfg: dict, data: str, seed: int, s
     metrics = evaluate_model(model_dir, data)
     with open(os.path.join(model_dir, "validation.json")) as fh:
         validation = json.load(fh)
+    kept = metrics.get("selection", {}).get("winner") or cfg["model"].get("type")  # model.type auto: the winner
     return {**metrics, "best_step": validation["best_step"], "validation_best": validation["best"],
-            "stopped_early_at": validation["stopped_early_at"]}
+            "stopped_early_at": validation["stopped_early_at"], "kept": kept}
 
 
 def _ranking_run(work: str, name: str, cfg: dict, data: str, seed: int, steps: int | None) -> dict:
@@ -157,7 +159,7 @@ def _ease(b: dict) -> dict:
 
 def _retrieval(work: str, say: Callable[[str], None], name: str, cfg_path: str, log: str, seed_list: list[int],
                steps: int | None, quick: bool = False) -> dict:
-    """The config's two towers over seeds against the most-popular and co-occurrence baselines and the EASE
+    """The config's model (for type auto, the candidate kept on validation) over seeds against the most-popular and co-occurrence baselines and the EASE
     and ALS peers, recall@10 over every candidate, again on the rows whose candidate is new to the user
     (`new_*`), and on the rows whose user clicked anything before the split (`history_*`; the rest are
     cold-start users). `ease_applies`: a per-user (leave-last-out) split with a query key."""
@@ -172,15 +174,15 @@ def _retrieval(work: str, say: Callable[[str], None], name: str, cfg_path: str, 
 
     def history(r: dict) -> float:  # recall@10 on the rows whose user clicked before (nan: no such row)
         return r["with_history"].get("recall_at_10", float("nan"))
-    two_tower = {**stats("recall_at_10", [r["recall_at_10"] for r in runs]),
-                 **stats("new_recall_at_10", [r["seen_excluded"]["recall_at_10"] for r in runs]),
-                 **stats("history_recall_at_10", [history(r) for r in runs]),
-                 "runs": [{**{k: r[k] for k in ("recall_at_10", "recall_at_100", "ndcg_at_10", "best_step",
-                                                "stopped_early_at")},
-                           "new_recall_at_10": r["seen_excluded"]["recall_at_10"],
-                           "history_recall_at_10": history(r)} for r in runs]}
+    model = {**stats("recall_at_10", [r["recall_at_10"] for r in runs]),
+             **stats("new_recall_at_10", [r["seen_excluded"]["recall_at_10"] for r in runs]),
+             **stats("history_recall_at_10", [history(r) for r in runs]),
+             "runs": [{**{k: r[k] for k in ("recall_at_10", "recall_at_100", "ndcg_at_10", "best_step",
+                                            "stopped_early_at", "kept")},
+                       "new_recall_at_10": r["seen_excluded"]["recall_at_10"],
+                       "history_recall_at_10": history(r)} for r in runs]}
     b = runs[0]["baselines"]  # deterministic: the same for every seed
-    out = {"two_tower": two_tower, "examples": runs[0]["examples"],
+    out = {"model": model, "examples": runs[0]["examples"],
            "new_examples": runs[0]["seen_excluded"]["examples"],
            "history_examples": runs[0]["with_history"]["examples"], "candidates": runs[0]["candidates"],
            "config": cfg_path}
@@ -189,8 +191,8 @@ def _retrieval(work: str, say: Callable[[str], None], name: str, cfg_path: str, 
     out.update(_ease(b))
     out.update(_als(work, say, name, cfg_path, data, seed_list, quick))
     out["ease_applies"] = "ease" in out and load_config(cfg_path).split.by == "user"
-    say(f"bench quality: {name} two towers recall@10 {two_tower['recall_at_10_mean']:.4f} ± "
-        f"{two_tower['recall_at_10_sd']:.4f} over {len(runs)} seed(s); most popular "
+    say(f"bench quality: {name} {kept_types(model)} recall@10 {model['recall_at_10_mean']:.4f} ± "
+        f"{model['recall_at_10_sd']:.4f} over {len(runs)} seed(s); most popular "
         f"{out['most_popular']['recall_at_10']:.4f}, co-occurrence {out['cooccurrence']['recall_at_10']:.4f}"
         + (f", history co-occurrence {out['history_cooccurrence']['recall_at_10']:.4f}"
            if "history_cooccurrence" in out else ""))
@@ -233,9 +235,9 @@ def bench_quality(work: str, say: Callable[[str], None], quick: bool = False, se
             ratios[f"quality_{name}_margin_over_spread_vs_{key}"] = _margin_over_spread(models["default"], models[peer])
         ratios[f"quality_{name}_auc_vs_lightgbm"] = models["default"]["auc_mean"] / models["lightgbm"]["auc_mean"]
     for name, r in retrieval.items():
-        ratios[f"quality_{name}_recall10_vs_popularity"] = (r["two_tower"]["recall_at_10_mean"] /
+        ratios[f"quality_{name}_recall10_vs_popularity"] = (r["model"]["recall_at_10_mean"] /
                                                             r["most_popular"]["recall_at_10"])
-        new = r["two_tower"]["new_recall_at_10_mean"]  # seen-excluded: under leave-last-out plain rewards repeats
+        new = r["model"]["new_recall_at_10_mean"]  # seen-excluded: under leave-last-out plain rewards repeats
         if "ease" in r:
             ratios[f"quality_{name}_recall10_vs_ease"] = _ratio(new, r["ease"]["new_recall_at_10"])
         if "als" in r:
@@ -310,7 +312,7 @@ def markdown(r: dict) -> str:
                   *[f"| {label} | {m['auc_mean']:.4f} ± {m['auc_sd']:.4f} | {m['logloss_mean']:.4f} | "
                     f"{_tuned(label, m)} |" for label, m in models.items()], ""]
     for name, i in r["retrieval"].items():
-        t = i["two_tower"]
+        t = i["model"]
         lines += [f"## {name} (retrieval)", "",
                   f"{_SOURCES.get(name, name)}: {i['examples']} clicked eval rows ranked against all "
                   f"{i['candidates']} candidates; \"new only\": the {i['new_examples']} rows whose candidate the user "
@@ -319,7 +321,7 @@ def markdown(r: dict) -> str:
                   f"are users new to the model). History co-occurrence, where the config has a history feature: "
                   f"candidates co-clicked in train with those in the row's logged history.", "",
                   "| model | recall@10 | recall@10, new only | recall@10, users with history |", "|---|---|---|---|",
-                  f"| two towers (the config) | {t['recall_at_10_mean']:.4f} ± {t['recall_at_10_sd']:.4f} | "
+                  f"| the config ({kept_types(t)}) | {t['recall_at_10_mean']:.4f} ± {t['recall_at_10_sd']:.4f} | "
                   f"{t['new_recall_at_10_mean']:.4f} ± {t['new_recall_at_10_sd']:.4f} | "
                   f"{t['history_recall_at_10_mean']:.4f} ± {t['history_recall_at_10_sd']:.4f} |",
                   *[f"| {b.replace('_', ' ')} | {i[b]['recall_at_10']:.4f} | {i[b]['new_recall_at_10']:.4f} | "
@@ -328,7 +330,7 @@ def markdown(r: dict) -> str:
               *[f"| {k} | {v:.3f} |" for k, v in sorted(r["ratios"].items())], "",
               "Ratios: `*_margin_over_spread_*`: the config's eval AUC margin over the baseline ÷ the combined sd; "
               "`*_auc_vs_lightgbm`: the config's mean eval AUC ÷ LightGBM's; `*_recall10_vs_popularity`: recall@10 "
-              "÷ the most-popular baseline's; `*_recall10_vs_ease` and `*_recall10_vs_als`: the two towers' "
+              "÷ the most-popular baseline's; `*_recall10_vs_ease` and `*_recall10_vs_als`: the config's model's "
               "seen-excluded recall@10 (\"new only\") ÷ the peer's. The EASE target holds where EASE applies: a "
               "per-user leave-last-out split with a query key"
               + " (" + ", ".join(f"{n}: {'yes' if i.get('ease_applies') else 'no'}" for n, i in r["retrieval"].items())

@@ -300,16 +300,31 @@ def _quality_margin(key: str, found: dict) -> Optional[str]:
             f"the {len(d['runs'])} seeds below the baseline.")
 
 
+def kept_types(model: dict) -> str:
+    """The model types a retrieval summary's seeds kept, e.g. "item_to_item" or "two_tower 2, item_to_item 1".
+
+    Args:
+        model: a retrieval log's "model" summary (its runs' "kept").
+
+    Returns:
+        The types, with their counts when the seeds differ.
+    """
+    kept = [r.get("kept") or "?" for r in model["runs"]]
+    counts = {k: kept.count(k) for k in dict.fromkeys(kept)}
+    return next(iter(counts)) if len(counts) == 1 else ", ".join(f"{k} {n}" for k, n in counts.items())
+
+
 def _retrieval_vs_popularity(key: str, found: dict) -> Optional[str]:
-    """quality_*_recall10_vs_popularity: two towers, popularity and co-occurrence on the same clicks."""
+    """quality_*_recall10_vs_popularity: the config's model, popularity and co-occurrence on the same clicks."""
     retrieval = found.get("quality", {}).get("retrieval", {})
     name = key[len("quality_"):-len("_recall10_vs_popularity")] if key.endswith("_recall10_vs_popularity") else ""
     if not (name in retrieval):
         return None
     r = retrieval[name]
-    t = r["two_tower"]
+    t = r["model"]
+    who = f"the config's model ({kept_types(t)})"
     logged = "history_cooccurrence" in r  # the config's query tower reads a logged history
-    return (f"two towers reach recall@10 {t['recall_at_10_mean']:.4f} ± {t['recall_at_10_sd']:.4f}, popularity "
+    return (f"{who} reaches recall@10 {t['recall_at_10_mean']:.4f} ± {t['recall_at_10_sd']:.4f}, popularity "
             f"{r['most_popular']['recall_at_10']:.4f} and co-occurrence {r['cooccurrence']['recall_at_10']:.4f} "
             + (f"(over the row's logged history {r['history_cooccurrence']['recall_at_10']:.4f}) "
                if logged else "")
@@ -318,7 +333,7 @@ def _retrieval_vs_popularity(key: str, found: dict) -> Optional[str]:
             + (f"Only {r['history_examples']:,} of the {r['examples']:,} eval clicks come from users who clicked "
                f"anything before the eval split; the rest are users new to the model, whom the query tower knows "
                f"by their attributes{' and logged history' if logged else ' alone'}."
-               + (f" On the users with history, two towers reach "
+               + (f" On the users with history, it reaches "
                   f"{t['history_recall_at_10_mean']:.4f} ± {t['history_recall_at_10_sd']:.4f} against "
                   f"popularity's {r['most_popular']['history_recall_at_10']:.4f} and co-occurrence's "
                   f"{r['cooccurrence']['history_recall_at_10']:.4f}."
@@ -356,24 +371,26 @@ def _auc_vs_lightgbm(key: str, found: dict) -> Optional[str]:
 
 
 def _recall_vs_ease(key: str, found: dict) -> Optional[str]:
-    """quality_*_recall10_vs_ease: two towers' seen-excluded recall per seed against EASE's and the others'."""
+    """quality_*_recall10_vs_ease: the config's model's seen-excluded recall per seed against EASE's and the
+    others'."""
     r = _quality_entry(found, "retrieval", key, "recall10_vs_ease", "ease")
     if r is None:
         return None
-    t, e = r["two_tower"], r["ease"]
+    t, e = r["model"], r["ease"]
     als = (f"ALS's {r['als']['new_recall_at_10_mean']:.4f} ± {r['als']['new_recall_at_10_sd']:.4f}, "
            if "als" in r else "")
     return (f"on the {r['new_examples']:,} eval clicks of candidates new to the user (the user's earlier ones "
-            f"removed), two towers reach recall@10 {_per_seed(t['runs'], 'new_recall_at_10')} per seed (mean "
+            f"removed), the config's model ({kept_types(t)}) reaches recall@10 "
+            f"{_per_seed(t['runs'], 'new_recall_at_10')} per seed (mean "
             f"{t['new_recall_at_10_mean']:.4f} ± {t['new_recall_at_10_sd']:.4f}) against EASE's "
             f"{e['new_recall_at_10']:.4f} (λ {e['lambda']:g}, chosen on validation, where it reached "
             f"{e['validation_new_recall_at_10']:.4f}), {als}co-occurrence's "
             f"{r['cooccurrence']['new_recall_at_10']:.4f} and "
-            f"popularity's {r['most_popular']['new_recall_at_10']:.4f}. Counting repeats (plain recall@10), two "
-            f"towers reach {t['recall_at_10_mean']:.4f} and EASE {e['recall_at_10']:.4f}: the towers learn in each "
-            f"user's ID embedding what that user clicked before, and rank it first, but score a candidate new to "
-            f"the user only through that embedding, where EASE scores it from the candidates clicked together with "
-            f"the user's own.")
+            f"popularity's {r['most_popular']['new_recall_at_10']:.4f}. Counting repeats (plain recall@10), it "
+            f"reaches {t['recall_at_10_mean']:.4f} and EASE {e['recall_at_10']:.4f}"
+            + (": the towers learn in each user's ID embedding what that user clicked before, and rank it first, "
+               "but score a candidate new to the user only through that embedding, where EASE scores it from the "
+               "candidates clicked together with the user's own." if kept_types(t) == "two_tower" else "."))
 
 
 def _export_bytes(key: str, found: dict) -> Optional[str]:

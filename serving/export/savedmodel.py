@@ -5,7 +5,9 @@ tf.Examples of the same raw columns (recpipe.features.transform.example_spec; wh
 regress clients send), checked equal on the eval sample at export. Retrieval: `query_embedding`
 returns the query tower's output and `serving_default` the top-K `candidates` (labels) and `scores`
 by brute force over a candidate index stored in the model (every vocabulary value of a single
-vocabulary candidate feature, else every candidate seen in the data, one per ID of the first one).
+vocabulary candidate feature, else every candidate seen in the data, one per ID of the first one). An
+item-to-item model takes the user's key alone: `query_scores` returns its score of every candidate ID, and
+`serving_default` the top-K of the index's IDs.
 
 EXPORT_BASE/<version>/ is TF Serving's versioned layout (recpipe.serving.version). The feature transform
 (vocabulary tables, hashing, dense normalisation) is the same recpipe.features.transform.FeatureTransform the
@@ -23,7 +25,7 @@ import math
 import os
 import shutil
 import uuid
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import pyarrow as pa
@@ -102,55 +104,80 @@ def index_is_vocabulary(cfg) -> bool:
 
 def _candidate_index(cfg, artifact: TransformArtifact, model: tf.keras.Model, data_dir: str,
                      pruning: Optional[Pruning] = None) -> tuple[np.ndarray, list[str]]:
-    """Candidate embeddings [U, d] and their labels: every vocabulary value of a single vocabulary
-    candidate feature; else every candidate seen in the data, one per ID of the first candidate feature
-    (its other features, multivalent ones too, from its first row), labelled by that ID's value.
+    """The served candidates and their labels: every vocabulary value of a single vocabulary candidate feature;
+    else every candidate seen in the data, one per ID of the first candidate feature (its other features,
+    multivalent ones too, from its first row), labelled by that ID's value. Each candidate is its embedding
+    ([U, d] float32) for a two-tower model, its ID ([U] int64) for an item-to-item one (which scores IDs).
     artifact: the served one (pruned, with `pruning`: the data's candidates are then pruned too)."""
     names = list(cfg.model.candidate_features)
     owner = cfg.table_owner(cfg.sparse_by_name[names[0]])
-    if index_is_vocabulary(cfg):
+    by_id = hasattr(model, "id_scores")
+    if index_is_vocabulary(cfg) or by_id and owner.vocab is not None:
         values = artifact.vocabularies[owner.name]
         ids = np.array([i for i, v in enumerate(values) if v is not None], dtype=np.int64)  # not free slots
+        labels = [values[i] for i in ids.tolist()]
+        if by_id:
+            return ids, labels
         emb = np.concatenate([model.candidate_embedding({names[0]: tf.constant(ids[i:i + 8192])}).numpy()
                               for i in range(0, len(ids), 8192)])
-        return emb, [values[i] for i in ids.tolist()]
+        return emb, labels
     candidates, _ = read_clicks(cfg, data_dir, ("train", "validation", "eval"))
     if pruning is not None:
         candidates = pruned_candidates(pruning, names, candidates)
+    vocab = artifact.vocabularies.get(owner.name) if owner.vocab is not None else None
+    labels = [vocab[i] if vocab is not None and i < len(vocab) else str(i) for i in candidates.ids.tolist()]
+    if by_id:
+        return candidates.ids.astype(np.int64), labels
     multivalent = {n for n in names if cfg.sparse_by_name[n].multivalent}
     emb = np.concatenate([model.candidate_embedding(candidates.batch(i, i + 8192, multivalent)).numpy()
                           for i in range(0, len(candidates.ids), 8192)])
-    vocab = artifact.vocabularies.get(owner.name) if owner.vocab is not None else None
-    labels = [vocab[i] if vocab is not None and i < len(vocab) else str(i) for i in candidates.ids.tolist()]
     return emb, labels
 
 
 def _retrieval_module(cfg, artifact: TransformArtifact, model: tf.keras.Model, data_dir: str,
                       top_k: int, pruning: Optional[Pruning] = None) -> tuple[tf.Module, dict]:
-    """cfg: the TRAINING config (its model section names the towers' features)."""
-    emb, labels = _candidate_index(cfg, artifact, model, data_dir, pruning)
+    """cfg: the TRAINING config (its model section names the towers' features). Signatures: serving_default
+    (the top k candidates and their scores) and query_output(model)'s (what the skew check compares)."""
+    index, labels = _candidate_index(cfg, artifact, model, data_dir, pruning)
+    by_id = hasattr(model, "id_scores")
     module = tf.Module()
     module.transform = FeatureTransform(artifact)
     module.weights = list(model.variables)  # as in _ranking_module
-    module.index = tf.Variable(emb, trainable=False, name="candidate_embeddings")
+    module.index = tf.Variable(index, trainable=False, name="candidate_ids" if by_id else "candidate_embeddings")
     module.labels = tf.Variable(labels, trainable=False, dtype=tf.string, name="candidate_labels")
     k = min(top_k, len(labels))
-    spec = request_spec(artifact, list(cfg.model.query_features))
+    # item_to_item: the user's key alone (its other query features are no input of it)
+    spec = request_spec(artifact, [model.query_key] if by_id else list(cfg.model.query_features))
+    output, direct = query_output(model)
 
     @tf.function(input_signature=[spec], autograph=False)
     def query(inputs):
-        features = module.transform(canonicalize_request(inputs, artifact))
-        return {"query_embedding": model.query_embedding(features)}
+        return {output: direct(module.transform(canonicalize_request(inputs, artifact)))}
 
     query_fn = query.get_concrete_function()
 
     @tf.function(input_signature=[spec], autograph=False)
     def serve(inputs):
-        q = query_fn(inputs)["query_embedding"]
-        top = tf.math.top_k(tf.matmul(q, module.index, transpose_b=True), k=k)
+        q = query_fn(inputs)[output]
+        scores = tf.gather(q, module.index, axis=1) if by_id else tf.matmul(q, module.index, transpose_b=True)
+        top = tf.math.top_k(scores, k=k)
         return {"candidates": tf.gather(module.labels, top.indices), "scores": top.values}
 
-    return module, {"serving_default": serve.get_concrete_function(), "query_embedding": query_fn}
+    return module, {"serving_default": serve.get_concrete_function(), output: query_fn}
+
+
+def query_output(model: tf.keras.Model) -> tuple[str, Callable]:
+    """What a retrieval model computes for a query, as an export names it, and the model's function for it.
+
+    Args:
+        model: a trained retrieval model.
+
+    Returns:
+        ("query_scores", model.id_scores) for an item-to-item model (a score per candidate ID),
+        ("query_embedding", model.query_embedding) for a two-tower one.
+    """
+    return ("query_scores", model.id_scores) if hasattr(model, "id_scores") else \
+        ("query_embedding", model.query_embedding)
 
 
 class SkewError(RecpipeError, RuntimeError):
@@ -336,7 +363,8 @@ def export_model(model_dir: str, export_base: str, version: int | None = None, d
         try:
             if cfg.model.task == "retrieval":
                 module, signatures = _retrieval_module(cfg, artifact, model, data.root, top_k, pruning)
-                compare, output, direct = "query_embedding", "query_embedding", model.query_embedding
+                output, direct = query_output(model)
+                compare = output
             else:
                 module, signatures = _ranking_module(artifact, model)
                 compare, output, direct = "serving_default", "score", lambda f: tf.sigmoid(model(f))[:, 0]

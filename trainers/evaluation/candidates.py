@@ -19,17 +19,10 @@ from recpipe.features.canonical import LABEL_KEY
 from recpipe.features.config import Config
 from recpipe.common.metrics import rank_of_true
 from recpipe.features.preprocessed import PreprocessedData
+from recpipe.features.schema import query_key_feature
 from recpipe.trainers.data import make_dataset
 
 __all__ = ["Candidates", "Clicks", "read_clicks", "ranks", "has_history", "query_key_feature", "history_feature"]
-
-
-def query_key_feature(cfg: Config) -> Optional[str]:
-    if cfg.model.query_key is not None:
-        return cfg.model.query_key
-    first = cfg.model.query_features[0]
-    f = cfg.sparse_by_name.get(first)
-    return first if f is not None and not f.multivalent else None
 
 
 def history_feature(cfg: Config) -> Optional[str]:

@@ -123,16 +123,26 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
                      ks: tuple[int, ...] = (10, 50, 100), slices: Slicing | None = None,
                      clicks: tuple[Candidates, dict[str, Clicks]] | None = None) -> dict:
     """Brute force: score each clicked row's query against ALL candidates of `clicks`
-    (retrieval_clicks(cfg, data_dir, split) when not given); with a query key (recpipe.trainers.evaluation.candidates),
+    (retrieval_clicks(cfg, data_dir, split) when not given): a two-tower model by its embeddings' dot products,
+    an item-to-item one by its scores per candidate ID; with a query key (recpipe.trainers.evaluation.candidates),
     also `seen_excluded`: only candidates new to the query (not clicked in the splits before this
     one) recommended, scored on the rows that clicked a new one, and `with_history` / `without_history`:
     the rows whose query clicked something in those splits, and the cold-start rest."""
     candidates, clicks = clicks or retrieval_clicks(cfg, data_dir, split)
-    multivalent = {n for n in cfg.model.candidate_features if cfg.sparse_by_name[n].multivalent}
-    cand_fn = tf.function(model.candidate_embedding, reduce_retracing=True)
-    query_fn = tf.function(model.query_embedding, reduce_retracing=True)
-    cand = np.concatenate([cand_fn(candidates.batch(c.start, c.stop, multivalent)).numpy()
-                           for c in _chunks(len(candidates.ids), batch_size)])
+    if hasattr(model, "id_scores"):  # item_to_item: a score per candidate ID, no embeddings
+        id_fn = tf.function(model.id_scores, reduce_retracing=True)
+
+        def score_rows(batch, clicked):
+            return id_fn(batch).numpy()[clicked][:, candidates.ids]
+    else:
+        multivalent = {n for n in cfg.model.candidate_features if cfg.sparse_by_name[n].multivalent}
+        cand_fn = tf.function(model.candidate_embedding, reduce_retracing=True)
+        query_fn = tf.function(model.query_embedding, reduce_retracing=True)
+        cand = np.concatenate([cand_fn(candidates.batch(c.start, c.stop, multivalent)).numpy()
+                               for c in _chunks(len(candidates.ids), batch_size)])
+
+        def score_rows(batch, clicked):
+            return query_fn(batch).numpy()[clicked] @ cand.T
     seen, scored = seen_matrix(clicks, split), clicks[split]  # the split's clicked rows, in the order read below
     plain, excluded, history, done = [], [], [], 0
     kept: dict[str, list] = {f: [] for f in (slices.features() if slices else [])}
@@ -144,7 +154,7 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
             kept[f].append(batch[f].numpy()[clicked])
         rows = slice(done, done + int(clicked.sum()))
         done = rows.stop
-        scores = query_fn(batch).numpy()[clicked] @ cand.T
+        scores = score_rows(batch, clicked)
         plain.append(ranks(scores, scored.candidate[rows]))
         if seen is not None:
             excluded.append(ranks(scores, scored.candidate[rows], seen, scored.query[rows]))

@@ -1,0 +1,173 @@
+"""`model.type: item_to_item`: EASE (recpipe.trainers.evaluation.ease) fitted in closed form as a servable
+retrieval model (recpipe.trainers.models.ItemToItemModel: a user's ID in, every candidate's score out).
+
+The weights B are fitted on the train split's clicks (X: users by the query key x candidates). For each λ of
+ease.LAMBDAS, the largest first, the model's table holds every user's train clicks times B_λ, is written as a
+checkpoint ("step" i for the i-th λ) and scored on validation as any checkpoint is
+(recpipe.trainers.evaluation.validation.Validator: the selection metric; the first best is kept, so ties keep the
+stronger regularisation, as evaluation's EASE baseline does; every λ is tried, patience does not apply). The kept model then scores each user from every click before the eval
+split, train and validation, with the λ validation chose and B still fitted on train: what a served model
+knows of its users once its data is in. A user without such a click scores the candidates by popularity
+(train clicks). The eval split is never read.
+
+It applies where a query key names the user, the data has a validation split, and the fit's dense matrices stay
+within ease.MAX_DENSE and ease.MAX_INVERSE (unfit_reason).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import scipy.sparse as sp
+
+from recpipe.features.artifact import TransformArtifact
+from recpipe.features.config import Config
+from recpipe.features.preprocessed import PreprocessedData
+from recpipe.features.schema import query_key_feature
+from recpipe.trainers.errors import TrainError
+from recpipe.trainers.evaluation import ease
+from recpipe.trainers.model_dir import MAX_CHECKPOINTS, ModelDir, TrainState
+from recpipe.trainers.options import TrainOptions
+
+__all__ = ["TIE", "LAMBDAS_TRIED", "unfit_reason", "score_table", "fit_item_to_item"]
+
+# The λ values tried, one "step" each: ease.LAMBDAS, the largest first.
+LAMBDAS_TRIED = tuple(sorted(ease.LAMBDAS, reverse=True))
+
+# Popularity (divided by its largest) times this is added to every user's scores: it orders only candidates of
+# (nearly) equal score, e.g. those no earlier click of the user co-occurs with. float32 keeps it for scores ~1.
+TIE = 1e-6
+
+
+def _table_rows(cfg: Config, artifact: TransformArtifact, feature: str) -> int:
+    return artifact.table_sizes()[cfg.table_owner(cfg.sparse_by_name[feature]).name]
+
+
+def unfit_reason(cfg: Config, artifact: TransformArtifact) -> Optional[str]:
+    """Why item_to_item cannot be fitted on this config and data, if it cannot.
+
+    Args:
+        cfg: a retrieval config.
+        artifact: the data's transform artifact (table sizes, split row counts).
+
+    Returns:
+        None when it applies; else the reason: no query key, no validation split (λ is chosen on it), or a table of
+        users x candidate IDs beyond ease.MAX_DENSE (which also bounds the fit's inverse, of the smaller side, within
+        ease.MAX_INVERSE).
+    """
+    key = query_key_feature(cfg)
+    if key is None:
+        return "no query key names the user (model.query_key, or a single-valued sparse first query feature)"
+    if not artifact.row_counts.get("validation"):
+        return "no validation split to choose its λ on (split.validation_fraction)"
+    users, candidates = _table_rows(cfg, artifact, key), _table_rows(cfg, artifact, cfg.model.candidate_features[0])
+    if users * candidates > ease.MAX_DENSE:
+        return (f"its table of {users:,} user IDs x {candidates:,} candidate IDs would hold {users * candidates:,} "
+                f"floats; it runs up to {ease.MAX_DENSE:,}")
+    return None
+
+
+def score_table(model: ease.Ease, history: sp.csr_matrix, popularity: np.ndarray, ids: np.ndarray,
+                shape: tuple[int, int], chunk: int = 1024) -> np.ndarray:
+    """The ItemToItemModel's table: every user's score of every candidate ID.
+
+    Args:
+        model: EASE fitted on the clicks it learns from ([users, len(ids)] columns).
+        history: binary [users, len(ids)]: the clicks each user is scored from.
+        popularity: clicks per candidate (len(ids)) in the split the model learnt from.
+        ids: the candidate ID of each column of `history` and `popularity`.
+        shape: (user IDs, candidate IDs) of the table.
+        chunk: users scored at a time.
+
+    Returns:
+        float32 [users, candidate IDs]: history @ B + TIE x popularity for a user with clicks in `history`,
+        popularity / its largest for the others; 0 for a candidate ID not in `ids`.
+    """
+    out = np.zeros(shape, np.float32)
+    share = popularity / max(float(popularity.max()), 1.0)
+    out[:, ids] = share.astype(np.float32)
+    with_clicks = np.flatnonzero(np.diff(history.indptr) > 0)
+    for i in range(0, len(with_clicks), chunk):
+        users = with_clicks[i:i + chunk]
+        out[np.ix_(users, ids)] = (model.scores(history[users]) + TIE * share).astype(np.float32)
+    return out
+
+
+def fit_item_to_item(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
+    """Fit an item_to_item config into opts.model_dir (a rerun fits again and gives the same weights).
+
+    Args:
+        opts: the train options (the strategy, precision and steps do not apply: the fit is closed form, in
+            this process).
+        say: progress.
+
+    Returns:
+        Its TrainState: steps_done = the λ values tried, best_step = the one kept (1-based, in LAMBDAS_TRIED).
+
+    Raises:
+        TrainError: the model does not apply (unfit_reason), or the data's clicks exceed EASE's bounds.
+    """
+    import tensorflow as tf
+
+    from recpipe.trainers.evaluation.candidates import read_clicks
+    from recpipe.trainers.evaluation.validation import Validator
+    from recpipe.trainers.models import build_model, dummy_batch
+    from recpipe.trainers.prepare import prepare_run
+
+    prepared = prepare_run(opts, say)
+    cfg, artifact = prepared.cfg, prepared.artifact
+    why = unfit_reason(cfg, artifact)
+    if why:
+        raise TrainError(f"model.type item_to_item: {why}")
+    if opts.run.strategy not in ("auto", "local"):
+        say(f"train: note: item_to_item is fitted in closed form in this process; --strategy {opts.run.strategy} "
+            f"does not apply")
+    if opts.warm_start:
+        say(f"train: note: item_to_item is fitted anew from the clicks; --warm-start {opts.warm_start} carries "
+            f"nothing")
+    t0 = time.perf_counter()
+    model_dir = ModelDir(opts.model_dir)
+    candidates, clicks = read_clicks(cfg, opts.data_dir, ("train", "validation"))
+    n = len(candidates.ids)
+    shape = (_table_rows(cfg, artifact, query_key_feature(cfg)),
+             _table_rows(cfg, artifact, cfg.model.candidate_features[0]))
+    train = clicks["train"].matrix(shape[0], n)
+    too_big = ease.fits(train)
+    if too_big:
+        raise TrainError(f"model.type item_to_item: {too_big}")
+    popularity = np.bincount(clicks["train"].candidate, minlength=n).astype(np.float64)
+    model = build_model(cfg, artifact)
+    model(dummy_batch(cfg))
+    every_lambda = dataclasses.replace(cfg, train=dataclasses.replace(
+        cfg.train, early_stopping=dataclasses.replace(cfg.train.early_stopping, patience=0)))
+    validator = Validator(every_lambda, artifact, opts.data_dir, model_dir.validation_path, model_dir.best_prefix,
+                          say)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), model_dir.checkpoints_dir,
+                                         max_to_keep=MAX_CHECKPOINTS)
+    say(f"train: item_to_item: EASE over {train.nnz:,} train clicks of {shape[0]:,} user IDs x {n:,} candidates; "
+        f"λ in {', '.join(f'{lam:g}' for lam in LAMBDAS_TRIED)} scored on validation")
+    for step, lam in enumerate(LAMBDAS_TRIED, 1):
+        say(f"train: item_to_item: step {step}: λ {lam:g}")
+        model.user_scores.assign(score_table(ease.Ease(train, lam), train, popularity, candidates.ids, shape))
+        validator(step, manager.save(checkpoint_number=step))
+    h = validator.history
+    if h.best_step is None:
+        raise TrainError(f"model.type item_to_item: no λ has a validation {h.metric} score to choose by")
+    lam = LAMBDAS_TRIED[h.best_step - 1]
+    before = sp.csr_matrix(train + clicks["validation"].matrix(shape[0], n))
+    before.data[:] = 1.0
+    model.user_scores.assign(score_table(ease.Ease(train, lam), before, popularity, candidates.ids, shape))
+    kept = tf.train.Checkpoint(model=model)
+    _ = kept.save_counter  # created, so the weights restore like any checkpoint (all objects matched)
+    kept.write(model_dir.best_prefix)
+    seconds = time.perf_counter() - t0
+    say(f"train: item_to_item: kept λ {lam:g} (validation {h.metric} {h.best:.4f}); its users scored from their "
+        f"train and validation clicks, {seconds:.1f} s")
+    state = TrainState(len(h.history), len(h.history), 0, 0.0, 0.0, float("nan"), "local", opts.run.precision,
+                       cfg.train.batch_size, data_dir=PreprocessedData(opts.data_dir).root, best_step=h.best_step)
+    os.makedirs(model_dir.root, exist_ok=True)
+    model_dir.write_state(state)
+    return state
