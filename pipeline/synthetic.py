@@ -64,6 +64,7 @@ class GenerateSpec:
     item_drift: int = 0        # items per day the active item window moves on (module docstring)
     truth_column: bool = False  # also write p_click, each row's click probability under the hidden model
     item_popularity: str = "window"  # "window" | "lifelong": how an item's popularity moves (module docstring)
+    bias: float = -1.9  # the hidden model's bias: lower for rarer clicks (-1.9: about 29 % of rows clicked, -6: 5 %)
 
     def catalogue_items(self) -> int:
         return self.num_items + self.item_drift * (self.days - 1)
@@ -159,7 +160,7 @@ def _hidden_model(spec: GenerateSpec) -> dict:
         rng.choice([3, 20, 100, 500, 2_000, 10_000, 50_000], size=NUM_CATEGORICAL),
         rng.uniform(0.8, 1.3, size=NUM_CATEGORICAL))]
     return {
-        "bias": -1.9,
+        "bias": spec.bias,
         "users": _dictionary("u", spec.num_users, rng),
         "items": _dictionary("i", spec.num_items, rng),
         "w_user": rng.normal(0, 0.5, spec.num_users),

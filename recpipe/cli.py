@@ -62,8 +62,8 @@ def cmd_generate(a) -> None:
     from recpipe.pipeline.synthetic import GenerateSpec, generate_log
     start = dt.date.fromisoformat(a.start_date)
     t0 = time.perf_counter()
-    files = generate_log(GenerateSpec(rows=a.rows, days=a.days, seed=a.seed, start_date=start, item_drift=a.item_drift),
-                         a.output, say=say)
+    files = generate_log(GenerateSpec(rows=a.rows, days=a.days, seed=a.seed, start_date=start, item_drift=a.item_drift,
+                                      num_users=a.users, num_items=a.items, bias=a.bias), a.output, say=say)
     say(f"generate: {a.rows} rows in {len(files)} file(s) under {a.output} ({time.perf_counter() - t0:.1f}s)")
 
 

@@ -124,6 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--start-date", default="2026-01-01", help="first day (YYYY-MM-DD)")
     g.add_argument("--item-drift", type=int, default=0,
                    help="items per day the active item population moves on (new items appear, the oldest stop)")
+    g.add_argument("--users", type=int, default=20_000, help="distinct users")
+    g.add_argument("--items", type=int, default=5_000, help="distinct items (at a time, with --item-drift)")
+    g.add_argument("--bias", type=float, default=-1.9,
+                   help="the hidden click model's bias: lower for rarer clicks (-1.9: about 29 %% clicked, -6: 5 %%)")
 
     c = _command(sub, "criteo-to-parquet", help="convert a Criteo CSV/TSV (label, I1..I13, C1..C26) to Parquet")
     c.add_argument("--csv", required=True, help="the Criteo CSV/TSV file")
