@@ -87,6 +87,17 @@ def test_user_split_and_retrieval_options_are_checked():
 
 
 @pytest.mark.unit
+def test_the_seen_matrix_spans_every_candidate_read_even_one_never_clicked():
+    """A candidate read only from rows without a click has a column too: EASE's weights span every candidate
+    read, and an eval whose last candidate was never clicked failed multiplying the two."""
+    from recpipe.trainers.evaluation.candidates import Clicks
+    from recpipe.trainers.evaluation.scoring import seen_matrix
+    clicks = {"train": Clicks(np.array([0, 1]), np.array([0, 1])), "eval": Clicks(np.array([1]), np.array([0]))}
+    seen = seen_matrix(clicks, "eval", 3)
+    assert seen.shape == (2, 3) and seen.toarray().tolist() == [[1, 0, 0], [0, 1, 0]]
+
+
+@pytest.mark.unit
 def test_ranks_without_and_with_already_seen_candidates():
     scores = np.array([[5.0, 4.0, 3.0, 2.0], [1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]])
     truth = np.array([2, 0, 1])

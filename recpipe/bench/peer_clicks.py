@@ -72,7 +72,7 @@ def read_peer_clicks(cfg: Config, data_dir: str) -> Optional[PeerClicks]:
     items, train, splits = None, None, {}
     for split in ("validation", "eval"):
         candidates, clicks = retrieval_clicks(cfg, data_dir, split)
-        seen = seen_matrix(clicks, split)
+        seen = seen_matrix(clicks, split, len(candidates.ids))
         if seen is None:
             return None
         clicked = clicks["train"].candidate

@@ -143,7 +143,7 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
 
         def score_rows(batch, clicked):
             return query_fn(batch).numpy()[clicked] @ cand.T
-    seen, scored = seen_matrix(clicks, split), clicks[split]  # the split's clicked rows, in the order read below
+    seen, scored = seen_matrix(clicks, split, len(candidates.ids)), clicks[split]  # the split's clicked rows, in the order read below
     plain, excluded, history, done = [], [], [], 0
     kept: dict[str, list] = {f: [] for f in (slices.features() if slices else [])}
     for batch in make_dataset(cfg, data_dir, split, batch_size, training=False):
@@ -173,14 +173,22 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
     return out
 
 
-def seen_matrix(clicks: dict[str, Clicks], split: str) -> sp.csr_matrix | None:
-    """query x candidate: what each query clicked in the splits before `split` (None: no query key)."""
+def seen_matrix(clicks: dict[str, Clicks], split: str, n_candidates: int) -> sp.csr_matrix | None:
+    """What each query clicked in the splits before `split`.
+
+    Args:
+        clicks: the clicked rows of the splits read (read_clicks).
+        split: the split scored.
+        n_candidates: the candidates read with them (a candidate seen only in rows without a click has none).
+
+    Returns:
+        Binary [queries, n_candidates]; None without a query key.
+    """
     history = [clicks[s] for s in _history(split) if s in clicks]
     if not history or history[0].query is None:
         return None
     merged = Clicks(np.concatenate([c.candidate for c in history]), np.concatenate([c.query for c in history]))
     n_queries = int(max([1, *(int(c.query.max()) + 1 for c in clicks.values() if len(c.query))]))
-    n_candidates = int(max([0, *(int(c.candidate.max()) + 1 for c in clicks.values() if len(c.candidate))]))
     return merged.matrix(n_queries, n_candidates)
 
 
@@ -256,7 +264,7 @@ def baselines(cfg: Config, data_dir: str, split: str = "eval", batch_size: int =
     candidates, clicks = read_clicks(cfg, data_dir, splits, batch_size)
     n = len(candidates.ids)
     popularity = np.bincount(clicks["train"].candidate, minlength=n).astype(np.float64)
-    seen = seen_matrix(clicks, split)
+    seen = seen_matrix(clicks, split, n)
     scored = clicks[split]
     out = {"most_popular": scored_metrics(lambda c: np.broadcast_to(popularity, (c.stop - c.start, n)), scored, seen,
                                           ks)}
