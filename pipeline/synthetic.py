@@ -160,7 +160,7 @@ def _hidden_model(spec: GenerateSpec) -> dict:
         rng.choice([3, 20, 100, 500, 2_000, 10_000, 50_000], size=NUM_CATEGORICAL),
         rng.uniform(0.8, 1.3, size=NUM_CATEGORICAL))]
     return {
-        "bias": spec.bias,
+        "bias": float(spec.bias),
         "users": _dictionary("u", spec.num_users, rng),
         "items": _dictionary("i", spec.num_items, rng),
         "w_user": rng.normal(0, 0.5, spec.num_users),
