@@ -12,7 +12,7 @@ __all__ = [
     "LabelSpec", "ModelSpec", "TuningSpec", "EarlyStoppingSpec", "TrainSpec", "TuneParam", "TuneSpec", "SliceSpec",
     "EvaluateSpec", "FeatureLimits", "PreprocessSpec", "Config", "DEFAULT_EMBEDDING_DIM", "embedding_dim",
     "DEFAULT_SEPARATOR", "list_separator", "logq_correction", "MODEL_TYPES", "MODEL_KEYS", "CANDIDATES", "model_keys",
-    "candidate_types", "unread_model_keys", "query_key_feature",
+    "candidate_types", "unread_model_keys", "query_key_feature", "history_feature",
 ]
 
 DEFAULT_EMBEDDING_DIM = 16
@@ -100,7 +100,8 @@ class ModelSpec:
     task: Literal["ranking", "retrieval"] = "ranking"  # ranking: score a row; retrieval: top k items for a query
     # auto: ranking trains dcn_v2 and logistic, retrieval two_tower and item_to_item (where it applies), and keeps
     # the best on the validation split (one training each). logistic: the baseline. item_to_item: EASE, the
-    # closed-form item-to-item model over each user's earlier clicks (recpipe.trainers.item_to_item)
+    # closed-form item-to-item model over the query's history feature, else each user's earlier clicks
+    # (recpipe.trainers.item_to_item)
     type: Literal["auto", "dcn_v2", "dlrm", "logistic", "two_tower", "item_to_item"] = "auto"
     cross_layers: int = 2                 # dcn_v2: cross layers
     low_rank: Optional[int] = None        # dcn_v2: factor each cross layer's matrix to this rank (none: full)
@@ -455,6 +456,24 @@ def query_key_feature(cfg: Config) -> Optional[str]:
     first = cfg.model.query_features[0]
     f = cfg.sparse_by_name.get(first)
     return first if f is not None and not f.multivalent else None
+
+
+def history_feature(cfg: Config) -> Optional[str]:
+    """The query feature that lists candidates the row's user had before it, if any.
+
+    Args:
+        cfg: a retrieval config.
+
+    Returns:
+        The first multivalent query feature in the first candidate feature's table (e.g. `hist` sharing
+        item_id's), else None.
+    """
+    owner = cfg.table_owner(cfg.sparse_by_name[cfg.model.candidate_features[0]]).name
+    for name in cfg.model.query_features:
+        f = cfg.sparse_by_name.get(name)
+        if f is not None and f.multivalent and cfg.table_owner(f).name == owner:
+            return name
+    return None
 
 
 def embedding_dim(cfg: Config, feature: SparseFeature) -> int:

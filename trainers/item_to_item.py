@@ -1,17 +1,21 @@
 """`model.type: item_to_item`: EASE (recpipe.trainers.evaluation.ease) fitted in closed form as a servable
-retrieval model (recpipe.trainers.models.ItemToItemModel: a user's ID in, every candidate's score out).
+retrieval model (recpipe.trainers.models.ItemToItemModel: a query in, every candidate's score out).
 
 The weights B are fitted on the train split's clicks (X: users by the query key x candidates). For each λ of
-ease.LAMBDAS, the largest first, the model's table holds every user's train clicks times B_λ, is written as a
-checkpoint ("step" i for the i-th λ) and scored on validation as any checkpoint is
-(recpipe.trainers.evaluation.validation.Validator: the selection metric; the first best is kept, so ties keep the
-stronger regularisation, as evaluation's EASE baseline does; every λ is tried, patience does not apply). The kept model then scores each user from every click before the eval
-split, train and validation, with the λ validation chose and B still fitted on train: what a served model
-knows of its users once its data is in. A user without such a click scores the candidates by popularity
-(train clicks). The eval split is never read.
+ease.LAMBDAS, the largest first, the model's weights are set from B_λ, written as a checkpoint ("step" i for the
+i-th λ) and scored on validation as any checkpoint is (recpipe.trainers.evaluation.validation.Validator: the
+selection metric; the first best is kept, so ties keep the stronger regularisation, as evaluation's EASE
+baseline does; every λ is tried, patience does not apply). Two sources of a query's earlier clicks:
 
-It applies where a query key names the user, the data has a validation split, and the fit's dense matrices stay
-within ease.MAX_DENSE and ease.MAX_INVERSE (unfit_reason).
+- the row's history feature (recpipe.features.schema.history_feature), which the request carries: the model
+  holds B itself and scores the listed IDs' rows of it, so a new user with a history is scored from it;
+- else the query key: the model holds every user's scores, their clicks times B. The kept model scores each
+  user from every click before the eval split, train and validation, with the λ validation chose and B still
+  fitted on train: what a served model knows of its users once its data is in.
+
+A query without earlier clicks scores the candidates by popularity (train clicks). The eval split is never
+read. It applies where a query key names the user (X's rows), the data has a validation split, and the weights
+stay within ease.MAX_DENSE floats (unfit_reason).
 """
 from __future__ import annotations
 
@@ -26,13 +30,13 @@ import scipy.sparse as sp
 from recpipe.features.artifact import TransformArtifact
 from recpipe.features.config import Config
 from recpipe.features.preprocessed import PreprocessedData
-from recpipe.features.schema import query_key_feature
+from recpipe.features.schema import history_feature, query_key_feature
 from recpipe.trainers.errors import TrainError
 from recpipe.trainers.evaluation import ease
 from recpipe.trainers.model_dir import MAX_CHECKPOINTS, ModelDir, TrainState
 from recpipe.trainers.options import TrainOptions
 
-__all__ = ["TIE", "LAMBDAS_TRIED", "unfit_reason", "score_table", "fit_item_to_item"]
+__all__ = ["TIE", "LAMBDAS_TRIED", "known_ids", "unfit_reason", "score_table", "history_weights", "fit_item_to_item"]
 
 # The λ values tried, one "step" each: ease.LAMBDAS, the largest first.
 LAMBDAS_TRIED = tuple(sorted(ease.LAMBDAS, reverse=True))
@@ -46,6 +50,23 @@ def _table_rows(cfg: Config, artifact: TransformArtifact, feature: str) -> int:
     return artifact.table_sizes()[cfg.table_owner(cfg.sparse_by_name[feature]).name]
 
 
+def known_ids(cfg: Config, artifact: TransformArtifact, feature: str) -> int:
+    """How many IDs of a sparse feature stand for known values.
+
+    Args:
+        cfg: the config.
+        artifact: the data's transform artifact.
+        feature: a sparse feature's name.
+
+    Returns:
+        Its table's vocabulary size (not the OOV buckets; at least 1), or every hash bucket.
+    """
+    owner = cfg.table_owner(cfg.sparse_by_name[feature])
+    if owner.vocab is not None:
+        return max(len(artifact.vocabularies.get(owner.name, [])), 1)
+    return artifact.table_sizes()[owner.name]
+
+
 def unfit_reason(cfg: Config, artifact: TransformArtifact) -> Optional[str]:
     """Why item_to_item cannot be fitted on this config and data, if it cannot.
 
@@ -54,19 +75,24 @@ def unfit_reason(cfg: Config, artifact: TransformArtifact) -> Optional[str]:
         artifact: the data's transform artifact (table sizes, split row counts).
 
     Returns:
-        None when it applies; else the reason: no query key, no validation split (λ is chosen on it), or a table of
-        users x candidate IDs beyond ease.MAX_DENSE (which also bounds the fit's inverse, of the smaller side, within
-        ease.MAX_INVERSE).
+        None when it applies; else the reason: no query key, no validation split (λ is chosen on it), or weights
+        beyond ease.MAX_DENSE floats (B over the known candidates, with a history feature; else user IDs x
+        candidate IDs), which also bounds the fit's inverse, of the smaller side, within ease.MAX_INVERSE.
     """
     key = query_key_feature(cfg)
     if key is None:
         return "no query key names the user (model.query_key, or a single-valued sparse first query feature)"
     if not artifact.row_counts.get("validation"):
         return "no validation split to choose its λ on (split.validation_fraction)"
-    users, candidates = _table_rows(cfg, artifact, key), _table_rows(cfg, artifact, cfg.model.candidate_features[0])
-    if users * candidates > ease.MAX_DENSE:
-        return (f"its table of {users:,} user IDs x {candidates:,} candidate IDs would hold {users * candidates:,} "
-                f"floats; it runs up to {ease.MAX_DENSE:,}")
+    first = cfg.model.candidate_features[0]
+    if history_feature(cfg):  # B over the known candidates (float64 while fitted)
+        known = known_ids(cfg, artifact, first)
+        floats, what = known * known, f"{known:,} x {known:,} known candidates"
+    else:  # every user's scores
+        users, ids = _table_rows(cfg, artifact, key), _table_rows(cfg, artifact, first)
+        floats, what = users * ids, f"{users:,} user IDs x {ids:,} candidate IDs"
+    if floats > ease.MAX_DENSE:
+        return f"its weights of {what} would hold {floats:,} floats; it runs up to {ease.MAX_DENSE:,}"
     return None
 
 
@@ -94,6 +120,26 @@ def score_table(model: ease.Ease, history: sp.csr_matrix, popularity: np.ndarray
         users = with_clicks[i:i + chunk]
         out[np.ix_(users, ids)] = (model.scores(history[users]) + TIE * share).astype(np.float32)
     return out
+
+
+def history_weights(b: np.ndarray, popularity: np.ndarray, ids: np.ndarray, rows: int
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The ItemToItemModel's weights when a query lists its history: B over every candidate ID, and the base.
+
+    Args:
+        b: EASE's B over the candidates (len(ids) x len(ids)).
+        popularity: clicks per candidate (len(ids)) in the split B learnt from.
+        ids: the candidate ID of each row and column of `b`.
+        rows: candidate IDs in all (the candidate feature's table).
+
+    Returns:
+        (float32 [rows, rows]: b at (ids, ids), 0 elsewhere; float32 [rows]: popularity / its largest at ids).
+    """
+    weights = np.zeros((rows, rows), np.float32)
+    weights[np.ix_(ids, ids)] = b
+    base = np.zeros(rows, np.float32)
+    base[ids] = popularity / max(float(popularity.max()), 1.0)
+    return weights, base
 
 
 def fit_item_to_item(opts: TrainOptions, say: Callable[[str], None]) -> TrainState:
@@ -147,25 +193,32 @@ def fit_item_to_item(opts: TrainOptions, say: Callable[[str], None]) -> TrainSta
                           say)
     manager = tf.train.CheckpointManager(tf.train.Checkpoint(model=model), model_dir.checkpoints_dir,
                                          max_to_keep=MAX_CHECKPOINTS)
-    say(f"train: item_to_item: EASE over {train.nnz:,} train clicks of {shape[0]:,} user IDs x {n:,} candidates; "
-        f"λ in {', '.join(f'{lam:g}' for lam in LAMBDAS_TRIED)} scored on validation")
+    source = f"each row's {model.history}" if model.history else f"each user's clicks ({model.query_key})"
+    say(f"train: item_to_item: EASE over {train.nnz:,} train clicks of {shape[0]:,} user IDs x {n:,} candidates, "
+        f"scoring {source}; λ in {', '.join(f'{lam:g}' for lam in LAMBDAS_TRIED)} scored on validation")
     for step, lam in enumerate(LAMBDAS_TRIED, 1):
         say(f"train: item_to_item: step {step}: λ {lam:g}")
-        model.user_scores.assign(score_table(ease.Ease(train, lam), train, popularity, candidates.ids, shape))
+        if model.history:
+            weights, base = history_weights(ease.ease_weights(train, lam), popularity, candidates.ids, shape[1])
+            model.item_weights.assign(weights)
+            model.base.assign(base)
+        else:
+            model.user_scores.assign(score_table(ease.Ease(train, lam), train, popularity, candidates.ids, shape))
         validator(step, manager.save(checkpoint_number=step))
     h = validator.history
     if h.best_step is None:
         raise TrainError(f"model.type item_to_item: no λ has a validation {h.metric} score to choose by")
     lam = LAMBDAS_TRIED[h.best_step - 1]
-    before = sp.csr_matrix(train + clicks["validation"].matrix(shape[0], n))
-    before.data[:] = 1.0
-    model.user_scores.assign(score_table(ease.Ease(train, lam), before, popularity, candidates.ids, shape))
-    kept = tf.train.Checkpoint(model=model)
-    _ = kept.save_counter  # created, so the weights restore like any checkpoint (all objects matched)
-    kept.write(model_dir.best_prefix)
+    if not model.history:  # the kept model knows each user's validation clicks too
+        before = sp.csr_matrix(train + clicks["validation"].matrix(shape[0], n))
+        before.data[:] = 1.0
+        model.user_scores.assign(score_table(ease.Ease(train, lam), before, popularity, candidates.ids, shape))
+        kept = tf.train.Checkpoint(model=model)
+        _ = kept.save_counter  # created, so the weights restore like any checkpoint (all objects matched)
+        kept.write(model_dir.best_prefix)
     seconds = time.perf_counter() - t0
-    say(f"train: item_to_item: kept λ {lam:g} (validation {h.metric} {h.best:.4f}); its users scored from their "
-        f"train and validation clicks, {seconds:.1f} s")
+    scored = "from the rows' history" if model.history else "its users scored from their train and validation clicks"
+    say(f"train: item_to_item: kept λ {lam:g} (validation {h.metric} {h.best:.4f}); {scored}, {seconds:.1f} s")
     state = TrainState(len(h.history), len(h.history), 0, 0.0, 0.0, float("nan"), "local", opts.run.precision,
                        cfg.train.batch_size, data_dir=PreprocessedData(opts.data_dir).root, best_step=h.best_step)
     os.makedirs(model_dir.root, exist_ok=True)

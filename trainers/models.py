@@ -16,9 +16,11 @@ import tensorflow_recommenders as tfrs
 from recpipe.features.artifact import TransformArtifact
 from recpipe.features.canonical import LABEL_KEY
 from recpipe.features.config import Config, embedding_dim
-from recpipe.features.schema import logq_correction, query_key_feature
+from recpipe.features.schema import history_feature, logq_correction, query_key_feature
 from recpipe.trainers.errors import TrainError
 from recpipe.trainers.gradients import accumulated_gradients
+from recpipe.trainers.item_to_item import TIE as ITEM_TO_ITEM_TIE
+from recpipe.trainers.item_to_item import known_ids
 from recpipe.trainers.layers import CrossStack, DotInteractionBlock, SparseEmbeddings, mlp, register
 
 __all__ = ["ItemToItemModel", "RankingModel", "RetrievalModel", "build_model", "compiled_model", "dummy_batch", "embedding_layer",
@@ -242,36 +244,59 @@ class RetrievalModel(_Model):
 
 @register
 class ItemToItemModel(tf.keras.Model):
-    """Item-to-item retrieval (EASE, fitted in closed form by recpipe.trainers.item_to_item): each user's score
-    for every candidate ID is their earlier clicks times the item-to-item weights, kept as one table [user IDs,
-    candidate IDs]; a user with no earlier click (a new user, an OOV ID) scores the candidates by popularity. No
-    gradients train it: `recpipe train` fills `user_scores`. A request names the user (the query key); the
-    model holds what it clicked before, as a two-tower model holds a user's embedding.
+    """Item-to-item retrieval (EASE, fitted in closed form by recpipe.trainers.item_to_item): a query's score for
+    every candidate ID is its earlier clicks times the item-to-item weights B. No gradients train it:
+    `recpipe train` fills its weights. Where the query lists what the user had before (`history`, a multivalent
+    query feature in the candidate's table), the request carries it: the model holds B ([candidate IDs,
+    candidate IDs]) and sums the rows of the history's IDs. Otherwise the request names the user (the query
+    key) and the model holds every user's scores ([user IDs, candidate IDs]), as a two-tower model holds a
+    user's embedding. A query without earlier clicks (an empty history; a user the fit knew no click of)
+    scores the candidates by popularity (`base`, their train clicks over the largest); with clicks, `base`
+    times recpipe.trainers.item_to_item.TIE orders only near-equal scores.
 
     Args:
-        query_key: the sparse feature naming the user (its IDs index the table's rows).
-        candidate_feature: the candidate's ID feature (its IDs index the table's columns).
+        query_key: the sparse feature naming the user (its IDs index `user_scores`' rows).
+        candidate_feature: the candidate's ID feature (its IDs index the scores' columns).
         users: rows of the query key's table.
         candidates: rows of the candidate feature's table.
+        history: the query's history feature, or None (score by the query key).
+        tie: base's weight for a query with earlier clicks.
     """
 
-    def __init__(self, query_key: str, candidate_feature: str, users: int, candidates: int, **kwargs):
+    def __init__(self, query_key: str, candidate_feature: str, users: int, candidates: int,
+                 history: Optional[str] = None, tie: float = 1e-6, **kwargs):
         super().__init__(**kwargs)
-        self.query_key, self.candidate_feature = query_key, candidate_feature
-        self.users, self.candidates = int(users), int(candidates)
-        self.user_scores = self.add_weight(name="user_scores", shape=(self.users, self.candidates), dtype="float32",
-                                           initializer="zeros", trainable=False)
+        self.query_key, self.candidate_feature, self.history = query_key, candidate_feature, history
+        self.users, self.candidates, self.tie = int(users), int(candidates), float(tie)
+        if history is None:
+            self.user_scores = self.add_weight(name="user_scores", shape=(self.users, self.candidates),
+                                               dtype="float32", initializer="zeros", trainable=False)
+        else:
+            self.item_weights = self.add_weight(name="item_weights", shape=(self.candidates, self.candidates),
+                                                dtype="float32", initializer="zeros", trainable=False)
+            self.base = self.add_weight(name="base", shape=(self.candidates,), dtype="float32",
+                                        initializer="zeros", trainable=False)
+
+    @property
+    def query_input(self) -> str:
+        """The one feature a query is scored from: the history, or the query key."""
+        return self.history or self.query_key
 
     def id_scores(self, features: dict) -> tf.Tensor:
-        """[rows, candidate IDs] float32: each row's user's score of every ID of the candidate feature."""
-        return tf.gather(self.user_scores, features[self.query_key])
+        """[rows, candidate IDs] float32: each row's score of every ID of the candidate feature."""
+        if self.history is None:
+            return tf.gather(self.user_scores, features[self.query_key])
+        listed = features[self.history]  # RaggedTensor of candidate IDs
+        summed = tf.reduce_sum(tf.gather(self.item_weights, listed), axis=1)
+        weight = tf.where(listed.row_lengths() > 0, self.tie, 1.0)[:, None]
+        return summed + weight * self.base[None, :]
 
     def call(self, features: dict, training: bool = False) -> tf.Tensor:
         return self.id_scores(features)
 
     def get_config(self):
         return {"query_key": self.query_key, "candidate_feature": self.candidate_feature, "users": self.users,
-                "candidates": self.candidates, "name": self.name}
+                "candidates": self.candidates, "history": self.history, "tie": self.tie, "name": self.name}
 
     @classmethod
     def from_config(cls, config):
@@ -324,13 +349,13 @@ def build_model(cfg: Config, artifact: TransformArtifact) -> tf.keras.Model:
         sizes = artifact.table_sizes()
         return ItemToItemModel(key, m.candidate_features[0], sizes[cfg.table_owner(cfg.sparse_by_name[key]).name],
                                sizes[cfg.table_owner(cfg.sparse_by_name[m.candidate_features[0]]).name],
-                               name="item_to_item_retrieval")
+                               history=history_feature(cfg), tie=ITEM_TO_ITEM_TIE, name="item_to_item_retrieval")
     if m.task == "retrieval":
         return RetrievalModel(embedding_layer(cfg, artifact, {*m.query_features, *m.candidate_features}),
                               m.query_features, m.candidate_features, m.tower_layers,
                               grad_accum_steps=t.grad_accum_steps, temperature=m.temperature,
                               candidate_log_q=candidate_log_q(cfg, artifact) if logq_correction(cfg) else None,
-                              uniform_negatives=m.uniform_negatives, candidate_ids=known_ids(cfg, artifact),
+                              uniform_negatives=m.uniform_negatives, candidate_ids=known_ids(cfg, artifact, m.candidate_features[0]),
                               remove_accidental_hits=m.remove_accidental_hits,
                               name="two_tower_retrieval")
     return RankingModel(embedding_layer(cfg, artifact), _interaction(cfg),
@@ -353,13 +378,6 @@ def compiled_model(cfg: Config, artifact: TransformArtifact, optimizer: tf.keras
     return model
 
 
-def known_ids(cfg: Config, artifact: TransformArtifact) -> int:
-    """How many IDs of the first candidate feature stand for known values: its vocabulary (not the
-    OOV buckets), or every hash bucket."""
-    owner = cfg.table_owner(cfg.sparse_by_name[cfg.model.candidate_features[0]])
-    if owner.vocab is not None:
-        return max(len(artifact.vocabularies.get(owner.name, [])), 1)
-    return artifact.table_sizes()[owner.name]
 
 
 def candidate_log_q(cfg: Config, artifact: TransformArtifact) -> np.ndarray:

@@ -6,8 +6,8 @@ regress clients send), checked equal on the eval sample at export. Retrieval: `q
 returns the query tower's output and `serving_default` the top-K `candidates` (labels) and `scores`
 by brute force over a candidate index stored in the model (every vocabulary value of a single
 vocabulary candidate feature, else every candidate seen in the data, one per ID of the first one). An
-item-to-item model takes the user's key alone: `query_scores` returns its score of every candidate ID, and
-`serving_default` the top-K of the index's IDs.
+item-to-item model takes one input, the query's history feature or else the user's key: `query_scores` returns
+its score of every candidate ID, and `serving_default` the top-K of the index's IDs.
 
 EXPORT_BASE/<version>/ is TF Serving's versioned layout (recpipe.serving.version). The feature transform
 (vocabulary tables, hashing, dense normalisation) is the same recpipe.features.transform.FeatureTransform the
@@ -146,8 +146,8 @@ def _retrieval_module(cfg, artifact: TransformArtifact, model: tf.keras.Model, d
     module.index = tf.Variable(index, trainable=False, name="candidate_ids" if by_id else "candidate_embeddings")
     module.labels = tf.Variable(labels, trainable=False, dtype=tf.string, name="candidate_labels")
     k = min(top_k, len(labels))
-    # item_to_item: the user's key alone (its other query features are no input of it)
-    spec = request_spec(artifact, [model.query_key] if by_id else list(cfg.model.query_features))
+    # item_to_item: its one input, the history or the user's key (its other query features are no input of it)
+    spec = request_spec(artifact, [model.query_input] if by_id else list(cfg.model.query_features))
     output, direct = query_output(model)
 
     @tf.function(input_signature=[spec], autograph=False)

@@ -19,20 +19,10 @@ from recpipe.features.canonical import LABEL_KEY
 from recpipe.features.config import Config
 from recpipe.common.metrics import rank_of_true
 from recpipe.features.preprocessed import PreprocessedData
-from recpipe.features.schema import query_key_feature
+from recpipe.features.schema import history_feature, query_key_feature
 from recpipe.trainers.data import make_dataset
 
 __all__ = ["Candidates", "Clicks", "read_clicks", "ranks", "has_history", "query_key_feature", "history_feature"]
-
-
-def history_feature(cfg: Config) -> Optional[str]:
-    """The query feature that lists candidates the row's user had before it, if any."""
-    owner = cfg.table_owner(cfg.sparse_by_name[cfg.model.candidate_features[0]]).name
-    for name in cfg.model.query_features:
-        f = cfg.sparse_by_name.get(name)
-        if f is not None and f.multivalent and cfg.table_owner(f).name == owner:
-            return name
-    return None
 
 
 @dataclass
