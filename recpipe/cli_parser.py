@@ -276,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "serve: QPS/latency at concurrency 1/8/32, batching off/on, against in-process calls; "
                         "cluster: PS and Horovod across network namespaces at several link speeds vs the advisor; "
                         "embedding: an embedding-heavy DLRM against TFRS fit and TorchRec (its own venv); "
+                        "scaling: preprocess time and RSS against log rows (DirectRunner, Dask) and training's "
+                        "against table rows, with log-log slopes; "
                         "compare OLD.json NEW.json: the ratio changes between two runs")
     b.add_argument("paths", nargs="*", help="compare: two suite JSONs (or two results folders)")
     b.add_argument("--quick", action="store_true", help="smoke run: small sizes, one repetition (CI)")

@@ -21,9 +21,10 @@ from recpipe.bench.netns import netns_available
 
 # The cluster suite needs network namespaces (root); without them `bench` skips it and says why.
 CLUSTER = netns_available()[0]
-# The embedding suite has a test of its own (tests/test_bench_embedding.py): its TorchRec peer's environment is 5.5 GB.
-RUN = [s for s in SUITES if (CLUSTER or s != "cluster") and s != "embedding"]
-OWN_TEST = ("train_embedding_heavy_",)
+# The embedding and scaling suites have tests of their own (tests/test_bench_embedding.py: its TorchRec peer's
+# environment is 5.5 GB; tests/test_bench_scaling.py).
+RUN = [s for s in SUITES if (CLUSTER or s != "cluster") and s not in ("embedding", "scaling")]
+OWN_TEST = ("train_embedding_heavy_", "scaling_")
 
 
 # Three streams at once, each a `recpipe bench A,B --quick` process and then its reruns, also at once. Train,

@@ -514,10 +514,17 @@ def _embedding_heavy(key: str, found: dict) -> Optional[str]:
     return explain(key, found["embedding"]) if "embedding" in found else None
 
 
+def _scaling(key: str, found: dict) -> Optional[str]:
+    """scaling_*: the points the slope was fitted on."""
+    from recpipe.bench.scaling_report import explain
+    return explain(key, found["scaling"]) if "scaling" in found else None
+
+
 # Each explains the keys it knows from what the same run measured, or returns None.
 _EXPLANATIONS = (_horovod_vs_plain, _horovod_scaling, _ps_vs_local, _bf16_vs_fp32, _vs_tfrs_fit, _cluster_prediction,
                  _beam_vs_duckdb, _quality_margin, _retrieval_vs_popularity, _auc_vs_lightgbm, _recall_vs_ease,
-                 _export_bytes, _lifecycle_gap, _serve_p99, _serve_qps, _real_vs_synthetic, _embedding_heavy)
+                 _export_bytes, _lifecycle_gap, _serve_p99, _serve_qps, _real_vs_synthetic, _embedding_heavy,
+                 _scaling)
 
 
 def _why(key: str, found: dict) -> str:
@@ -621,6 +628,10 @@ def _plots(found: dict, out_dir: str) -> list[tuple[str, str]]:
             label(tables, "day", "MB", "Embedding tables + Adagrad state", 7)
             label(rss, "day", "MB", "Peak trainer RSS", 7)
             save(fig, "lifecycle_memory.png", "table size and peak trainer RSS per day, with and without eviction")
+    if "scaling" in found:
+        from recpipe.bench.scaling_report import PNG, write_png
+        write_png(found["scaling"], out_dir)
+        made.append(("time and peak RSS against log rows and table rows, log-log", PNG))
     return made
 
 

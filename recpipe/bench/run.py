@@ -1,4 +1,4 @@
-"""`recpipe bench [preprocess|train|serve|cluster|quality|export|lifecycle|embedding|SUITE,...|all] [--quick]`:
+"""`recpipe bench [preprocess|train|serve|cluster|quality|export|lifecycle|embedding|scaling|SUITE,...|all] [--quick]`:
 runs the suites, each ratio against its baseline measured in the same run, -> bench/results/<suite>.json + .md, then
 REPORT.md with PNG plots (recpipe.bench.report).
 
@@ -26,6 +26,8 @@ from recpipe.bench.preprocess import bench_peers, bench_preprocess, bench_shard_
 from recpipe.bench.quality_suite import bench_quality
 from recpipe.bench.quality_suite import markdown as quality_markdown
 from recpipe.bench.report import write_report
+from recpipe.bench.scaling import bench_scaling, options_for
+from recpipe.bench.scaling_report import markdown as scaling_markdown
 from recpipe.bench.serve import markdown as serve_markdown
 from recpipe.bench.serve import run_serve_bench
 from recpipe.bench.targets import SUITES
@@ -122,6 +124,10 @@ def run_bench(opts: BenchOptions, say: Callable[[str], None] = print) -> dict:
             result = bench_embedding(EmbeddingBenchOptions(quick=quick, reps=reps, steps=opts.steps), sw, say)
             result["machine"] = info
             save_result(opts.out_dir, suite, result, embedding_markdown(result))
+        elif suite == "scaling":
+            result = bench_scaling(options_for(quick, opts.steps), sw, say)
+            result["machine"] = info
+            save_result(opts.out_dir, suite, result, scaling_markdown(result))
         elif suite == "lifecycle":
             result = bench_lifecycle(sw, say, quick=quick, reps=reps)
             result["machine"] = info

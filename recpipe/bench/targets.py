@@ -3,7 +3,8 @@ the CLI reads them before anything heavy is imported)."""
 
 __all__ = ["SUITES", "TARGETS", "RETIRED", "MEANINGS", "SUITE_OF", "suite_of"]
 
-SUITES = ("preprocess", "train", "serve", "cluster", "quality", "export", "lifecycle", "embedding")
+SUITES = ("preprocess", "train", "serve", "cluster", "quality", "export", "lifecycle", "embedding",
+          "scaling")
 
 # The ratio keys every full run carries, with their targets: (">=" | "<=", value).
 TARGETS = {
@@ -39,6 +40,7 @@ TARGETS = {
     "lifecycle_skew_checks_passed": (">=", 1.0),
     "train_embedding_heavy_vs_tfrs_fit": (">=", 1.5),
     "train_embedding_heavy_vs_torchrec": (">=", 1.0),
+    "scaling_preprocess_rss_slope_direct": ("<=", 0.18),
 }
 
 # Ratios once held to a target, now reported as figures with the bound that retired them (measured in the
@@ -112,6 +114,9 @@ MEANINGS = {
                                          "DLRM (26 tables, 10.4M rows, Zipf-skewed IDs)",
     "train_embedding_heavy_vs_torchrec": "ex/s of `recpipe train` ÷ TorchRec's DLRM (FBGEMM's CPU kernels, fused "
                                          "Adagrad, a plain PyTorch loop, data in memory) on the same model and data",
+    "scaling_preprocess_rss_slope_direct": "the exponent of the default job's peak RSS against the log's rows "
+                                           "(least squares on log-log over 1M, 10M and 50M rows); 0.18 is "
+                                           "`preprocess_rss_10x_vs_1x`'s 1.5x per tenfold rows",
 }
 
 # The ratios whose key does not start with the name of the suite that measures them: key -> suite.
