@@ -167,10 +167,9 @@ def explain(key: str, r: dict) -> Optional[str]:
     return (f"the DirectRunner's peak RSS went from {lo['peak_rss_mb']:,.0f} MB at {lo['rows']:,} rows to "
             f"{hi['peak_rss_mb']:,.0f} MB at {hi['rows']:,} ({hi['rows'] / lo['rows']:,.0f}x the rows), all of it "
             f"in one process ({hi['largest_process_rss_mb']:,.0f} MB): the in-memory runner keeps something per "
-            f"row, not per bundle. Candidates, not measured apart by this suite: the grouped outputs the "
-            f"in-memory runner holds whole between stages (such as the repeated-rows check's buckets of row "
-            f"hashes) and the vocabularies' counts of distinct IDs, which keep growing in a Zipf log until "
-            f"each column's cardinality is reached.")
+            f"row, not per bundle. Candidates, not measured apart by this suite: what the in-memory runner "
+            f"holds whole between stages, and the vocabularies' counts of distinct IDs, which keep growing in "
+            f"a Zipf log until each column's cardinality is reached.")
 
 
 def markdown(r: dict) -> str:
