@@ -23,7 +23,8 @@ from recpipe.bench.common import CLI, generate_once, run_measured, summary
 from recpipe.bench.criteo_like import write_criteo_like
 from recpipe.trainers.data import make_dataset
 
-__all__ = ["bench_preprocess", "bench_peers", "bench_shard_formats", "peer_ratios", "report_markdown"]
+__all__ = ["bench_preprocess", "bench_peers", "bench_shard_formats", "peer_ratios", "report_markdown",
+           "preprocess_command", "two_core_command", "measured_tree"]
 
 
 _JOBS = {  # job -> (module, function) of the Python API the non-Beam jobs run
@@ -57,7 +58,7 @@ _DASK_LOCAL = ("import sys\nif __name__ == '__main__':\n"
                "        sys.exit(main([*sys.argv[2:], '--runner', 'dask', '--dask-address', c.scheduler_address]))\n")
 
 
-def _command(job: str, cfg_path: str, log: str, out: str, threads: int | None = None) -> list[str]:
+def preprocess_command(job: str, cfg_path: str, log: str, out: str, threads: int | None = None) -> list[str]:
     """The command line of one measured preprocessing run: `recpipe preprocess` for "beam", else the
     job's function in a fresh Python process (so each pays its own start-up, as a user would)."""
     if job == "beam":
@@ -69,18 +70,18 @@ def _command(job: str, cfg_path: str, log: str, out: str, threads: int | None = 
             *([str(threads)] if threads is not None else [])]
 
 
-def _peer_command(job: str, cfg_path: str, log: str, out: str, threads: int) -> list[str]:
+def two_core_command(job: str, cfg_path: str, log: str, out: str, threads: int) -> list[str]:
     """The measured command of one job of the peers comparison (`threads`: DuckDB's threads, the 2-core
     Beam configurations' workers)."""
     if job == "duckdb":
-        return _command(job, cfg_path, log, out, threads)
+        return preprocess_command(job, cfg_path, log, out, threads)
     if job == "beam_dask":
-        beam = _command("beam", cfg_path, log, out)
+        beam = preprocess_command("beam", cfg_path, log, out)
         return [sys.executable, "-c", _DASK_LOCAL, str(threads), *beam[len(CLI):]]
-    return _command("beam", cfg_path, log, out) + [a.format(n=threads) for a in _TWO_CORE.get(job, [])]
+    return preprocess_command("beam", cfg_path, log, out) + [a.format(n=threads) for a in _TWO_CORE.get(job, [])]
 
 
-def _measured_tree(command: list[str]) -> tuple[float, float, float, float]:
+def measured_tree(command: list[str]) -> tuple[float, float, float, float]:
     """run_measured, plus the peak of the summed RSS of every process the command started (sampled every
     0.1 s: the largest process's peak understates a job of several) and the CPU seconds of all of them.
     Returns (wall s, largest process's peak RSS MB, all processes' peak RSS MB, CPU s)."""
@@ -154,7 +155,7 @@ def bench_preprocess(rows: int, work: str, cfg_path: str, say: Callable[[str], N
                 out = os.path.join(work, f"{job}_{mult}x" if rep == 0 else f"{job}_{mult}x_rep{rep}")
                 shutil.rmtree(out, ignore_errors=True)
                 say(f"bench preprocess: {job}, {rows * mult:,} rows (rep {rep + 1}/{reps})")
-                wall, peak, _ = run_measured(_command(job, cfg_path, log, out))
+                wall, peak, _ = run_measured(preprocess_command(job, cfg_path, log, out))
                 walls[f"{job}_{mult}x"].append(wall)
                 rss[f"{job}_{mult}x"].append(peak)
                 if rep:
@@ -195,9 +196,9 @@ def bench_peers(rows: int, work: str, cfg_path: str, say: Callable[[str], None],
             out = os.path.join(work, f"peer_{job}")
             shutil.rmtree(out, ignore_errors=True)
             say(f"bench preprocess: peers, {job}, {rows:,} Criteo-shaped rows (rep {rep + 1}/{reps})")
-            command = _command("beam", unchecked, log, out) if job == "beam_unchecked" else \
-                _peer_command(job, cfg_path, log, out, threads)
-            wall, peak, peak_all, seconds = _measured_tree(command)
+            command = preprocess_command("beam", unchecked, log, out) if job == "beam_unchecked" else \
+                two_core_command(job, cfg_path, log, out, threads)
+            wall, peak, peak_all, seconds = measured_tree(command)
             walls[job].append(wall)
             rss[job].append(peak)
             rss_all[job].append(peak_all)

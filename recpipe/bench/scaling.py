@@ -26,7 +26,7 @@ from recpipe.bench.common import CLI
 from recpipe.bench.embedding_model import EmbeddingHeavySpec, bench_config, state_bytes
 # the preprocess suite's measured commands: the DirectRunner's and the local Dask cluster's, and the
 # process-tree sampler (RSS of every process the command starts)
-from recpipe.bench.preprocess import _command, _measured_tree, _peer_command
+from recpipe.bench.preprocess import preprocess_command, measured_tree, two_core_command
 from recpipe.bench.scaling_report import ratios
 from recpipe.bench.zipf_log import write_zipf_log
 
@@ -93,9 +93,9 @@ def _preprocess_point(runner: str, rows: int, cfg_path: str, log: str, work: str
     """One measured `recpipe preprocess` of the log with a runner; its output is deleted after."""
     out = os.path.join(work, f"pre_{runner}")
     shutil.rmtree(out, ignore_errors=True)
-    command = _command("beam", cfg_path, log, out) if runner == "direct" else \
-        _peer_command("beam_dask", cfg_path, log, out, workers)
-    wall, largest, tree, cpu = _measured_tree(command)
+    command = preprocess_command("beam", cfg_path, log, out) if runner == "direct" else \
+        two_core_command("beam_dask", cfg_path, log, out, workers)
+    wall, largest, tree, cpu = measured_tree(command)
     point = {"rows": rows, "wall_s": wall, "rows_per_s": rows / wall, "peak_rss_mb": tree,
              "largest_process_rss_mb": largest, "cpu_s": cpu, "input_bytes": tree_bytes(log),
              "output_bytes": tree_bytes(out)}
@@ -141,9 +141,9 @@ def _train_point(o: ScalingBenchOptions, total: int, work: str, say: Callable[[s
         yaml.safe_dump(cfg, fh)
     log, pre, model_dir = (os.path.join(point_dir, name) for name in ("log", "pre", "model"))
     write_zipf_log(spec, log)
-    pre_wall, _, _, _ = _measured_tree(_command("beam", cfg_path, log, pre))
+    pre_wall, _, _, _ = measured_tree(preprocess_command("beam", cfg_path, log, pre))
     shutil.rmtree(log, ignore_errors=True)
-    wall, largest, tree, cpu = _measured_tree([*CLI, "train", "--data", pre, "--model-dir", model_dir, "--config",
+    wall, largest, tree, cpu = measured_tree([*CLI, "train", "--data", pre, "--model-dir", model_dir, "--config",
                                                cfg_path, "--steps", str(o.steps)])
     from recpipe.trainers.model_dir import ModelDir
     state = ModelDir(model_dir).state()
