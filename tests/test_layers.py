@@ -138,3 +138,20 @@ def test_ranking_model_savedmodel_roundtrip(tmp_path):
     loaded = tf.saved_model.load(str(tmp_path / "m"))
     np.testing.assert_allclose(loaded.score(batch).numpy(), expected, rtol=1e-6)
     assert os.path.exists(tmp_path / "m" / "saved_model.pb")
+
+
+def test_table_embedding_is_drawn_in_place_a_block_of_rows_at_a_time():
+    """fill_rows draws each block as its own partition (blocks differ), in the initializer's range, over a
+    table's every row; TableEmbedding's variable keeps Embedding's name."""
+    from recpipe.trainers.layers import TableEmbedding, fill_rows
+    table = tf.Variable(tf.zeros((10, 4)))
+    fill_rows(table, tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=3), rows_at_once=3)
+    got = table.numpy()
+    assert np.all(np.abs(got) <= 0.05) and np.all(got != 0)
+    assert not np.allclose(got[0:3], got[3:6])  # each block its own draw, not the same one again
+    with pytest.raises(ValueError):
+        fill_rows(table, tf.keras.initializers.Zeros(), rows_at_once=0)
+    emb = TableEmbedding(7, 2, name="emb_x")
+    emb.build((None,))
+    assert emb.embeddings.name.endswith("embeddings:0") and emb.embeddings.shape == (7, 2)
+    assert np.all(np.abs(emb.embeddings.numpy()) <= 0.05) and np.any(emb.embeddings.numpy() != 0)

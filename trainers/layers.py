@@ -2,6 +2,7 @@
 
 SparseEmbeddings   every sparse feature's lookup in its (possibly shared) table; multivalent
                    features pooled; optional unique-then-gather ID dedup
+TableEmbedding     a Keras Embedding whose table is initialised in place, a block of rows at a time
 Cross              TFRS's DCN-v2 cross layer, computing in the mixed-precision policy's compute dtype
 CrossStack         DCN-v2's interaction: cross layers over [embeddings, dense]
 DotInteractionBlock  DLRM's interaction: bottom MLP on the dense features, pairwise dot products
@@ -14,8 +15,8 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
-__all__ = ["flat_ids", "ids_by_table", "pooled_features", "mlp", "SparseEmbeddings", "Cross", "CrossStack",
-           "DotInteractionBlock"]
+__all__ = ["flat_ids", "ids_by_table", "pooled_features", "mlp", "fill_rows", "TableEmbedding", "SparseEmbeddings",
+           "Cross", "CrossStack", "DotInteractionBlock"]
 
 register = tf.keras.utils.register_keras_serializable(package="recpipe")
 
@@ -62,6 +63,60 @@ def mlp(widths: list[int], name: str, dropout: float = 0.0) -> list[tf.keras.lay
     return layers
 
 
+# Rows of a table initialised at once (8 MiB of a 32-wide float32 table): the initialiser's temporaries are this
+# many rows, never the whole table.
+ROWS_AT_ONCE = 65_536
+
+
+def fill_rows(table, initializer, rows_at_once: int = ROWS_AT_ONCE) -> None:
+    """Set every row of an embedding table from `initializer`, in place, `rows_at_once` rows at a time, each
+    block drawn on the device of the variable (or shard) holding it.
+
+    Drawing a whole table at once holds about three copies of it beside the variable (RandomUniform's draw,
+    its scaling and its shift, each a new tensor in eager mode), and oneDNN's CPU allocator keeps the freed
+    blocks for the process's life: 2.2x the largest table of resident memory that held nothing.
+
+    Args:
+        table: a 2-D variable, or a ShardedVariable (its shards are filled one after another).
+        initializer: a Keras initializer; each block is drawn as the partition of its rows
+            (partition_shape/partition_offset), so blocks differ and the initializer is not reused as a whole.
+        rows_at_once: rows per block.
+
+    Raises:
+        ValueError: rows_at_once < 1.
+    """
+    if rows_at_once < 1:
+        raise ValueError(f"rows_at_once {rows_at_once}: at least 1")
+    offset = 0
+    for shard in getattr(table, "variables", [table]):
+        rows, width = (int(d) for d in shard.shape)
+        with tf.device(shard.device):
+            for lo in range(0, rows, rows_at_once):
+                n = min(rows_at_once, rows - lo)
+                block = initializer((n, width), shard.dtype, partition_shape=(n, width),
+                                    partition_offset=(offset + lo, 0))
+                # a scatter, not shard[lo:hi].assign: slicing reads the variable first, and a write while
+                # that read is alive copies the whole table (copy on write) at every block
+                shard.scatter_update(tf.IndexedSlices(block, tf.range(lo, lo + n, dtype=tf.int64)))
+        offset += rows
+
+
+@register
+class TableEmbedding(tf.keras.layers.Embedding):
+    """tf.keras.layers.Embedding whose table is created as zeros (one buffer, which the variable takes
+    over) and then drawn from its initializer in place, a block of rows at a time (fill_rows). Its
+    variables, their names and its checkpoint keys are Embedding's."""
+
+    def build(self, input_shape=None):
+        initializer = self.embeddings_initializer
+        self.embeddings_initializer = tf.keras.initializers.Zeros()
+        try:
+            super().build(input_shape)
+        finally:
+            self.embeddings_initializer = initializer
+        fill_rows(self.embeddings, initializer)
+
+
 @register
 class SparseEmbeddings(tf.keras.layers.Layer):
     """Looks up every sparse feature in its (possibly shared) table; multivalent ones are pooled.
@@ -76,7 +131,7 @@ class SparseEmbeddings(tf.keras.layers.Layer):
     def __init__(self, tables: dict, features: list, dedup: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.table_specs, self.feature_specs, self.dedup = tables, features, dedup
-        self.tables = {name: tf.keras.layers.Embedding(t["rows"], t["dim"], dtype="float32", name=f"emb_{name}")
+        self.tables = {name: TableEmbedding(t["rows"], t["dim"], dtype="float32", name=f"emb_{name}")
                        for name, t in tables.items()}
 
     def call(self, features: dict) -> dict[str, tf.Tensor]:

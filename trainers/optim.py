@@ -53,10 +53,28 @@ def _own_step_kind(kind: type, trust_unique: bool) -> type:
     exists and that steps update every weight as the stock optimizer does."""
     body, name = {}, kind.__name__
     if kind is tf.keras.optimizers.Adagrad:
-        body["update_step"], name = _fused_adagrad_update, f"Fused{name}"
+        body["update_step"], body["build"], name = _fused_adagrad_update, _adagrad_build, f"Fused{name}"
     if trust_unique:
         body["_deduplicate_sparse_grad"], name = (lambda self, grads: grads), f"UniqueSparse{name}"
     return type(name, (kind,), body) if body else kind
+
+
+def _adagrad_build(self, var_list) -> None:
+    """tf-keras Adagrad's build, each accumulator's initial value a callable that tf.Variable runs where the
+    accumulator is placed. The stock build fills every accumulator on the calling device first: under
+    ParameterServerStrategy that is the coordinator, which then sends each table shard's accumulator to its PS
+    task, where the received copy stayed resident beside the variable (0.5x a task's state)."""
+    tf.keras.optimizers.Optimizer.build(self, var_list)
+    if getattr(self, "_built", False):
+        return
+    self._built = True
+    self._accumulators = []
+    value = self.initial_accumulator_value
+    for var in var_list:
+        dtype = getattr(var, "true_dtype", var.dtype)
+        def fill(shape=var.shape, dtype=dtype):
+            return tf.fill(shape, tf.cast(value, dtype))
+        self._accumulators.append(self.add_variable_from_reference(var, "accumulator", initial_value=fill))
 
 
 def _fused_adagrad_update(self, grad, variable) -> None:
