@@ -36,6 +36,7 @@ from recpipe.trainers.progress import Reporter
 from recpipe.trainers.item_to_item import fit_item_to_item
 from recpipe.trainers.selection import requested_config, select
 from recpipe.trainers.strategies.ps import LocalPSCluster, make_strategy, serve_task
+from recpipe.trainers.strategies.ps_placement import bytes_by_task, state_line
 from recpipe.trainers.strategies.restarts import fault_exit_code
 from recpipe.trainers.strategies.ps_tasks import Task, TaskWatch, silent_tasks, task_names, wait_for_tasks
 from recpipe.trainers.strategies.tf_config import PSCluster, TFConfig, tf_config
@@ -246,6 +247,17 @@ class _Checkpoints(tf.keras.callbacks.Callback):
         return step
 
 
+def _ps_state_line(model: tf.keras.Model) -> str:
+    """The MB of variables and optimizer slots each PS task holds (recpipe.trainers.strategies.ps_placement)."""
+    seen, pairs = set(), []
+    for v in [*model.variables, *model.optimizer.variables]:
+        for part in getattr(v, "variables", None) or [v]:  # a ShardedVariable's shards, each on its task
+            if id(part) not in seen:
+                seen.add(id(part))
+                pairs.append((part.device, part.shape.num_elements() * part.dtype.size))
+    return state_line(bytes_by_task(pairs))
+
+
 def _scalar(v) -> float:
     """A log value as a float; under ParameterServerStrategy logs are RemoteValues to fetch."""
     if hasattr(v, "fetch"):
@@ -269,6 +281,8 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
         with strategy.scope():
             model = compiled_model(cfg, artifact, optimizer_for(cfg, own_step=True),
                                    cfg.train.tuning.steps_per_execution)
+        if ps:
+            say(_ps_state_line(model))
         ckpt, manager = model_dir.checkpoint(model)
         start = 0
         resumed = model_dir.resume(ckpt, say)
