@@ -10,7 +10,10 @@ instead. Contenders, round-robin, each a fresh process, the same examples, batch
     to .npz.
 When TorchRec is faster, both steps are split into parts (input, lookup, interaction, MLPs, optimizers) on
 fixed batches (recpipe.bench.embedding_parts and the script's own timing). The peak RSS of our training
-process is also set against the bytes of its state (weights and Adagrad accumulators): train_rss_vs_state.
+process is also set against the bytes of its state (weights and Adagrad accumulators): train_rss_vs_state, and
+against the bound 1.3 x state + 800 MB (recpipe.bench.memory_bound): train_rss_vs_bound. The same model on a local
+PS cluster (2 PS tasks, 1 worker) sets each PS task's peak RSS against 1.3 x its share + its own base
+(recpipe.bench.ps_memory): train_ps_task_rss_vs_bound.
 """
 from __future__ import annotations
 
@@ -27,6 +30,9 @@ import yaml
 
 from recpipe.bench.common import CLI, run_measured
 from recpipe.bench.embedding_model import EmbeddingHeavySpec, bench_config, param_counts, state_bytes, table_rows
+from recpipe.bench.memory_bound import BASE_MB, PER_STATE, bound_mb, rss_vs_bound
+from recpipe.bench.ps_memory import bench_ps_memory
+from recpipe.bench.ps_memory import markdown as markdown_ps
 from recpipe.bench.train_runs import TrainRuns
 from recpipe.bench.zipf_log import write_zipf_log
 
@@ -43,12 +49,14 @@ class EmbeddingBenchOptions:
         steps: training steps of every contender (default: 20 quick, 1000 full).
         torchrec: run the TorchRec contender (it creates its environment, about 5.5 GB, when missing).
         env_cache: where the TorchRec environment lives (default: recpipe.bench.isolated_env.env_cache()).
+        ps_memory: also train on a local PS cluster and measure each PS task's memory (recpipe.bench.ps_memory).
     """
     quick: bool = False
     reps: int = 3
     steps: Optional[int] = None
     torchrec: bool = True
     env_cache: Optional[str] = None
+    ps_memory: bool = True
 
 
 def spec_for(o: EmbeddingBenchOptions) -> EmbeddingHeavySpec:
@@ -127,6 +135,14 @@ def bench_embedding(o: EmbeddingBenchOptions, work: str, say: Callable[[str], No
 
     state_mb = state_bytes(spec) / 2**20
     found = ratios(runs.results, state_mb)
+    ps_memory: dict = {}
+    if o.ps_memory:  # a failure here costs the PS figure, not the contenders' runs before it
+        try:
+            ps_memory = bench_ps_memory(pre, cfg_path, 20 if o.quick else 100, work, say)
+            found.update(ps_memory["ratios"])
+        except RuntimeError as e:
+            say(f"bench embedding: PS memory run failed: {e}")
+            ps_memory = {"error": str(e)}
     parts: dict = {}
     if found.get("train_embedding_heavy_vs_torchrec", 1.0) < 1.0:
         parts = _parts(spec, rows, pre, cfg_path, work, o, say)
@@ -134,7 +150,7 @@ def bench_embedding(o: EmbeddingBenchOptions, work: str, say: Callable[[str], No
             "spec": dataclasses.asdict(spec), "table_rows": rows, "configured_table_rows": table_rows(spec),
             "params": {"recpipe": param_counts(spec), "triangle": param_counts(spec, "triangle")},
             "state_mb": state_mb, "data": data, "runs": runs.results, "torchrec": torchrec, "parts": parts,
-            "ratios": found}
+            "ps_memory": ps_memory, "ratios": found}
 
 
 def ratios(results: dict, state_mb: float) -> dict:
@@ -151,7 +167,8 @@ def ratios(results: dict, state_mb: float) -> dict:
     def med(name: str, key: str = "examples_per_s") -> float:
         return results[name][key]["median"]
 
-    out = {"train_rss_vs_state": med("recpipe_train", "peak_rss_mb") / state_mb}
+    peak = med("recpipe_train", "peak_rss_mb")
+    out = {"train_rss_vs_state": peak / state_mb, "train_rss_vs_bound": rss_vs_bound(peak, state_mb)}
     for peer in ("tfrs_fit", "torchrec"):
         key = f"train_embedding_heavy_vs_{peer}"
         if peer in results:
@@ -201,6 +218,22 @@ def _parts_text(r: dict) -> str:
     return text
 
 
+def _rss_text(r: dict) -> str:
+    """The training process's peak RSS against its state and the bound, in words."""
+    peak, state = r["runs"]["recpipe_train"]["peak_rss_mb"]["median"], r["state_mb"]
+    return (f"the peak RSS of `recpipe train` ({peak:,.0f} MB) against {PER_STATE} × its state ({state:,.0f} MB of "
+            f"weights and Adagrad accumulators) + {BASE_MB:,.0f} MB = {bound_mb(state):,.0f} MB; above the state it "
+            f"holds {peak - state:,.0f} MB: TensorFlow and its libraries (about 740 MB before the model is built), "
+            f"the first step's trace and the input pipeline's buffers.")
+
+
+def _ps_text(p: dict) -> str:
+    """Each PS task's peak RSS against its bound, in words."""
+    return "; ".join(f"{t}: peak {d['peak_rss_mb']:,.0f} MB against {PER_STATE} × {d['state_mb']:,.0f} MB of state + "
+                     f"its base {d['base_rss_mb']:,.0f} MB = {PER_STATE * d['state_mb'] + d['base_rss_mb']:,.0f} MB"
+                     for t, d in p["tasks"].items()) + "."
+
+
 def explain(key: str, r: dict) -> Optional[str]:
     """Why an embedding-heavy target is where it is, from the run's own figures.
 
@@ -212,6 +245,10 @@ def explain(key: str, r: dict) -> Optional[str]:
         The explanation, or None for a key this suite does not report.
     """
     runs = r["runs"]
+    if key == "train_rss_vs_bound" and "recpipe_train" in runs:
+        return _rss_text(r)
+    if key == "train_ps_task_rss_vs_bound" and r.get("ps_memory", {}).get("tasks"):
+        return _ps_text(r["ps_memory"])
     if key not in ("train_embedding_heavy_vs_tfrs_fit", "train_embedding_heavy_vs_torchrec"):
         return None
     peer = "tfrs_fit" if key.endswith("tfrs_fit") else "torchrec"
@@ -288,6 +325,14 @@ def markdown(r: dict) -> str:
             lines += [f"- **{key}** = {ratios[key]:.3f}: {explain(key, r)}"]
     lines += [f"- **train_rss_vs_state** = {ratios['train_rss_vs_state']:.2f}: the peak RSS of `recpipe train` "
               f"({runs['recpipe_train']['peak_rss_mb']['median']:,.0f} MB) against its state ({r['state_mb']:,.0f} "
-              "MB of weights and Adagrad accumulators).", ""]
+              "MB of weights and Adagrad accumulators)."]
+    if "train_rss_vs_bound" in ratios:
+        lines += [f"- **train_rss_vs_bound** = {ratios['train_rss_vs_bound']:.3f}: {_rss_text(r)}"]
+    if r.get("ps_memory", {}).get("error"):
+        lines += [f"- **train_ps_task_rss_vs_bound** not measured: the PS run failed: {r['ps_memory']['error']}"]
+    elif r.get("ps_memory"):
+        lines += [f"- **train_ps_task_rss_vs_bound** = {ratios['train_ps_task_rss_vs_bound']:.3f} (the largest over the tasks): "
+                  f"{_ps_text(r['ps_memory'])}", "", markdown_ps(r["ps_memory"])]
+    lines += [""]
     lines += ["Reproduce: `.venv/bin/recpipe bench embedding` (`--quick` for the smoke run).", ""]
     return "\n".join(lines)

@@ -10,7 +10,9 @@ memory, not speed (`train_wall_s` is each day's wall time with the others beside
 every embedding table's rows × width × 4 bytes × 2 (float32 weights and the Adagrad accumulator).
 
 Ratio keys: lifecycle_train_rss_no_evict_vs_evict (the last day's peak RSS without eviction ÷ with),
-lifecycle_rss_mb_per_table_mb (least-squares slope of peak RSS on table MB over the days of both runs).
+lifecycle_rss_mb_per_table_mb (least-squares slope of peak RSS on table MB over the days of both runs),
+lifecycle_warm_day_rss_vs_bound (the largest, over both runs' warm-started days, of peak RSS ÷ (1.3 x table MB +
+800 MB): recpipe.bench.memory_bound).
 """
 from __future__ import annotations
 
@@ -27,10 +29,11 @@ import yaml
 from recpipe.features.artifact import TransformArtifact
 from recpipe.features.config import parse_config
 from recpipe.bench.common import CLI, generate_once, run_measured
+from recpipe.bench.memory_bound import BASE_MB, PER_STATE, bound_mb, rss_vs_bound
 from recpipe.trainers.memory import state_size
 
 __all__ = ["MemorySettings", "bench_memory_growth", "memory_config", "memory_settings", "preprocess_chain",
-           "item_table_rows", "table_mb", "markdown"]
+           "item_table_rows", "table_mb", "warm_day_vs_bound", "warm_day_text", "merge_memory_growth", "markdown"]
 
 START = dt.date(2026, 5, 1)
 ITEM_DIM = 64
@@ -146,6 +149,24 @@ def _run(work: str, evict: bool, quick: bool, say: Callable[[str], None]) -> lis
     return out
 
 
+def warm_day_vs_bound(runs: dict[str, list[dict]]) -> tuple[float, str, str]:
+    """The warm-started day furthest over the memory bound (every day of a chain but its first).
+
+    Args:
+        runs: {chain: [{"day", "table_mb", "train_peak_rss_mb"}, ...]} in day order.
+
+    Returns:
+        (peak RSS / (1.3 x table MB + 800 MB), its chain, its day); (nan, "", "") when no chain has a second day.
+    """
+    worst = (float("nan"), "", "")
+    for chain, days in sorted(runs.items()):
+        for d in days[1:]:
+            ratio = rss_vs_bound(d["train_peak_rss_mb"], d["table_mb"])
+            if not ratio <= worst[0]:  # nan at first
+                worst = (ratio, chain, d["day"])
+    return worst
+
+
 def bench_memory_growth(work: str, say: Callable[[str], None], quick: bool = False) -> dict:
     s = memory_settings(quick)
     _memory_log(work, s)  # before the chains' threads, which only read it
@@ -155,13 +176,30 @@ def bench_memory_growth(work: str, say: Callable[[str], None], quick: bool = Fal
     points = [(d["table_mb"], d["train_peak_rss_mb"]) for r in runs.values() for d in r]
     x, y = (np.array(v, dtype=np.float64) for v in zip(*points))
     slope = float(np.polyfit(x, y, 1)[0]) if np.ptp(x) > 0 else float("nan")
+    warm, warm_chain, warm_day = warm_day_vs_bound(runs)
     ratios = {"lifecycle_train_rss_no_evict_vs_evict": runs["no_evict"][-1]["train_peak_rss_mb"]
               / runs["evict"][-1]["train_peak_rss_mb"],
-              "lifecycle_rss_mb_per_table_mb": slope}
-    return {"runs": runs, "ratios": ratios,
+              "lifecycle_rss_mb_per_table_mb": slope, "lifecycle_warm_day_rss_vs_bound": warm}
+    return {"runs": runs, "ratios": ratios, "warm_day_worst": {"chain": warm_chain, "day": warm_day},
             "settings": {"days": list(s.days), "rows_per_day": s.rows_per_day, "items_per_day": s.items_per_day,
                          "item_drift": s.item_drift, "max_size": s.max_size, "evict_unseen_days": s.evict_unseen_days,
                          "steps_per_day": s.steps_per_day, "item_dim": ITEM_DIM}}
+
+
+def merge_memory_growth(result: dict, memory: dict, machine: dict) -> dict:
+    """A lifecycle suite's result with its memory part measured again alone (bench_memory_growth), the DAG runs'
+    figures kept: the memory part names its own run (machine, date, commit).
+
+    Args:
+        result: the lifecycle suite's result (recpipe.bench.lifecycle.bench_lifecycle, with "machine").
+        memory: bench_memory_growth's result.
+        machine: recpipe.bench.common.machine_info() of the memory run.
+
+    Returns:
+        A new result: memory_growth replaced (with "machine"), its ratio keys updated.
+    """
+    return {**result, "memory_growth": {**memory, "machine": machine},
+            "ratios": {**result.get("ratios", {}), **memory["ratios"]}}
 
 
 def markdown(r: dict) -> str:
@@ -169,10 +207,36 @@ def markdown(r: dict) -> str:
     lines = [f"Memory growth over {len(s['days'])} days ({s['rows_per_day']:,} rows a day, {s['items_per_day']:,} "
              f"active items, {s['item_drift']:,} new a day; items admitted at their first row, {s['item_dim']} wide, "
              f"the evicting chain's evicted after {s['evict_unseen_days']} day(s) unseen; "
-             f"{s['steps_per_day']} warm-started steps a day). Table MB: weights + Adagrad state of every table.", "",
+             f"{s['steps_per_day']} warm-started steps a day). Table MB: weights + Adagrad state of every table."
+             + (f" Measured alone on {r['machine'].get('date')} (commit {str(r['machine'].get('git_commit'))[:10]}), "
+                f"apart from the DAG runs above." if r.get("machine") else ""), "",
              "| day | item rows, evicting | table MB | peak train RSS MB | item rows, not evicting | table MB | "
              "peak train RSS MB |", "|---|---|---|---|---|---|---|"]
     for a, b in zip(r["runs"]["evict"], r["runs"]["no_evict"]):
         lines.append(f"| {a['day']} | {a['item_table_rows']:,} | {a['table_mb']:.1f} | {a['train_peak_rss_mb']:,.0f} | "
                      f"{b['item_table_rows']:,} | {b['table_mb']:.1f} | {b['train_peak_rss_mb']:,.0f} |")
+    if "lifecycle_warm_day_rss_vs_bound" in r["ratios"]:
+        lines += ["", f"- **lifecycle_warm_day_rss_vs_bound** = {r['ratios']['lifecycle_warm_day_rss_vs_bound']:.3f}: "
+                      f"{warm_day_text(r)}"]
     return "\n".join(lines)
+
+
+def warm_day_text(r: dict) -> str:
+    """The warm-started day furthest over the memory bound, in words.
+
+    Args:
+        r: bench_memory_growth's result.
+
+    Returns:
+        Its peak RSS against 1.3 x its table MB + 800 MB.
+    """
+    worst = r.get("warm_day_worst") or {}
+    day = next((d for d in r["runs"].get(worst.get("chain", ""), []) if d["day"] == worst.get("day")), None)
+    if day is None:
+        return "no warm-started day was run."
+    return (f"the worst warm-started day, {worst['day']} of the {worst['chain']} run, peaked at "
+            f"{day['train_peak_rss_mb']:,.0f} MB against {PER_STATE} × {day['table_mb']:.1f} MB of tables + "
+            f"{BASE_MB:,.0f} MB = {bound_mb(day['table_mb']):,.0f} MB; above the tables it held "
+            f"{day['train_peak_rss_mb'] - day['table_mb']:,.0f} MB: TensorFlow and its libraries (about 740 MB "
+            f"before the model is built), the warm start's read of the previous day's tables, the first step's "
+            f"trace and the input pipeline.")

@@ -520,11 +520,20 @@ def _scaling(key: str, found: dict) -> Optional[str]:
     return explain(key, found["scaling"]) if "scaling" in found else None
 
 
+def _warm_day_memory(key: str, found: dict) -> Optional[str]:
+    """lifecycle_warm_day_rss_vs_bound: the worst warm-started day's peak RSS against its bound."""
+    memory = found.get("lifecycle", {}).get("memory_growth")
+    if key != "lifecycle_warm_day_rss_vs_bound" or not memory:
+        return None
+    from recpipe.bench.lifecycle_memory import warm_day_text
+    return warm_day_text(memory)
+
+
 # Each explains the keys it knows from what the same run measured, or returns None.
 _EXPLANATIONS = (_horovod_vs_plain, _horovod_scaling, _ps_vs_local, _bf16_vs_fp32, _vs_tfrs_fit, _cluster_prediction,
                  _beam_vs_duckdb, _quality_margin, _retrieval_vs_popularity, _auc_vs_lightgbm, _recall_vs_ease,
                  _export_bytes, _lifecycle_gap, _serve_p99, _serve_qps, _real_vs_synthetic, _embedding_heavy,
-                 _scaling)
+                 _scaling, _warm_day_memory)
 
 
 def _why(key: str, found: dict) -> str:

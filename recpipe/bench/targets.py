@@ -41,6 +41,9 @@ TARGETS = {
     "train_embedding_heavy_vs_tfrs_fit": (">=", 1.5),
     "train_embedding_heavy_vs_torchrec": (">=", 1.0),
     "scaling_preprocess_rss_slope_direct": ("<=", 0.18),
+    "train_rss_vs_bound": ("<=", 1.0),
+    "train_ps_task_rss_vs_bound": ("<=", 1.0),
+    "lifecycle_warm_day_rss_vs_bound": ("<=", 1.0),
 }
 
 # Ratios once held to a target, now reported as figures with the bound that retired them (measured in the
@@ -117,10 +120,19 @@ MEANINGS = {
     "scaling_preprocess_rss_slope_direct": "the exponent of the default job's peak RSS against the log's rows "
                                            "(least squares on log-log over 1M, 10M and 50M rows); 0.18 is "
                                            "`preprocess_rss_10x_vs_1x`'s 1.5x per tenfold rows",
+    "train_rss_vs_bound": "peak RSS of `recpipe train` on the embedding-heavy DLRM ÷ (1.3 × its state, the weights "
+                          "and Adagrad accumulators, + 800 MB)",
+    "train_ps_task_rss_vs_bound": "the same DLRM on a local PS cluster (2 PS tasks, 1 worker): each PS task's peak RSS ÷ "
+                            "(1.3 × the variables and accumulators placed on it + its RSS before any was), the "
+                            "largest over the tasks",
+    "lifecycle_warm_day_rss_vs_bound": "peak RSS of a warm-started day's `recpipe train` ÷ (1.3 × its tables' "
+                                       "weights and Adagrad accumulators + 800 MB), the largest over the memory "
+                                       "runs' warm-started days",
 }
 
 # The ratios whose key does not start with the name of the suite that measures them: key -> suite.
-SUITE_OF = {"train_embedding_heavy_vs_tfrs_fit": "embedding", "train_embedding_heavy_vs_torchrec": "embedding"}
+SUITE_OF = {"train_embedding_heavy_vs_tfrs_fit": "embedding", "train_embedding_heavy_vs_torchrec": "embedding",
+            "train_rss_vs_bound": "embedding", "train_ps_task_rss_vs_bound": "embedding"}
 
 
 def suite_of(key: str) -> str:
