@@ -71,3 +71,24 @@ def test_a_memory_part_measured_again_replaces_the_old_one_and_keeps_the_rest():
                              "lifecycle_warm_day_rss_vs_bound": 0.9}
     assert got["memory_growth"]["machine"] == {"date": "now"} and got["machine"] == {"date": "then"}
     assert got["runs"] is old["runs"] and old["memory_growth"]["ratios"]["lifecycle_rss_mb_per_table_mb"] == 4.4
+
+
+def test_the_embedding_suites_memory_figures_merge_into_a_full_runs_result():
+    from recpipe.bench.embedding import explain, markdown, merge_memory
+    run = {"examples_per_s": {"median": 100.0, "min": 90.0, "max": 110.0}, "eval_auc": {"median": 0.7},
+           "peak_rss_mb": {"median": 4000.0, "values": [4000.0]}}
+    full = {"runs": {"recpipe_train": run},
+            "ratios": {"train_rss_vs_state": 2.0, "train_embedding_heavy_vs_tfrs_fit": 1.2},
+            "state_mb": 2000.0, "spec": {"log_rows": 10, "batch_size": 8, "tables": 2, "dim": 4, "bottom_layers": [4],
+                                         "deep_layers": [4], "exponent": 1.05, "learning_rate": 0.05, "threads": 2},
+            "table_rows": [5, 6], "steps": 10, "reps": 1, "quick": True, "machine": {"cpus": 2, "cpu": "test"},
+            "params": {"recpipe": {"embedding": 44, "dense": 10, "embedding_vs_dense": 4.4},
+                       "triangle": {"dense": 8}}, "torchrec": {}, "parts": {}}
+    memory = {"steps": 10, "reps": 3, "state_mb": 2000.0,
+              "recpipe_train": {**run, "peak_rss_mb": {"median": 3000.0, "values": [3000.0, 2990.0, 3010.0]}},
+              "ps_memory": {}, "ratios": {"train_rss_vs_state": 1.5, "train_rss_vs_bound": 3000 / 3400}}
+    got = merge_memory(full, memory, {"date": "now", "git_commit": "abc"})
+    assert got["ratios"] == {"train_rss_vs_state": 1.5, "train_embedding_heavy_vs_tfrs_fit": 1.2,
+                             "train_rss_vs_bound": pytest.approx(3000 / 3400)}
+    assert got["runs"] is full["runs"] and got["memory_run"]["machine"]["date"] == "now"
+    assert "3,000 MB" in explain("train_rss_vs_bound", got) and "measured alone on now" in markdown(got)

@@ -36,7 +36,8 @@ from recpipe.bench.ps_memory import markdown as markdown_ps
 from recpipe.bench.train_runs import TrainRuns
 from recpipe.bench.zipf_log import write_zipf_log
 
-__all__ = ["EmbeddingBenchOptions", "spec_for", "bench_embedding", "ratios", "explain", "markdown"]
+__all__ = ["EmbeddingBenchOptions", "spec_for", "bench_embedding", "bench_memory", "merge_memory", "ratios", "explain",
+           "markdown"]
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,48 @@ def bench_embedding(o: EmbeddingBenchOptions, work: str, say: Callable[[str], No
             "ps_memory": ps_memory, "ratios": found}
 
 
+def bench_memory(o: EmbeddingBenchOptions, work: str, say: Callable[[str], None]) -> dict:
+    """The suite's memory figures alone: `recpipe train`'s peak RSS (o.reps runs) and, with o.ps_memory, the PS
+    tasks' (recpipe.bench.ps_memory), without the peers' runs (merge_memory puts them into a full run's result).
+
+    Args:
+        o: the options (torchrec is not read).
+        work: a work folder, as bench_embedding's.
+        say: progress messages.
+
+    Returns:
+        {"steps", "reps", "state_mb", "recpipe_train": TrainRuns' summary, "ps_memory", "ratios"}.
+    """
+    os.makedirs(work, exist_ok=True)
+    spec, steps = spec_for(o), o.steps or (20 if o.quick else 1000)
+    cfg_path, pre, _ = _prepare(spec, steps, work, say)
+    runs = TrainRuns(work, o.reps, say)
+    runs.plan("recpipe_train", pre, cfg_path, steps)
+    runs.run_planned()
+    state_mb = state_bytes(spec) / 2**20
+    peak = runs.results["recpipe_train"]["peak_rss_mb"]["median"]
+    found = {"train_rss_vs_state": peak / state_mb, "train_rss_vs_bound": rss_vs_bound(peak, state_mb)}
+    ps_memory = bench_ps_memory(pre, cfg_path, 20 if o.quick else 100, work, say) if o.ps_memory else {}
+    found.update(ps_memory.get("ratios", {}))
+    return {"steps": steps, "reps": o.reps, "state_mb": state_mb, "recpipe_train": runs.results["recpipe_train"],
+            "ps_memory": ps_memory, "ratios": found}
+
+
+def merge_memory(result: dict, memory: dict, machine: dict) -> dict:
+    """A full run's result with its memory figures measured again alone (bench_memory), the contenders' runs kept.
+
+    Args:
+        result: bench_embedding's result (with "machine").
+        memory: bench_memory's result.
+        machine: recpipe.bench.common.machine_info() of the memory run.
+
+    Returns:
+        A new result: "memory_run" (the memory run, with its machine), "ps_memory" and the memory ratios replaced.
+    """
+    return {**result, "memory_run": {**{k: v for k, v in memory.items() if k != "ps_memory"}, "machine": machine},
+            "ps_memory": memory.get("ps_memory", {}), "ratios": {**result.get("ratios", {}), **memory["ratios"]}}
+
+
 def ratios(results: dict, state_mb: float) -> dict:
     """The suite's ratios from its runs' summaries (TorchRec's when it ran).
 
@@ -220,8 +263,15 @@ def _parts_text(r: dict) -> str:
 
 def _rss_text(r: dict) -> str:
     """The training process's peak RSS against its state and the bound, in words."""
-    peak, state = r["runs"]["recpipe_train"]["peak_rss_mb"]["median"], r["state_mb"]
-    return (f"the peak RSS of `recpipe train` ({peak:,.0f} MB) against {PER_STATE} × its state ({state:,.0f} MB of "
+    source = r.get("memory_run") or r["runs"]
+    peak, state = source["recpipe_train"]["peak_rss_mb"]["median"], r["state_mb"]
+    when = ""
+    if r.get("memory_run"):
+        m = r["memory_run"]
+        when = (f" (measured alone on {m['machine'].get('date')}, {m['reps']} runs of {m['steps']} steps, after the "
+                f"contenders' run)")
+    return (f"the peak RSS{when} of `recpipe train` ({peak:,.0f} MB) against {PER_STATE} × its state "
+            f"({state:,.0f} MB of "
             f"weights and Adagrad accumulators) + {BASE_MB:,.0f} MB = {bound_mb(state):,.0f} MB; above the state it "
             f"holds {peak - state:,.0f} MB: TensorFlow and its libraries (about 740 MB before the model is built), "
             f"the first step's trace and the input pipeline's buffers.")
@@ -323,15 +373,24 @@ def markdown(r: dict) -> str:
     for key in ("train_embedding_heavy_vs_tfrs_fit", "train_embedding_heavy_vs_torchrec"):
         if key in ratios:
             lines += [f"- **{key}** = {ratios[key]:.3f}: {explain(key, r)}"]
+    rss = (r.get("memory_run") or runs)["recpipe_train"]["peak_rss_mb"]["median"]
     lines += [f"- **train_rss_vs_state** = {ratios['train_rss_vs_state']:.2f}: the peak RSS of `recpipe train` "
-              f"({runs['recpipe_train']['peak_rss_mb']['median']:,.0f} MB) against its state ({r['state_mb']:,.0f} "
-              "MB of weights and Adagrad accumulators)."]
+              f"({rss:,.0f} MB) against its state ({r['state_mb']:,.0f} MB of weights and Adagrad accumulators)."]
+    if r.get("memory_run"):
+        m = r["memory_run"]
+        lines += [f"- The memory figures (train_rss_vs_state, train_rss_vs_bound, the PS tasks') come from a run of "
+                  f"`recpipe train` alone on {m['machine'].get('date')} (commit "
+                  f"{str(m['machine'].get('git_commit'))[:10]}; {m['reps']} runs of {m['steps']} steps, "
+                  f"{m['recpipe_train']['examples_per_s']['median']:,.0f} ex/s, peak RSS "
+                  + " / ".join(f"{v:,.0f}" for v in m["recpipe_train"]["peak_rss_mb"]["values"])
+                  + " MB); the contenders' table and the speed ratios from the full run above."]
     if "train_rss_vs_bound" in ratios:
         lines += [f"- **train_rss_vs_bound** = {ratios['train_rss_vs_bound']:.3f}: {_rss_text(r)}"]
     if r.get("ps_memory", {}).get("error"):
         lines += [f"- **train_ps_task_rss_vs_bound** not measured: the PS run failed: {r['ps_memory']['error']}"]
     elif r.get("ps_memory"):
-        lines += [f"- **train_ps_task_rss_vs_bound** = {ratios['train_ps_task_rss_vs_bound']:.3f} (the largest over the tasks): "
+        lines += [f"- **train_ps_task_rss_vs_bound** = {ratios['train_ps_task_rss_vs_bound']:.3f} (the largest over "
+                  "the tasks): "
                   f"{_ps_text(r['ps_memory'])}", "", markdown_ps(r["ps_memory"])]
     lines += [""]
     lines += ["Reproduce: `.venv/bin/recpipe bench embedding` (`--quick` for the smoke run).", ""]
