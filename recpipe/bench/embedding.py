@@ -268,9 +268,8 @@ def _rss_text(r: dict) -> str:
     when = ""
     if r.get("memory_run"):
         m = r["memory_run"]
-        when = (f" (measured alone on {m['machine'].get('date')}, {m['reps']} runs of {m['steps']} steps, after the "
-                f"contenders' run)")
-    return (f"the peak RSS{when} of `recpipe train` ({peak:,.0f} MB) against {PER_STATE} × its state "
+        when = f"; measured alone on {m['machine'].get('date')}, {m['reps']} runs of {m['steps']} steps"
+    return (f"the peak RSS of `recpipe train` ({peak:,.0f} MB{when}) against {PER_STATE} × its state "
             f"({state:,.0f} MB of "
             f"weights and Adagrad accumulators) + {BASE_MB:,.0f} MB = {bound_mb(state):,.0f} MB; above the state it "
             f"holds {peak - state:,.0f} MB: TensorFlow and its libraries (about 740 MB before the model is built), "
@@ -383,7 +382,8 @@ def markdown(r: dict) -> str:
                   f"{str(m['machine'].get('git_commit'))[:10]}; {m['reps']} runs of {m['steps']} steps, "
                   f"{m['recpipe_train']['examples_per_s']['median']:,.0f} ex/s, peak RSS "
                   + " / ".join(f"{v:,.0f}" for v in m["recpipe_train"]["peak_rss_mb"]["values"])
-                  + " MB); the contenders' table and the speed ratios from the full run above."]
+                  + " MB; `recpipe.bench.embedding.bench_memory`, merged by `merge_memory`); the contenders' table "
+                  "and the speed ratios come from the full run above."]
     if "train_rss_vs_bound" in ratios:
         lines += [f"- **train_rss_vs_bound** = {ratios['train_rss_vs_bound']:.3f}: {_rss_text(r)}"]
     if r.get("ps_memory", {}).get("error"):

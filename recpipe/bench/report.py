@@ -64,6 +64,16 @@ def _explain(key: str, value: Optional[float], found: dict) -> str:
         return NULL_FIGURE
 
 
+def _machine_of(key: str, r: dict) -> dict:
+    """The run that measured a ratio: a part measured again alone and merged into the suite's result (the
+    embedding suite's memory_run, the lifecycle suite's memory_growth) names its own; else the suite's."""
+    for part in ("memory_run", "memory_growth"):
+        got = r.get(part) or {}
+        if key in got.get("ratios", {}) and got.get("machine"):
+            return got["machine"]
+    return r.get("machine", {})
+
+
 def write_report(out_dir: str) -> str:
     """bench/results/REPORT.md (+ PNG plots) from the suite results in out_dir. Each file is replaced whole
     (temp file + rename): runs of different suites writing into one folder at once never leave a torn one."""
@@ -86,8 +96,8 @@ def write_report(out_dir: str) -> str:
         r = found.get(suite_of(key))
         if key in ratios:
             mark = "yes" if _meets(key, ratios[key]) else "**no**: see below"
-            when = f"{r['machine'].get('date', '')}{' (quick)' if r.get('quick') else ''}{_isa(r['machine'])}" \
-                if r else ""
+            m = _machine_of(key, r) if r else {}
+            when = f"{m.get('date', '')}{' (quick)' if r.get('quick') else ''}{_isa(m)}" if r else ""
             lines.append(f"| {key} | {_fmt(ratios[key])} | {op} {target:g} | {mark} | {when} |")
         else:
             lines.append(f"| {key} | not run | {op} {target:g} | | |")
