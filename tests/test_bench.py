@@ -194,8 +194,8 @@ def test_a_nan_figure_is_written_as_null_and_the_report_and_compare_name_it(tmp_
     save_result(str(tmp_path), "quality", {"machine": machine,
                                            "ratios": {"quality_instacart_recall10_vs_popularity": 1.2},
                                            "retrieval": {"instacart": {
-        "two_tower": {"recall_at_10_mean": 0.07, "recall_at_10_sd": 0.01, "new_recall_at_10_mean": 0.02,
-                      "history_recall_at_10_mean": nan, "history_recall_at_10_sd": nan},
+        "model": {"recall_at_10_mean": 0.07, "recall_at_10_sd": 0.01, "new_recall_at_10_mean": 0.02,
+                  "history_recall_at_10_mean": nan, "history_recall_at_10_sd": nan, "runs": [{"kept": "two_tower"}]},
         "most_popular": no_rows, "cooccurrence": no_rows, "examples": 100, "new_examples": 40,
         "history_examples": 0}}}, "# quality\n")
 

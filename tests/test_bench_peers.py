@@ -142,8 +142,9 @@ def test_the_report_explains_a_missed_peer_target_with_the_per_seed_figures(tmp_
     ranking = {"default": {"auc_mean": 0.745, "auc_sd": 0.005, "runs": seeds},
                "lightgbm": {"auc_mean": 0.76, "auc_sd": 0.001, "params": {"num_leaves": 15}, "runs": seeds}}
     peer = {"recall_at_10": 0.1, "new_recall_at_10": 0.04, "history_recall_at_10": 0.1}
-    instacart = {"two_tower": {"recall_at_10_mean": 0.17, "recall_at_10_sd": 0.0, "new_recall_at_10_mean": 0.025,
-                               "new_recall_at_10_sd": 0.005, "runs": seeds},
+    kept = [{**s, "kept": "two_tower"} for s in seeds]
+    instacart = {"model": {"recall_at_10_mean": 0.17, "recall_at_10_sd": 0.0, "new_recall_at_10_mean": 0.025,
+                           "new_recall_at_10_sd": 0.005, "runs": kept},
                  "most_popular": peer, "cooccurrence": peer, "new_examples": 1843,
                  "ease": {**peer, "lambda": 300.0, "validation_new_recall_at_10": 0.044},
                  "als": {"new_recall_at_10_mean": 0.036, "new_recall_at_10_sd": 0.001}}

@@ -33,7 +33,7 @@ from recpipe.trainers.optim import optimizer_for, precision_policy
 from recpipe.trainers.options import TrainOptions
 from recpipe.trainers.prepare import prepare_run
 from recpipe.trainers.progress import Reporter
-from recpipe.trainers.item_to_item import fit_item_to_item
+from recpipe.trainers.item_to_item_fit import fit_item_to_item
 from recpipe.trainers.selection import requested_config, select
 from recpipe.trainers.strategies.ps import LocalPSCluster, make_strategy, serve_task
 from recpipe.trainers.strategies.ps_placement import bytes_by_task, state_line

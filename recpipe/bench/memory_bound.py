@@ -1,4 +1,4 @@
-"""The memory bound of issue 66 ("memory close to the state"): a training process's peak RSS against
+"""The memory bound a training process is held to (its peak RSS close to its state): its peak RSS against
 PER_STATE x (its weights and optimizer slots) + BASE_MB, and a PS task's against PER_STATE x its share of them +
 its own base (the RSS of the task before any variable is placed on it). A ratio <= 1 meets the bound."""
 from __future__ import annotations
