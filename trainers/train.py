@@ -63,7 +63,9 @@ def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
     selected = select(opts, say, lambda one: train(one, say))
     if selected is not None:
         return selected
-    if requested_config(opts).model.type == "item_to_item":  # closed form, in this process, any strategy
+    cluster = tf_config() if opts.run.strategy == "ps" else None
+    serves = cluster is not None and cluster.task_type != "chief"  # a PS cluster's other tasks serve the chief's job
+    if not serves and requested_config(opts).model.type == "item_to_item":  # closed form, in this process
         with naming_bad_shards(opts.data_dir), writer_lock(opts):
             return fit_item_to_item(opts, say)
     if launches_ranks(opts.run):  # `recpipe train` calls recpipe.trainers.strategies.hvd_job itself, before importing TensorFlow
