@@ -3,7 +3,6 @@ the model's weights set from it (recpipe.trainers.item_to_item has the method an
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Callable
 
@@ -98,6 +97,5 @@ def fit_item_to_item(opts: TrainOptions, say: Callable[[str], None]) -> TrainSta
     say(f"train: item_to_item: kept λ {lam:g} (validation {h.metric} {h.best:.4f}); {scored}, {seconds:.1f} s")
     state = TrainState(len(h.history), len(h.history), 0, 0.0, 0.0, float("nan"), "local", opts.run.precision,
                        cfg.train.batch_size, data_dir=PreprocessedData(opts.data_dir).root, best_step=h.best_step)
-    os.makedirs(model_dir.root, exist_ok=True)
     model_dir.write_state(state)
     return state
