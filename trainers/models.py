@@ -23,8 +23,8 @@ from recpipe.trainers.item_to_item import TIE as ITEM_TO_ITEM_TIE
 from recpipe.trainers.item_to_item import known_ids
 from recpipe.trainers.layers import CrossStack, DotInteractionBlock, SparseEmbeddings, mlp, register
 
-__all__ = ["ItemToItemModel", "RankingModel", "RetrievalModel", "build_model", "compiled_model", "dummy_batch", "embedding_layer",
-           "table_shapes"]
+__all__ = ["ItemToItemModel", "RankingModel", "RetrievalModel", "build_model", "compiled_model", "dummy_batch",
+           "embedding_layer", "table_shapes"]
 
 
 class _Model(tfrs.Model):
@@ -355,7 +355,8 @@ def build_model(cfg: Config, artifact: TransformArtifact) -> tf.keras.Model:
                               m.query_features, m.candidate_features, m.tower_layers,
                               grad_accum_steps=t.grad_accum_steps, temperature=m.temperature,
                               candidate_log_q=candidate_log_q(cfg, artifact) if logq_correction(cfg) else None,
-                              uniform_negatives=m.uniform_negatives, candidate_ids=known_ids(cfg, artifact, m.candidate_features[0]),
+                              uniform_negatives=m.uniform_negatives,
+                              candidate_ids=known_ids(cfg, artifact, m.candidate_features[0]),
                               remove_accidental_hits=m.remove_accidental_hits,
                               name="two_tower_retrieval")
     return RankingModel(embedding_layer(cfg, artifact), _interaction(cfg),

@@ -37,7 +37,7 @@ from recpipe.trainers.options import TrainOptions, run_flags
 from recpipe.trainers.strategies.tf_config import tf_config
 
 __all__ = ["SELECTION_FILE", "CandidateResult", "Selection", "requested_config", "types_to_train", "with_type",
-           "pick", "select", "selection_metric", "train_subprocess"]
+           "pick", "select", "selection_metric", "serves_the_chief", "train_subprocess"]
 
 SELECTION_FILE = "selection.json"
 _CANDIDATES = "candidates"
@@ -195,8 +195,7 @@ def select(opts: TrainOptions, say: Callable[[str], None], train_one: Callable[[
     Raises:
         TrainError: MODEL_DIR holds a model not trained by selection, or every candidate failed.
     """
-    cluster = tf_config() if opts.run.strategy == "ps" else None
-    if cluster is not None and cluster.task_type != "chief":  # a TF_CONFIG worker or PS task serves every candidate
+    if serves_the_chief(opts):  # a TF_CONFIG worker or PS task serves every candidate
         return None
     cfg = requested_config(opts)
     if cfg.model.type != "auto":
@@ -228,6 +227,20 @@ def select(opts: TrainOptions, say: Callable[[str], None], train_one: Callable[[
     if state is None:
         raise TrainError(f"{opts.model_dir}: the kept candidate {winner.type} wrote no train state")
     return state
+
+
+def serves_the_chief(opts: TrainOptions) -> bool:
+    """Whether this process is a TF_CONFIG PS cluster's worker or PS task, which serves the chief's job and
+    reads no config of its own.
+
+    Args:
+        opts: the train options.
+
+    Returns:
+        True under --strategy ps with a TF_CONFIG naming a task other than the chief.
+    """
+    cluster = tf_config() if opts.run.strategy == "ps" else None
+    return cluster is not None and cluster.task_type != "chief"
 
 
 def selection_metric(cfg: Config) -> str:

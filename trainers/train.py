@@ -34,7 +34,7 @@ from recpipe.trainers.options import TrainOptions
 from recpipe.trainers.prepare import prepare_run
 from recpipe.trainers.progress import Reporter
 from recpipe.trainers.item_to_item_fit import fit_item_to_item
-from recpipe.trainers.selection import requested_config, select
+from recpipe.trainers.selection import requested_config, select, serves_the_chief
 from recpipe.trainers.strategies.ps import LocalPSCluster, make_strategy, serve_task
 from recpipe.trainers.strategies.ps_placement import bytes_by_task, state_line
 from recpipe.trainers.strategies.restarts import fault_exit_code
@@ -63,9 +63,7 @@ def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
     selected = select(opts, say, lambda one: train(one, say))
     if selected is not None:
         return selected
-    cluster = tf_config() if opts.run.strategy == "ps" else None
-    serves = cluster is not None and cluster.task_type != "chief"  # a PS cluster's other tasks serve the chief's job
-    if not serves and requested_config(opts).model.type == "item_to_item":  # closed form, in this process
+    if not serves_the_chief(opts) and requested_config(opts).model.type == "item_to_item":  # closed form, here
         with naming_bad_shards(opts.data_dir), writer_lock(opts):
             return fit_item_to_item(opts, say)
     if launches_ranks(opts.run):  # `recpipe train` calls recpipe.trainers.strategies.hvd_job itself, before importing TensorFlow

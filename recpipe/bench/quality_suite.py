@@ -15,8 +15,8 @@ The same for a second real ranking log of another schema: MovieLens-100K's six c
 
 Retrieval, on the real Instacart sample (recpipe.pipeline.instacart; leave-last-out per user) and on
 MovieLens-100K (users with attributes, movies with genres; time split): the config's model over seeds (both
-configs name no type: `recpipe train` keeps the two towers or item_to_item on validation) against the most-popular and co-occurrence baselines on the same split, recall@10 against every
-candidate, and again on the rows whose candidate is new to the user, with the user's earlier ones
+configs name no type: `recpipe train` keeps the two towers or item_to_item on validation) against the
+most-popular and co-occurrence baselines on the same split, recall@10 against every candidate, and again on the rows whose candidate is new to the user, with the user's earlier ones
 removed; beside them the peers a practitioner would run, learnt from the train clicks and tuned on
 validation's seen-excluded recall@10: EASE (closed-form item-item, the evaluation's own `baselines.ease`,
 recpipe.trainers.evaluation.ease) and implicit's ALS over seeds (recpipe.bench.als_peer). Ratio keys: the
@@ -159,8 +159,8 @@ def _ease(b: dict) -> dict:
 
 def _retrieval(work: str, say: Callable[[str], None], name: str, cfg_path: str, log: str, seed_list: list[int],
                steps: int | None, quick: bool = False) -> dict:
-    """The config's model (for type auto, the candidate kept on validation) over seeds against the most-popular and co-occurrence baselines and the EASE
-    and ALS peers, recall@10 over every candidate, again on the rows whose candidate is new to the user
+    """The config's model (for type auto, the candidate kept on validation) over seeds against the most-popular
+    and co-occurrence baselines and the EASE and ALS peers, recall@10 over every candidate, again on the rows whose candidate is new to the user
     (`new_*`), and on the rows whose user clicked anything before the split (`history_*`; the rest are
     cold-start users). `ease_applies`: a per-user (leave-last-out) split with a query key."""
     with open(cfg_path) as fh:

@@ -143,7 +143,8 @@ def retrieval_scores(cfg: Config, model: tf.keras.Model, data_dir: str, split: s
 
         def score_rows(batch, clicked):
             return query_fn(batch).numpy()[clicked] @ cand.T
-    seen, scored = seen_matrix(clicks, split, len(candidates.ids)), clicks[split]  # the split's clicked rows, in the order read below
+    # the split's clicked rows, in the order read below
+    seen, scored = seen_matrix(clicks, split, len(candidates.ids)), clicks[split]
     plain, excluded, history, done = [], [], [], 0
     kept: dict[str, list] = {f: [] for f in (slices.features() if slices else [])}
     for batch in make_dataset(cfg, data_dir, split, batch_size, training=False):
