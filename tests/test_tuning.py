@@ -81,7 +81,7 @@ def _assert_same_steps(stock: list, ours: list) -> None:
     for a, b in zip(stock, ours):
         np.testing.assert_allclose(a, b, rtol=2e-6, atol=1e-8)  # weights of about 0.05: 1e-8 is 2e-7 of them
         moved += not np.array_equal(a, b)
-    assert moved, "the fused kernels computed bit for bit what the stock ops do: is the Adagrad override used?"
+    assert moved, "our update computed bit for bit what the stock ops do: is the Adagrad override used?"
 
 
 @pytest.mark.integration
@@ -91,7 +91,7 @@ def _assert_same_steps(stock: list, ours: list) -> None:
 def test_the_optimizer_skips_re_deduplicating_only_gradients_that_are_unique(preprocessed, model):
     """With ID dedup a model's sparse gradients have unique indices, so its optimizer need not make them
     unique again (recpipe.trainers.optim.sparse_grads_are_unique): checked for every ranking model, and two steps of
-    the trusting optimizer (Adagrad's fused kernels) update every weight and accumulator as the stock one
+    the trusting optimizer (recpipe's Adagrad update) update every weight and accumulator as the stock one
     does, but for where the kernels add epsilon."""
     from recpipe.trainers.models import accumulated_gradients
     from recpipe.trainers.optim import optimizer_for, sparse_grads_are_unique
@@ -104,14 +104,18 @@ def test_the_optimizer_skips_re_deduplicating_only_gradients_that_are_unique(pre
     assert indices and all(len(np.unique(i)) == len(i) for i in indices)
     stock, ours = optimizer_for(cfg), optimizer_for(cfg, own_step=True)
     assert type(stock) is tf.keras.optimizers.Adagrad and hasattr(stock, "_deduplicate_sparse_grad")
-    assert type(ours).__name__ == "UniqueSparseFusedAdagrad"  # tf-keras' method replaced, as above
-    _assert_same_steps(_two_steps(cfg, preprocessed, batch, 1, stock), _two_steps(cfg, preprocessed, batch, 1, ours))
+    assert type(ours).__name__ == "UniqueSparseOwnAdagrad"  # tf-keras' method replaced, as above
+    stock_steps = _two_steps(cfg, preprocessed, batch, 1, stock)
+    _assert_same_steps(stock_steps, _two_steps(cfg, preprocessed, batch, 1, ours))
+    # under PS each table's rows are updated inside one kernel instead: the same steps
+    shared = optimizer_for(cfg, own_step=True, shared=True)
+    _assert_same_steps(stock_steps, _two_steps(cfg, preprocessed, batch, 1, shared))
 
 
 @pytest.mark.integration
 def test_repeated_sparse_gradients_keep_the_optimizers_dedup(preprocessed):
     """Gradient accumulation (micro-batches' rows concatenated) and a retrieval model's uniform negatives (a
-    second lookup of the item table) repeat indices: sparse_grads_are_unique says so, and the fused
+    second lookup of the item table) repeat indices: sparse_grads_are_unique says so, and our
     optimizer keeps tf-keras' dedup, stepping as the stock one does."""
     from recpipe.trainers.models import accumulated_gradients
     from recpipe.trainers.optim import optimizer_for, sparse_grads_are_unique
@@ -120,7 +124,7 @@ def test_repeated_sparse_gradients_keep_the_optimizers_dedup(preprocessed):
     grads, _ = accumulated_gradients(_model(accumulating, preprocessed), accumulating_batch, 4)
     assert not sparse_grads_are_unique(accumulating)
     assert any(len(np.unique(i)) < len(i) for i in _sparse_indices(grads))
-    assert type(optimizer_for(accumulating, own_step=True)).__name__ == "FusedAdagrad"
+    assert type(optimizer_for(accumulating, own_step=True)).__name__ == "OwnAdagrad"
     _assert_same_steps(
         _two_steps(accumulating, preprocessed, accumulating_batch, 4, optimizer_for(accumulating)),
         _two_steps(accumulating, preprocessed, accumulating_batch, 4, optimizer_for(accumulating, own_step=True)))

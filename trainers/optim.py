@@ -14,20 +14,24 @@ PRECISION_POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixe
 
 
 def optimizer_for(cfg: Config, precision: str = "fp32", loss_scale: bool = False,
-                  legacy: bool = False, own_step: bool = False) -> tf.keras.optimizers.Optimizer:
+                  legacy: bool = False, own_step: bool = False, shared: bool = False) -> tf.keras.optimizers.Optimizer:
     """train.optimizer at train.learning_rate; with loss_scale and fp16, wrapped for loss scaling
     (Keras' compile wraps it itself; a custom loop asks for it). legacy: the pre-2.11 Keras optimizer
     (what Horovod 0.28's Keras DistributedOptimizer wraps). own_step: the optimizer of recpipe's own Keras
     train step (not a peer's, not Horovod's loop, where neither lever below measured any gain: its step is
-    the exchange's): Adagrad applies its updates with TensorFlow's fused kernels (_fused_adagrad_update),
-    and where sparse_grads_are_unique(cfg) the sparse gradients are not made unique again (_own_step_kind)."""
+    the exchange's): Adagrad applies its updates in fewer or faster ops (_adagrad_update),
+    and where sparse_grads_are_unique(cfg) the sparse gradients are not made unique again (_own_step_kind).
+    shared: several workers update the same variables at once (ParameterServerStrategy): a table's rows are
+    then updated inside one kernel (_adagrad_update_in_place), never read by one op and written by a later
+    one, which would overwrite what another worker wrote in between."""
     lr = cfg.train.learning_rate
     kinds = tf.keras.optimizers.legacy if legacy else tf.keras.optimizers
     kind = {"adagrad": kinds.Adagrad, "adam": kinds.Adam, "sgd": kinds.SGD}[cfg.train.optimizer]
     if own_step and not legacy:
-        kind = _own_step_kind(kind, trust_unique=sparse_grads_are_unique(cfg))
-    # the fused kernels are one op per variable already: no XLA (which tf-keras turns on where a GPU is)
-    opt = kind(lr, jit_compile=False) if getattr(kind, "update_step", None) is _fused_adagrad_update else kind(lr)
+        kind = _own_step_kind(kind, trust_unique=sparse_grads_are_unique(cfg), shared=shared)
+    # the ops measured in _adagrad_update, not XLA's (which tf-keras turns on where a GPU is)
+    ours = getattr(kind, "update_step", None) in (_adagrad_update, _adagrad_update_in_place)
+    opt = kind(lr, jit_compile=False) if ours else kind(lr)
     if loss_scale and precision == "fp16":
         opt = tf.keras.mixed_precision.LossScaleOptimizer(opt)
     return opt
@@ -44,16 +48,18 @@ def sparse_grads_are_unique(cfg: Config) -> bool:
     return t.dedup_ids and t.grad_accum_steps == 1 and not second_lookup
 
 
-def _own_step_kind(kind: type, trust_unique: bool) -> type:
-    """`kind` (a tf-keras optimizer) as recpipe's own Keras train step uses it: Adagrad with fused kernels
-    (_fused_adagrad_update), and with trust_unique without its per-step re-deduplication of sparse
-    gradients (a Unique and an unsorted segment sum per table, `_deduplicate_sparse_grad`): 1.08x the
-    default DCN-v2's compiled fp32 step and 1.11x in bf16 (11 alternating rounds each, won 9 of 11).
+def _own_step_kind(kind: type, trust_unique: bool, shared: bool = False) -> type:
+    """`kind` (a tf-keras optimizer) as recpipe's own Keras train step uses it: Adagrad in fewer or faster
+    ops (_adagrad_update; with shared, _adagrad_update_in_place), and with trust_unique without its per-step
+    re-deduplication of sparse gradients (a Unique and an unsorted segment sum per table,
+    `_deduplicate_sparse_grad`): 1.08x the default DCN-v2's compiled fp32 step and 1.11x in bf16 (11
+    alternating rounds each, won 9 of 11).
     tf-keras 2.21 calls that method from apply_gradients only, before update_step; a test checks it still
     exists and that steps update every weight as the stock optimizer does."""
     body, name = {}, kind.__name__
     if kind is tf.keras.optimizers.Adagrad:
-        body["update_step"], body["build"], name = _fused_adagrad_update, _adagrad_build, f"Fused{name}"
+        update = _adagrad_update_in_place if shared else _adagrad_update
+        body["update_step"], body["build"], name = update, _adagrad_build, f"Own{name}"
     if trust_unique:
         body["_deduplicate_sparse_grad"], name = (lambda self, grads: grads), f"UniqueSparse{name}"
     return type(name, (kind,), body) if body else kind
@@ -77,17 +83,37 @@ def _adagrad_build(self, var_list) -> None:
         self._accumulators.append(self.add_variable_from_reference(var, "accumulator", initial_value=fill))
 
 
-def _fused_adagrad_update(self, grad, variable) -> None:
-    """tf-keras Adagrad's update_step in one kernel per variable (ResourceSparseApplyAdagradV2 for a table's
-    rows, ResourceApplyAdagradV2 for a dense weight), where the stock one runs a scatter-add of the squared
-    rows into the accumulator, a gather of them back, a square root, a division and a second scatter-add
-    (five to seven ops, each over the rows). The sparse kernel applies repeated indices one after another,
-    not summed, so it serves only gradients whose indices are unique: tf-keras' own dedup makes them so
-    before update_step, or sparse_grads_are_unique(cfg) finds they are. Its epsilon is added after the square
-    root (var -= lr * g / (sqrt(acc) + eps), as in tf.compat.v1 and Keras' legacy Adagrad) where tf-keras adds
-    it under it (sqrt(acc + eps)): with accumulators from 0.1 up, the updates differ by about 1e-7 of
-    themselves. Default DCN-v2, compiled step, alternating rounds: fp32 1.03x at two threads (won 8 of 11),
-    1.06x at one (won 7 of 7); bf16 the same (7 of 11, medians 11.55 against 11.47 ms)."""
+def _adagrad_update(self, grad, variable) -> None:
+    """tf-keras Adagrad's update_step, with the same arithmetic in fewer or faster ops. var -= lr * g /
+    (sqrt(acc) + eps) after acc += g * g: epsilon is added after the square root, as in tf.compat.v1 and
+    Keras' legacy Adagrad, where tf-keras adds it under it (sqrt(acc + eps)); with accumulators from 0.1 up
+    the updates differ by about 1e-7 of themselves.
+    - A dense weight: one fused kernel (ResourceApplyAdagradV2) where the stock step runs five ops.
+    - A table's rows (IndexedSlices): both slots' rows are gathered, updated as whole [rows, width] tensors and
+      scattered back, where the stock step runs a scatter-add of the squared rows into the accumulator, a gather
+      of them back, a square root, a division and a second scatter-add. The fused sparse kernel
+      (ResourceSparseApplyAdagradV2, _adagrad_update_in_place) updates row after row on one thread: on the
+      embedding-heavy DLRM's 13,068 unique rows of 26 tables per step it took 3.4 ms against 1.7 for this
+      (9 alternating rounds).
+    The rows are written, not added, so the gradient's indices must be unique: tf-keras' own dedup makes them
+    so before update_step, or sparse_grads_are_unique(cfg) finds they are."""
+    if not isinstance(grad, tf.IndexedSlices):
+        _adagrad_update_in_place(self, grad, variable)
+        return
+    lr = tf.cast(self.learning_rate, variable.dtype)
+    epsilon = tf.cast(self.epsilon, variable.dtype)
+    accumulator = self._accumulators[self._index_dict[self._var_key(variable)]]
+    g, rows = tf.cast(grad.values, variable.dtype), grad.indices
+    acc = accumulator.sparse_read(rows) + g * g
+    accumulator.scatter_update(tf.IndexedSlices(acc, rows))
+    step = lr * g / (tf.sqrt(acc) + epsilon)
+    variable.scatter_update(tf.IndexedSlices(variable.sparse_read(rows) - step, rows))
+
+
+def _adagrad_update_in_place(self, grad, variable) -> None:
+    """_adagrad_update's arithmetic, each variable's update one fused kernel (ResourceSparseApplyAdagradV2 for
+    a table's rows, ResourceApplyAdagradV2 for a dense weight), which reads and writes each row in turn. The
+    kernel applies repeated indices one after another, not summed: the indices must be unique, as there."""
     lr = tf.cast(self.learning_rate, variable.dtype)
     epsilon = tf.cast(self.epsilon, variable.dtype)
     accumulator = self._accumulators[self._index_dict[self._var_key(variable)]]

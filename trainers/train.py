@@ -279,7 +279,7 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
     with precision_policy(opts.run.precision):
         tf.keras.utils.set_random_seed(cfg.train.seed)
         with strategy.scope():
-            model = compiled_model(cfg, artifact, optimizer_for(cfg, own_step=True),
+            model = compiled_model(cfg, artifact, optimizer_for(cfg, own_step=True, shared=ps),
                                    cfg.train.tuning.steps_per_execution)
         if ps:
             say(_ps_state_line(model))
