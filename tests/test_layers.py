@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from conftest import small_config_dict
 from recpipe.features.config import parse_config
-from recpipe.trainers.layers import CrossStack, DotInteractionBlock, SparseEmbeddings
+from recpipe.trainers.layers import CrossStack, DotInteractionBlock, SparseEmbeddings, pairwise_dots
 from recpipe.trainers.models import RankingModel, RetrievalModel, build_model, dummy_batch
 
 pytestmark = pytest.mark.unit  # layers and models built and called in this process: nothing trained
@@ -93,7 +93,14 @@ def test_dot_interaction_roundtrip():
     dense = tf.random.normal([5, 2])
     layer = DotInteractionBlock([8], 4)
     assert _same(layer, lambda lay: lay(embedded, dense)).bottom_layers == [8]
-    assert layer(embedded, dense).shape == (5, 4 + 16)  # bottom output + the masked 4 x 4 dot matrix (skip_gather)
+    assert layer(embedded, dense).shape == (5, 4 + 6)  # bottom output + the dot products of 4 features' 6 pairs
+
+
+def test_pairwise_dots_are_every_distinct_pair_once():
+    features = [tf.random.normal([3, 5], seed=i) for i in range(4)]
+    x = np.stack([f.numpy() for f in features], axis=1)
+    want = [np.sum(x[:, i] * x[:, j], axis=1) for i in range(4) for j in range(i)]  # lower triangle, by rows
+    np.testing.assert_allclose(pairwise_dots(features).numpy(), np.stack(want, axis=1), rtol=1e-5)
 
 
 def _artifact(cfg):

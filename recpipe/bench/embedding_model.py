@@ -98,27 +98,19 @@ def _mlp_params(widths: list[int]) -> int:
     return sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
 
 
-def param_counts(spec: EmbeddingHeavySpec, interaction: str = "full") -> dict:
-    """Parameters of the tables and of the dense layers.
+def param_counts(spec: EmbeddingHeavySpec) -> dict:
+    """Parameters of the tables and of the dense layers. The top MLP reads the bottom MLP's output and the
+    F(F-1)/2 dot products of distinct features (recpipe's DLRM, TorchRec's and the TFRS default's).
 
     Args:
         spec: the model.
-        interaction: "full": the top MLP reads every entry of the (F+1)x(F+1) dot-product matrix, the lower
-            triangle zeroed (TFRS DotInteraction with skip_gather, as recpipe's DLRM); "triangle": the F(F+1)/2
-            products above the diagonal (TorchRec's and the TFRS default's).
 
     Returns:
         {"embedding": n, "dense": n, "embedding_vs_dense": ratio}.
-
-    Raises:
-        ValueError: an unknown interaction.
     """
     f = spec.tables + 1  # the tables and the bottom MLP's output
-    if interaction not in ("full", "triangle"):
-        raise ValueError(f"interaction {interaction!r}: full or triangle")
-    products = f * f if interaction == "full" else f * (f - 1) // 2
     dense = (_mlp_params([DENSE_FEATURES, *spec.bottom_layers, spec.dim])
-             + _mlp_params([spec.dim + products, *spec.deep_layers, 1]))
+             + _mlp_params([spec.dim + f * (f - 1) // 2, *spec.deep_layers, 1]))
     embedding = spec.total_rows * spec.dim
     return {"embedding": embedding, "dense": dense, "embedding_vs_dense": embedding / dense}
 

@@ -26,6 +26,7 @@ import tensorflow as tf
 from recpipe.features.config import Config, load_config
 from recpipe.features.preprocessed import PreprocessedData
 from recpipe.trainers.data import make_dataset
+from recpipe.trainers.layers import pairwise_dots
 from recpipe.trainers.models import compiled_model
 from recpipe.trainers.optim import optimizer_for
 
@@ -64,7 +65,7 @@ def _functions(cfg: Config, data_dir: str, steps: int) -> dict[str, Callable[[in
     @tf.function
     def interaction(_):
         with tf.GradientTape() as tape:
-            y = tf.reduce_sum(block.dot([bottom_v, *embedded]))
+            y = tf.reduce_sum(pairwise_dots([bottom_v, *embedded]))
         return tf.add_n([tf.reduce_sum(g) for g in tape.gradient(y, [bottom_v, *embedded])])
 
     mlp_vars = [w for layer in [*block.bottom, *model.deep, model.logit] for w in layer.trainable_weights]

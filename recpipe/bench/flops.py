@@ -65,7 +65,7 @@ def dense_flops_per_example(cfg: Config, artifact: TransformArtifact) -> int:
         bottom, _ = mlp(n_dense or 1, [*m.bottom_layers, dim])
         n = len(cfg.features.sparse) + 1
         interaction = 2 * n * n * dim
-        top, last = mlp(dim + n * n, m.deep_layers)  # skip_gather: the whole (masked) n x n matrix
+        top, last = mlp(dim + n * (n - 1) // 2, m.deep_layers)  # the products of distinct features
         return bottom + interaction + top + 2 * last
     raise ValueError(f"model type {m.type!r}: no ranking FLOP count")
 
