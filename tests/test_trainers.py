@@ -184,6 +184,8 @@ def test_dlrm_trains(tmp_path, preprocessed):
     assert r.steps_done == 10 and np.isfinite(r.final_loss)
     cfg, _, model = load_trained(str(tmp_path / "m"))
     assert model(dummy_batch(cfg)).shape == (2, 1)
+    import recpipe  # its export scores the eval sample as the trainer did (the skew check), or raises
+    assert recpipe.export(str(tmp_path / "m"), str(tmp_path / "export"), data=preprocessed[0]).version > 0
 
 
 @pytest.mark.integration
