@@ -11,7 +11,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from recpipe.bench.embedding import EmbeddingBenchOptions, bench_embedding, markdown, ratios, spec_for
+from recpipe.bench.embedding import (EmbeddingBenchOptions, _missed_speed, bench_embedding, explain, markdown, ratios,
+                                     spec_for)
 from recpipe.bench.embedding_model import EmbeddingHeavySpec, bench_config, param_counts, state_bytes, table_rows
 from recpipe.bench.isolated_env import plan_key
 from recpipe.bench.torchrec_peer import SCRIPT, TORCHREC_PLAN, read_response, torchrec_request
@@ -103,6 +104,21 @@ def test_ratios_set_ours_against_each_peer_that_ran():
     runs["torchrec"] = _run(40_000, 0.72, 3_000)
     got = ratios(runs, state_mb=2_000)
     assert got["train_embedding_heavy_vs_torchrec"] == 0.75 and got["train_embedding_heavy_vs_torchrec_auc"] == 1.0
+
+
+@pytest.mark.unit
+def test_a_missed_speed_target_is_explained_by_our_steps_parts():
+    runs = {"recpipe_train": _run(60_000, 0.68, 3_800), "tfrs_fit": _run(50_000, 0.67, 10_000)}
+    r = {"runs": runs, "spec": {"batch_size": 1024}, "ratios": ratios(runs, state_mb=2_500)}
+    assert _missed_speed(r["ratios"]) == ["train_embedding_heavy_vs_tfrs_fit"]
+    assert "Split on" not in explain("train_embedding_heavy_vs_tfrs_fit", r)  # no parts measured: none told
+    r["parts"] = {"recpipe_ms": {"input": 0.3, "lookup_forward": 1.7, "interaction": 3.5, "mlp": 5.5,
+                                 "dense_optimizer": 1.1, "sparse_optimizer": 1.8, "step": 14.5,
+                                 "lookup_backward_sparse_update_loss": 2.7}, "torchrec_ms": None}
+    text = explain("train_embedding_heavy_vs_tfrs_fit", r)
+    # 1.5x the peer's 20.5 ms per step of 1024
+    assert "needs 13.7 ms per step" in text and "compiled step takes 14.5 ms" in text and "9.0 ms" in text
+    assert text.index("bottom and top MLPs") < text.index("dot interaction")  # largest part first
 
 
 def _request_keys(tree: ast.AST) -> set[str]:

@@ -33,6 +33,7 @@ from recpipe.bench.embedding_model import EmbeddingHeavySpec, bench_config, para
 from recpipe.bench.memory_bound import BASE_MB, PER_STATE, bound_mb, rss_vs_bound
 from recpipe.bench.ps_memory import bench_ps_memory
 from recpipe.bench.ps_memory import markdown as markdown_ps
+from recpipe.bench.targets import TARGETS
 from recpipe.bench.train_runs import TrainRuns
 from recpipe.bench.zipf_log import write_zipf_log
 
@@ -145,7 +146,7 @@ def bench_embedding(o: EmbeddingBenchOptions, work: str, say: Callable[[str], No
             say(f"bench embedding: PS memory run failed: {e}")
             ps_memory = {"error": str(e)}
     parts: dict = {}
-    if found.get("train_embedding_heavy_vs_torchrec", 1.0) < 1.0:
+    if _missed_speed(found) and not o.quick:  # the quick run's sizes say nothing of speed
         parts = _parts(spec, rows, pre, cfg_path, work, o, say)
     return {"suite": "embedding", "quick": o.quick, "reps": o.reps, "steps": steps,
             "spec": dataclasses.asdict(spec), "table_rows": rows, "configured_table_rows": table_rows(spec),
@@ -220,17 +221,28 @@ def ratios(results: dict, state_mb: float) -> dict:
     return out
 
 
+SPEED_KEYS = ("train_embedding_heavy_vs_tfrs_fit", "train_embedding_heavy_vs_torchrec")  # targets: ">=" TARGETS[k]
+
+
+def _missed_speed(found: dict) -> list[str]:
+    """The speed keys of a run below their targets (TARGETS)."""
+    return [k for k in SPEED_KEYS if k in found and found[k] < TARGETS[k][1]]
+
+
 def _parts(spec: EmbeddingHeavySpec, rows: list[int], pre: str, cfg_path: str, work: str,
            o: EmbeddingBenchOptions, say: Callable[[str], None]) -> dict:
-    """Both steps split into parts on fixed in-memory batches, each in a fresh process."""
+    """Our step and (with o.torchrec) TorchRec's split into parts on fixed in-memory batches, each in a fresh
+    process."""
     from recpipe.bench.torchrec_peer import run_torchrec, torchrec_request
     rounds, steps = (1, 3) if o.quick else (3, 30)
-    say("bench embedding: TorchRec is faster: the parts of both steps")
+    say("bench embedding: a speed target is missed: the parts of both steps")
     _, _, out = run_measured([sys.executable, "-m", "recpipe.bench.embedding_parts", pre, cfg_path, str(steps),
                               str(rounds)])
     ours = json.loads(out.strip().splitlines()[-1])
-    req = torchrec_request(spec, rows, 20 if o.quick else 100, work, "torchrec_parts", parts=(rounds, steps))
-    theirs = run_torchrec(req, run_measured, say, o.env_cache)["parts_ms"]
+    theirs = None
+    if o.torchrec:
+        req = torchrec_request(spec, rows, 20 if o.quick else 100, work, "torchrec_parts", parts=(rounds, steps))
+        theirs = run_torchrec(req, run_measured, say, o.env_cache)["parts_ms"]
     return {"rounds": rounds, "steps": steps, "recpipe_ms": ours["parts_ms"], "torchrec_ms": theirs,
             "recpipe_detail": ours}
 
@@ -246,7 +258,7 @@ PARTS = (("input", "input: shards or memory to a batch (overlapped with the step
 
 def _parts_text(r: dict) -> str:
     """The parts of both steps, largest gap first, in words."""
-    if not r.get("parts"):
+    if not r.get("parts", {}).get("torchrec_ms"):
         return ""
     a, b = r["parts"]["recpipe_ms"], r["parts"]["torchrec_ms"]
     keys = [k for k, _ in PARTS if k in a and k in b and k != "step"]
@@ -259,6 +271,22 @@ def _parts_text(r: dict) -> str:
         text += (f" Of our rest, the tables' Adagrad alone (per table on its unique rows: both slots gathered, "
                  f"updated and scattered back) takes {a['sparse_optimizer']:.1f} ms.")
     return text
+
+
+def _own_parts_text(r: dict, needed_ms: float) -> str:
+    """Our step's parts against the step time a target needs, in words."""
+    if not r.get("parts"):
+        return ""
+    a, label = r["parts"]["recpipe_ms"], dict(PARTS)
+    keys = sorted((k for k, _ in PARTS if k in a and k not in ("step", "input")), key=lambda k: -a[k])
+    dense = a["mlp"] + a["interaction"]
+    return (f" The target needs {needed_ms:.1f} ms per step, input and loop included. Split on fixed in-memory "
+            f"batches, our compiled step takes {a['step']:.1f} ms: "
+            + "; ".join(f"{label[k]} {a[k]:.1f}" for k in keys)
+            + f" (of the rest, the tables' Adagrad alone {a.get('sparse_optimizer', float('nan')):.1f}). The MLPs "
+              f"and the interaction, {dense:.1f} ms, are the same model's in every contender; the rest of the step, "
+              f"{a['step'] - dense:.1f} ms, is {r['spec'].get('tables', 26)} tables' lookups, their gradients and "
+              f"every Adagrad update, a chain of small ops per table.")
 
 
 def _rss_text(r: dict) -> str:
@@ -298,7 +326,7 @@ def explain(key: str, r: dict) -> Optional[str]:
         return _rss_text(r)
     if key == "train_ps_task_rss_vs_bound" and r.get("ps_memory", {}).get("tasks"):
         return _ps_text(r["ps_memory"])
-    if key not in ("train_embedding_heavy_vs_tfrs_fit", "train_embedding_heavy_vs_torchrec"):
+    if key not in SPEED_KEYS:
         return None
     peer = "tfrs_fit" if key.endswith("tfrs_fit") else "torchrec"
     if peer not in runs:
@@ -311,6 +339,7 @@ def explain(key: str, r: dict) -> Optional[str]:
     if peer == "torchrec":
         text += _parts_text(r)
     else:
+        text += _own_parts_text(r, 1000 * b / theirs / TARGETS[key][1])
         text += (" Both look rows up with TensorFlow's gather. The peer's tf-keras Adagrad makes each table's "
                  "gradient unique again and updates it in five scatter, gather and arithmetic ops; ours looks each "
                  "distinct ID up once, updates its rows as whole tensors (gathered, updated, scattered back) and "
