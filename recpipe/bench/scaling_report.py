@@ -166,10 +166,10 @@ def explain(key: str, r: dict) -> Optional[str]:
     lo, hi = points[0], points[-1]
     return (f"the DirectRunner's peak RSS went from {lo['peak_rss_mb']:,.0f} MB at {lo['rows']:,} rows to "
             f"{hi['peak_rss_mb']:,.0f} MB at {hi['rows']:,} ({hi['rows'] / lo['rows']:,.0f}x the rows), all of it "
-            f"in one process ({hi['largest_process_rss_mb']:,.0f} MB): the in-memory runner keeps something per "
-            f"row, not per bundle. Candidates, not measured apart by this suite: what the in-memory runner "
-            f"holds whole between stages, and the vocabularies' counts of distinct IDs, which keep growing in "
-            f"a Zipf log until each column's cardinality is reached.")
+            f"in one process ({hi['largest_process_rss_mb']:,.0f} MB). The in-memory runner holds whatever crosses "
+            f"a stage boundary whole, in several copies (encoded, decoded, handed to the next stage); the largest "
+            f"that crosses one is the vocabularies' count tables, one row per distinct ID, and a Zipf log's distinct "
+            f"IDs keep growing until each column's cardinality is reached.")
 
 
 def markdown(r: dict) -> str:
