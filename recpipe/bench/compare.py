@@ -3,11 +3,10 @@ result folders), each ratio against its target, so a regression shows in one com
 from __future__ import annotations
 
 import json
-import math
 import os
 
 from recpipe.common import fsio
-from recpipe.bench.targets import SUITES, TARGETS
+from recpipe.bench.targets import SUITES, TARGETS, meets
 
 __all__ = ["load_ratios", "compare_ratios", "format_comparison"]
 
@@ -35,12 +34,7 @@ def load_ratios(path: str) -> tuple[dict[str, float], str]:
 
 
 def _meets(key: str, value: float | None) -> bool | None:
-    if key not in TARGETS:
-        return None
-    if value is None or not math.isfinite(value):
-        return False
-    op, target = TARGETS[key]
-    return value >= target if op == ">=" else value <= target
+    return meets(key, value) if key in TARGETS else None
 
 
 def compare_ratios(old: dict[str, float], new: dict[str, float]) -> list[dict]:

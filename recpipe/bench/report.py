@@ -10,7 +10,7 @@ from typing import Optional
 import matplotlib.pyplot as plt
 
 from recpipe.common import fsio
-from recpipe.bench.targets import RETIRED, SUITES, TARGETS, suite_of
+from recpipe.bench.targets import RETIRED, SUITES, TARGETS, meets, suite_of
 
 __all__ = ["write_report"]
 
@@ -30,14 +30,6 @@ def _isa(machine: dict) -> str:
     if f is None:
         return ""
     return ", " + ("AMX" if "amx_bf16" in f else "AVX-512" if "avx512f" in f else "AVX2" if "avx2" in f else "no AVX2")
-
-
-def _meets(key: str, value: Optional[float]) -> bool:
-    """Whether a ratio meets its target; a null one (NaN or infinite in the run: save_result) never does."""
-    if value is None:
-        return False
-    op, target = TARGETS[key]
-    return value >= target if op == ">=" else value <= target
 
 
 def _fmt(value: Optional[float]) -> str:
@@ -95,13 +87,13 @@ def write_report(out_dir: str) -> str:
     for key, (op, target) in TARGETS.items():
         r = found.get(suite_of(key))
         if key in ratios:
-            mark = "yes" if _meets(key, ratios[key]) else "**no**: see below"
+            mark = "yes" if meets(key, ratios[key]) else "**no**: see below"
             m = _machine_of(key, r) if r else {}
             when = f"{m.get('date', '')}{' (quick)' if r.get('quick') else ''}{_isa(m)}" if r else ""
             lines.append(f"| {key} | {_fmt(ratios[key])} | {op} {target:g} | {mark} | {when} |")
         else:
             lines.append(f"| {key} | not run | {op} {target:g} | | |")
-    missed = [k for k in TARGETS if k in ratios and not _meets(k, ratios[k])]
+    missed = [k for k in TARGETS if k in ratios and not meets(k, ratios[k])]
     if missed:
         lines += ["", "## Targets missed, and why", ""]
         lines += [f"- **{k}** = {_fmt(ratios[k])}: {_explain(k, ratios[k], found)}" for k in missed]

@@ -1,7 +1,11 @@
-"""The benchmark suites and the ratio targets every full run reports against (constants only:
-the CLI reads them before anything heavy is imported)."""
+"""The benchmark suites and the ratio targets every full run reports against (constants and pure functions
+only: the CLI reads them before anything heavy is imported)."""
 
-__all__ = ["SUITES", "TARGETS", "RETIRED", "MEANINGS", "SUITE_OF", "suite_of"]
+from __future__ import annotations
+
+import math
+
+__all__ = ["SUITES", "TARGETS", "RETIRED", "MEANINGS", "SUITE_OF", "suite_of", "meets"]
 
 SUITES = ("preprocess", "train", "serve", "cluster", "quality", "export", "lifecycle", "embedding",
           "scaling")
@@ -145,3 +149,22 @@ def suite_of(key: str) -> str:
         SUITE_OF's entry, else the key's first word.
     """
     return SUITE_OF.get(key, key.split("_", 1)[0])
+
+
+def meets(key: str, value: float | None) -> bool:
+    """Whether a ratio meets its target.
+
+    Args:
+        key: a key of TARGETS.
+        value: the ratio; None or not finite (a null ratio of a saved run) never meets it.
+
+    Returns:
+        value >= or <= the target, as TARGETS says.
+
+    Raises:
+        KeyError: a key without a target.
+    """
+    op, target = TARGETS[key]
+    if value is None or not math.isfinite(value):
+        return False
+    return value >= target if op == ">=" else value <= target
