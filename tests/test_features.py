@@ -121,6 +121,22 @@ def test_validate_batch_reasons():
     assert bad.fields == ["label", "label"]
 
 
+def test_invalid_utf8_found_in_ascii_unicode_sliced_and_list_columns():
+    raw = [b"p", b"\xff\xfe", "caf\u00e9".encode(), b"q", b"p"]
+    bad_bytes = pa.array(raw, pa.binary()).cast(pa.string(), safe=False)
+    t = _table().set_column(1, "a", bad_bytes)
+    _, bad = validate_batch(t, _cfg())
+    assert (bad.indices.tolist(), bad.reasons[0], bad.fields[0]) == ([1, 2, 3], "invalid_utf8", "a")
+    _, bad = validate_batch(t.slice(2), _cfg())  # the bad row sliced off: valid UTF-8 ("café") is kept
+    assert bad.reasons == ["null_label", "label_not_0_1"]
+    items = pa.array([[b"ok"], [], [b"\xc3"], [b"x"], [b"\xe2\x82\xac"]], pa.list_(pa.binary()))
+    t = pa.table({"label": pa.array([1, 0, 0, 1, 0]), "lst": items.cast(pa.list_(pa.string()), safe=False)})
+    cfg = parse_config({"name": "t", "features": {"sparse": [
+        {"name": "lst", "column": "lst", "multivalent": True, "hash_buckets": 10}]}})
+    _, bad = validate_batch(t, cfg)
+    assert (bad.indices.tolist(), bad.reasons) == ([2], ["invalid_utf8"])
+
+
 def test_canonicalize_types_nulls_and_tokens():
     t = _table().take([0, 1, 4])
     c = canonicalize(t, _cfg())
