@@ -43,9 +43,10 @@ from recpipe.pipeline.analysis import (COUNT_SCHEMA, batch_dense_stats, dense_st
                                split_cutoffs_from_histogram, token_count_tables, ts_histogram, user_last_orders,
                                user_split_masks, merge_last_orders)
 
-__all__ = ["NAMESPACE", "DEAD_LETTER_SCHEMA", "RawBatch", "RawBatchCoder", "ReadClickLogs", "ValidateRows",
-           "SplitCutoffs", "SplitRows", "ComputeVocabularies", "ComputeDenseStats", "AssembleArtifact", "PackArtifact",
-           "pack_artifact", "ApplyTransform", "WriteEvalSample", "CountRows", "FindRepeatedRows", "EVAL_SAMPLE_ROWS"]
+__all__ = ["NAMESPACE", "DEAD_LETTER_SCHEMA", "RawBatch", "RawBatchCoder", "Columns", "ColumnsCoder", "ReadClickLogs",
+           "ValidateRows", "SplitCutoffs", "SplitRows", "ComputeVocabularies", "ComputeDenseStats", "AssembleArtifact",
+           "PackArtifact", "pack_artifact", "ApplyTransform", "WriteEvalSample", "CountRows", "FindRepeatedRows",
+           "EVAL_SAMPLE_ROWS"]
 
 NAMESPACE = "recpipe"
 EVAL_SAMPLE_ROWS = 1000  # raw eval rows kept for the export's skew check
@@ -65,27 +66,44 @@ class RawBatch:
     hashes: np.ndarray | None = None  # recpipe.pipeline.repeats.row_hashes of the table, when the read computed them
 
 
-class RawBatchCoder(beam.coders.Coder):
-    """RawBatch's coder: pickled, as Beam's fallback coder would, but with a size estimate from the
-    buffers' sizes. A runner measures the encoded size of a sample of each PCollection's elements for its
-    metrics, every one of the first few dozen: with the fallback, each batch of the read and of the
-    validation (27 MB at 64k Criteo-shaped rows) would be pickled once more just to be measured."""
+class Columns(dict):
+    """A canonical batch (recpipe.features.canonical.canonicalize): column name -> Arrow array. A dict,
+    typed so that its PCollections get ColumnsCoder."""
 
-    def encode(self, value: RawBatch) -> bytes:
+
+class _PickledArrowCoder(beam.coders.Coder):
+    """Pickled, as Beam's fallback coder would, but with a size estimate from the Arrow buffers' sizes.
+    A runner measures the encoded size of a sample of each PCollection's elements for its metrics, every
+    one of the first few dozen: with the fallback, each batch (27 MB at 64k Criteo-shaped rows) would be
+    pickled once more just to be measured, 1.1 GB in all for 2M rows."""
+
+    def encode(self, value) -> bytes:
         return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def decode(self, encoded: bytes) -> RawBatch:
+    def decode(self, encoded: bytes):
         return pickle.loads(encoded)
 
     def is_deterministic(self) -> bool:
         return False
+
+
+class RawBatchCoder(_PickledArrowCoder):
+    """RawBatch's coder."""
 
     def estimate_size(self, value: RawBatch) -> int:
         hashes = 0 if value.hashes is None else value.hashes.nbytes
         return value.table.nbytes + value.positions.nbytes + hashes + len(value.source)
 
 
+class ColumnsCoder(_PickledArrowCoder):
+    """Columns' coder."""
+
+    def estimate_size(self, value: Columns) -> int:
+        return sum(len(name) + column.nbytes for name, column in value.items())
+
+
 beam.coders.registry.register_coder(RawBatch, RawBatchCoder)
+beam.coders.registry.register_coder(Columns, ColumnsCoder)
 
 
 # ------------------------------------------------------------------------- read
@@ -285,7 +303,7 @@ class _Split(beam.DoFn):
                 if self._rows is not None:
                     self._rows[split].inc(n)
                 table = b.table if n == len(mask) else b.table.filter(pa.array(mask))
-                yield beam.pvalue.TaggedOutput(split, canonicalize(table, self._cfg))
+                yield beam.pvalue.TaggedOutput(split, Columns(canonicalize(table, self._cfg)))
                 if split == "eval" and self._rows is not None:
                     positions = b.positions if n == len(mask) else b.positions[mask]
                     yield beam.pvalue.TaggedOutput("eval_raw", (positions[:EVAL_SAMPLE_ROWS],
@@ -335,8 +353,8 @@ class SplitRows(beam.PTransform):
 
     def expand(self, good):
         return good | "Split" >> beam.ParDo(_Split(self._cfg, self._count),
-                                             cutoffs=beam.pvalue.AsSingleton(self._cutoff)).with_outputs(
-            *SPLITS, "eval_raw", "time_range")
+                                             cutoffs=beam.pvalue.AsSingleton(self._cutoff)).with_output_types(
+            Any, **{split: Columns for split in SPLITS}).with_outputs(*SPLITS, "eval_raw", "time_range")
 
 
 class _FirstRows(beam.CombineFn):
