@@ -43,34 +43,37 @@ def prefetch(items: Iterable[T], depth: int = 1, name: str = "prefetch") -> Iter
 
 
 def _prefetched(items: Iterable[T], depth: int, name: str) -> Iterator[T]:
-    """prefetch's generator: the thread starts with the first item asked for."""
-    out: queue.Queue = queue.Queue(maxsize=depth)
+    """prefetch's generator: the thread starts with the first item asked for. The thread takes a slot before
+    it produces an item and the caller gives it back when it takes the item, so at most `depth` items exist
+    besides the caller's, the one in the making included."""
+    out: queue.SimpleQueue = queue.SimpleQueue()
+    slots = threading.Semaphore(depth)
     stop = threading.Event()
 
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
     def produce() -> None:
-        try:
-            for item in items:
-                if not put(item):
+        iterator = iter(items)
+        while True:
+            while not slots.acquire(timeout=0.1):
+                if stop.is_set():
                     return
-        except BaseException as e:  # handed to the caller, who raises it
-            put(_Raised(e))
-            return
-        put(_DONE)
+            if stop.is_set():
+                return
+            try:
+                item = next(iterator)
+            except StopIteration:
+                out.put(_DONE)
+                return
+            except BaseException as e:  # handed to the caller, who raises it
+                out.put(_Raised(e))
+                return
+            out.put(item)
 
     thread = threading.Thread(target=produce, name=name, daemon=True)
     thread.start()
     try:
         while True:
             item = out.get()
+            slots.release()
             if item is _DONE:
                 return
             if isinstance(item, _Raised):
