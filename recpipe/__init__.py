@@ -15,6 +15,7 @@ recpipe.common (generic helpers), recpipe.bench (`recpipe bench`). Names are imp
 `import recpipe.features` does not load TensorFlow or Beam.
 """
 from recpipe.common import tf_env  # noqa: F401  (first: sets TF_USE_LEGACY_KERAS before TensorFlow loads)
+from recpipe.common import arrow_env  # noqa: F401  (sets Arrow's memory pool before pyarrow loads)
 
 __all__ = ["preprocess", "train", "evaluate", "export", "serve",
            "Config", "load_config", "PreprocessedData", "ModelDir", "ExportedVersion", "ModelServer", "RecpipeError"]
