@@ -607,45 +607,39 @@ class PackArtifact(beam.PTransform):
         return artifact | "Pack" >> beam.Map(pack_artifact)
 
 
-class _OneAhead(beam.DoFn):
-    """A DoFn whose per-element work (`compute`) runs on a thread of its own, one element behind the
-    stages before it: while it works on batch k, the read, validation and split of batch k+1 go on in
-    the calling thread. For work that mostly runs outside the interpreter lock (Arrow, numpy), so the
-    two use two cores. Outputs keep their order; a bundle's last output comes from finish_bundle."""
+class _Transform(beam.DoFn):
+    """Canonical batch -> one serialized record of transformed columns (recpipe.features.records).
 
-    def compute(self, element, *side) -> list:
-        raise NotImplementedError
+    A batch is transformed on a thread of the DoFn's own, one batch behind the stages before it: while it
+    works on batch k, the read, validation and split of batch k+1 go on in the calling thread. The work
+    mostly runs outside the interpreter lock (Arrow, numpy), so the two use two cores. Records keep their
+    order; a bundle's last one comes from finish_bundle."""
+
+    def __init__(self):
+        self._transform, self._key = None, None
 
     def setup(self):
-        self._pool, self._pending = ThreadPoolExecutor(1, thread_name_prefix=type(self).__name__), None
+        self._pool, self._pending = ThreadPoolExecutor(1, thread_name_prefix="transform"), None
 
     def start_bundle(self):
         self._pending = None
 
-    def process(self, element, *side):
-        working = self._pool.submit(self.compute, element, *side)
+    def process(self, cols: dict[str, pa.Array], packed: bytes):
+        working = self._pool.submit(self._record, cols, packed)
         if self._pending is not None:
-            yield from self._pending.result()
+            yield self._pending.result()
         self._pending = working
 
     def finish_bundle(self):
         pending, self._pending = self._pending, None
         if pending is not None:
-            for out in pending.result():
-                yield WindowedValue(out, MIN_TIMESTAMP, (GlobalWindow(),))
+            yield WindowedValue(pending.result(), MIN_TIMESTAMP, (GlobalWindow(),))
 
     def teardown(self):
         if getattr(self, "_pool", None) is not None:
             self._pool.shutdown(wait=True)
 
-
-class _Transform(_OneAhead):
-    """Canonical batch -> one serialized record of transformed columns (recpipe.features.records)."""
-
-    def __init__(self):
-        self._transform, self._key = None, None
-
-    def compute(self, cols: dict[str, pa.Array], packed: bytes) -> list[bytes]:
+    def _record(self, cols: dict[str, pa.Array], packed: bytes) -> bytes:
         from recpipe.features.batch_transform import BatchTransform
         from recpipe.features.record_codec import encode_batch
         key = (len(packed), hash(packed))
@@ -654,7 +648,7 @@ class _Transform(_OneAhead):
         label = cols[LABEL_KEY]
         out = self._transform({k: v for k, v in cols.items() if k != LABEL_KEY})
         out[LABEL_KEY] = label.to_numpy(zero_copy_only=False).astype(np.float32)
-        return [encode_batch(out)]
+        return encode_batch(out)
 
 
 class ApplyTransform(beam.PTransform):
