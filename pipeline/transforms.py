@@ -9,7 +9,6 @@ The per-batch arithmetic lives in recpipe.pipeline.analysis (pure, shared with t
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import operator
@@ -114,47 +113,32 @@ class _ReadFile(beam.DoFn):
         self._columns, self._kinds = columns, kinds
         self._batch_rows = batch_rows
         self._rows_in = Metrics.counter(NAMESPACE, "rows_in") if count_rows else None
-        self._hash_rows, self._pool = hash_rows, None
-
-    def setup(self):
-        # a batch's rows are hashed on another thread while the batch before it goes down the stages
-        # (numpy lets go of the GIL): the job used about 1.1 of 2 cores, and hashing in line cost it 14 %, here 7 %
-        if self._hash_rows:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="row-hashes")
-
-    def teardown(self):
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
+        self._hash_rows = hash_rows
 
     def process(self, element: tuple[str, int]) -> Iterable[RawBatch]:
         from recpipe.pipeline.sources import open_parquet
         path, first_global = element
         pf = open_parquet(path)
-        start, ahead = 0, None
+        start = 0
         # the next batch is decoded on another thread while this one goes down the stages (Arrow decodes
         # without the interpreter lock): 2M Criteo-shaped rows, about 1 s of each pass's main thread
         tables = prefetch((plain_columns(pa.Table.from_batches([batch]), self._kinds)
                            for batch in pf.iter_batches(batch_size=self._batch_rows, columns=self._columns)),
                           name="parquet-read")
+        # and its rows are hashed on a third, one batch behind the read (numpy lets go of the interpreter
+        # lock): hashing in line cost the job 14 %, on a thread 7 %
+        batches = prefetch(((t, row_hashes(t)) for t in tables), name="row-hashes") if self._hash_rows else \
+            ((t, None) for t in tables)
         try:
-            for table in tables:
+            for table, hashes in batches:
                 n = table.num_rows
                 if self._rows_in is not None:
                     self._rows_in.inc(n)
-                raw = RawBatch(path, start, np.arange(first_global + start, first_global + start + n), table)
-                if self._pool is None:
-                    yield raw
-                else:
-                    hashing = self._pool.submit(row_hashes, raw.table)
-                    if ahead is not None:
-                        yield dataclasses.replace(ahead[0], hashes=ahead[1].result())
-                    ahead = (raw, hashing)
+                yield RawBatch(path, start, np.arange(first_global + start, first_global + start + n), table, hashes)
                 start += n
         except (OSError, pa.ArrowException) as e:
             raise ValueError(f"{path}: unreadable after row {start} ({type(e).__name__}: "
                              f"{' '.join(str(e).split())})") from None
-        if ahead is not None:
-            yield dataclasses.replace(ahead[0], hashes=ahead[1].result())
         expected = pf.metadata.num_rows
         if start != expected:
             raise ValueError(f"{path}: read {start} rows but the footer says {expected}")

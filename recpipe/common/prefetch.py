@@ -26,7 +26,8 @@ def prefetch(items: Iterable[T], depth: int = 1, name: str = "prefetch") -> Iter
 
     Args:
         items: any iterable; it is iterated only on the background thread.
-        depth: how many produced items may wait for the caller (memory: that many items more).
+        depth: how many items may exist besides the caller's, the one in the making included (memory:
+            that many items more).
         name: the thread's name (seen in stack dumps and profilers).
 
     Returns:
