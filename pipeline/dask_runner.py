@@ -2,7 +2,7 @@
 
 `--runner=recpipe.pipeline.dask_runner.DaskRunner --dask_client_address=tcp://HOST:8786` (or recpipe's short
 form `--runner dask --dask-address tcp://HOST:8786`). Each point below (the code cites them as "point N")
-is small, separate and tested on a real cluster (tests/test_dask_runner.py; 1-5 beside the stock behaviour
+is small, separate and tested on a real cluster (tests/test_dask_runner.py; 1-5 and 9 beside the stock behaviour
 they correct), so it could go upstream:
 
 1. Multi-output ParDo: each output PCollection gets its own tag's elements. Stock: every consumer
@@ -14,13 +14,17 @@ they correct), so it could go upstream:
    client; only the attempt whose result Dask used counts, so a retried task never double-counts.
    Stock: `result.metrics()` raises NotImplementedError.
 5. Side inputs are computed once, on the cluster, before the transforms that read them (they are
-   small: a cutoff, an artifact). Stock: each task reading one recomputes its whole upstream graph
-   from inside the task.
-6. The metrics of the steps computed for a side input are fetched with it, so the end of the job
+   small: a cutoff, an artifact), and passed by value. Stock: each task reading one recomputes its whole
+   upstream graph from inside the task. The transforms are built in an order that leaves those reading a
+   side input not computed yet for last, so one round computes every built transform connected to the
+   side input's own steps; it keeps only the outputs a transform not built yet reads (what a built one
+   reads streams through the round's graph and is let go), so no step runs twice and the cluster never
+   holds a log-sized result: a sink's write results, not the rows written.
+6. The metrics of the steps computed in a round are fetched with it, so the end of the job
    never asks for those steps again. Otherwise a worker killed after a file sink's finalize has moved
    the shards makes Dask recompute the sink's pre-finalize step (to get its metrics), which deletes
    existing final shards, and the job publishes a split with no shards while its row counts balance.
-7. A result computed on the cluster is let go once every transform reading it is built (each reader
+7. A result kept by a round is let go once every transform reading it is built (each reader
    holds what it needs: a side input its value, a main input its own graph), and every reader of a side
    input gets the one value fetched for the first. Held until the job ends, a result lost with a killed
    worker would be recomputed while the job goes on, re-running a sink's pre-finalize after its finalize
@@ -31,19 +35,27 @@ they correct), so it could go upstream:
    runs its own install's copy. One with another version of the job's packages (`SAME_SOURCE`,
    compared by the bytes of their .py files) or of the libraries the transform computes with
    (`SAME_VERSIONS`) would give rows other IDs than the rest, without a word.
+9. A Create read through a Reshuffle (Beam's way to spread work, as the read's units of files) puts each
+   element in a partition of its own (so a bundle of its own), up to MAX_CREATE_PARTITIONS partitions,
+   unless `--dask_npartitions` or `--dask_partition_size` says otherwise; the Reshuffle itself is a no-op.
+   Stock: 128 elements a partition, so a log of up to 128 read units was read, validated and transformed
+   in one bundle, on one worker, its whole output held in that one task's result.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
 import functools
+import math
 
 import apache_beam as beam
 import dask.bag as db
+from dask.base import tokenize
 from apache_beam import pvalue
 from apache_beam.pipeline import PipelineVisitor
 from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
 from apache_beam.runners.dask import dask_runner as stock
+from apache_beam.runners.dask import overrides
 from apache_beam.runners.dask import transform_evaluator as ops
 from apache_beam.runners.direct.direct_metrics import DirectMetrics
 from apache_beam.metrics.execution import MetricsContainer
@@ -57,7 +69,9 @@ from apache_beam.utils.windowed_value import WindowedValue
 from recpipe.common.code_identity import code_identity, identity_differences
 from recpipe.common.errors import RecpipeError
 
-__all__ = ["DaskRunner", "DaskWorkersError"]
+__all__ = ["DaskRunner", "DaskWorkersError", "MAX_CREATE_PARTITIONS"]
+
+MAX_CREATE_PARTITIONS = 1024  # point 9: a spread Create of more elements shares them out over this many
 
 SAME_SOURCE = ("recpipe.common", "recpipe.features", "recpipe.pipeline")  # the packages the job's DoFns and its one transform come from
 SAME_VERSIONS = ("apache-beam", "pyarrow", "numpy", "pyfarmhash", "tensorflow", "cloudpickle")
@@ -172,6 +186,29 @@ class _ParDo(ops.DaskBagOp):
             self.client_identity)
 
 
+class _Create(ops.DaskBagOp):
+    """A Create's bag, its keys named after the transform: two Creates of equal elements (every sink's DoOnce)
+    would otherwise share keys, kept by one round and fused into another graph later. Sized as stock's (128
+    elements a partition, or the options' size), or, `spread` (read through a Reshuffle), one element a
+    partition up to MAX_CREATE_PARTITIONS (point 9)."""
+    spread: bool = False
+
+    def apply(self, input_bag=None, side_inputs=None) -> db.Bag:
+        items = list(self.transform.values)
+        npartitions, size = self.bag_kwargs.get("npartitions"), self.bag_kwargs.get("partition_size")
+        if npartitions and size:
+            raise ValueError(f"give --dask_npartitions or --dask_partition_size, not both ({npartitions}, {size})")
+        if npartitions:  # as dask.bag.from_sequence
+            size = math.ceil(len(items) / npartitions) if len(items) <= 100 else len(items) // npartitions
+        elif not size:
+            size = math.ceil(len(items) / MAX_CREATE_PARTITIONS) if self.spread else \
+                max(128, math.ceil(math.sqrt(len(items)) / 10))
+        size = max(1, size)
+        parts = [items[i:i + size] for i in range(0, len(items), size)] or [[]]
+        name = f"create-{tokenize(self.applied.full_label, items, size)}"
+        return db.Bag({(name, i): part for i, part in enumerate(parts)}, name, len(parts))
+
+
 def _tagged(pair, tag) -> bool:
     return pair[0] == tag
 
@@ -180,100 +217,167 @@ def _second(pair):
     return pair[1]
 
 
-class _Readers(PipelineVisitor):
-    """How many transforms read each PCollection, as a main or a side input."""
+class _Leaves(PipelineVisitor):
+    """The leaf transforms in the pipeline's own order, and how many transforms read each PCollection,
+    as a main or a side input."""
 
     def __init__(self):
-        self.count: collections.Counter = collections.Counter()
+        self.nodes: list = []
+        self.readers: collections.Counter = collections.Counter()
 
     def visit_transform(self, node) -> None:
-        self.count.update(_read(node))
+        self.nodes.append(node)
+        self.readers.update(_read(node))
 
 
 def _read(node) -> list:
     """The PCollections a leaf transform reads, once per reading input."""
-    return ([pc for pc in node.inputs if not isinstance(pc, pvalue.PBegin)]
-            + [si.pvalue for si in node.side_inputs])
+    return _main_inputs(node) + [si.pvalue for si in node.side_inputs]
+
+
+def _main_inputs(node) -> list:
+    return [pc for pc in node.inputs if not isinstance(pc, pvalue.PBegin)]
 
 
 @dataclasses.dataclass
-class _Visitor(PipelineVisitor):
-    """Beam graph -> Dask bags: one bag per transform, one view of it per output PCollection (point 1)."""
+class _Visitor:
+    """Beam graph -> Dask bags: one bag per transform, one view of it per output PCollection (point 1),
+    built in an order that computes side inputs in as few rounds as possible (point 5)."""
     client: object
     bag_kwargs: dict
     unbuilt_readers: collections.Counter                       # PCollection -> readers not built yet (point 7)
     client_identity: dict                                      # the client's code_identity (point 8)
+    producer: dict = dataclasses.field(default_factory=dict)   # PCollection -> the leaf transform making it
+    spread: set = dataclasses.field(default_factory=set)       # PCollections only Reshuffles read (point 9)
     pcolls: dict = dataclasses.field(default_factory=dict)     # PCollection -> bag
-    bags: dict = dataclasses.field(default_factory=dict)       # transform node -> its bag (ParDo: tagged pairs)
-    persisted: set = dataclasses.field(default_factory=set)    # nodes whose bag is computed on the cluster
+    fresh: dict = dataclasses.field(default_factory=dict)      # transform not computed yet -> its bag
+    kept: set = dataclasses.field(default_factory=set)         # PCollections whose bag a round computed
     consumed: set = dataclasses.field(default_factory=set)
     metric_values: dict = dataclasses.field(default_factory=dict)  # node -> MetricUpdates fetched early (point 6)
     side_values: dict = dataclasses.field(default_factory=dict)    # PCollection -> its elements, fetched once
 
-    def visit_transform(self, node) -> None:
+    def build(self, nodes: list) -> None:
+        """Build every leaf transform of `nodes` (in the pipeline's order): always one whose side inputs are
+        known, if any is ready; else the ready one whose side inputs need the smallest round (point 5)."""
+        self.producer = {pc: n for n in nodes for pc in n.outputs.values()}
+        readers = collections.defaultdict(list)
+        for n in nodes:
+            for pc in _read(n):
+                readers[pc].append(n)
+        self.spread = {pc for pc, them in readers.items() if all(type(r.transform) is overrides._Reshuffle
+                                                                   for r in them)}
+        pending = list(nodes)
+        built: set = set()
+        while pending:
+            ready = [n for n in pending if all(self.producer.get(pc) in built for pc in _read(n)
+                                               if pc in self.producer)]
+            node = next((n for n in ready if all(si.pvalue in self.side_values for si in n.side_inputs)), None)
+            if node is None:
+                node = min(ready, key=self._round_size)
+            self._visit(node)
+            built.add(node)
+            pending.remove(node)
+
+    def _visit(self, node) -> None:
         transform_cls = type(node.transform)
-        op_class = _ParDo if transform_cls is beam.ParDo else ops.TRANSLATIONS.get(transform_cls, ops.NoOp)
+        op_class = _OPS.get(transform_cls) or ops.TRANSLATIONS.get(transform_cls, ops.NoOp)
         op = op_class(node, bag_kwargs=self.bag_kwargs)
+        if isinstance(op, _Create):
+            op.spread = bool(node.outputs) and all(pc in self.spread for pc in node.outputs.values())
         if isinstance(op, _ParDo):
             op.client_identity = self.client_identity
         kwargs: dict = {"input_bag": None, "side_inputs": None}
-        inputs = [pc for pc in node.inputs if not isinstance(pc, pvalue.PBegin)]
+        inputs = _main_inputs(node)
         self.consumed.update(inputs)
         if node.side_inputs:
             kwargs["side_inputs"] = [self._side_input(si) for si in node.side_inputs]
         if inputs:
             bags = [self.pcolls[pc] for pc in inputs]
             kwargs["input_bag"] = bags if isinstance(op, ops.Flatten) or len(bags) > 1 else bags[0]
-        self._bind(node, op.apply(**kwargs))
+        bag = op.apply(**kwargs)
+        if isinstance(bag, db.Bag):
+            self.fresh[node] = bag
+        for tag, pc in node.outputs.items():
+            self.pcolls[pc] = _view(bag, tag) if _is_pardo(node) else bag
         self.unbuilt_readers.subtract(_read(node))
         self._let_go()
 
     def _let_go(self) -> None:
-        """Point 7: forget the computed results every reader of which is built, so Dask never recomputes
+        """Point 7: forget the kept results every reader of which is built, so Dask never recomputes
         them (their metrics are fetched already: point 6); a result nothing reads is a leaf, kept."""
-        for node in [n for n in self.persisted if n in self.bags]:
-            outputs = list(node.outputs.values())
-            if outputs and all(pc in self.consumed and self.unbuilt_readers[pc] <= 0 for pc in outputs):
-                del self.bags[node]
-                for pc in outputs:
-                    del self.pcolls[pc]
-                    self.side_values.pop(pc, None)
-
-    def _bind(self, node, bag) -> None:
-        self.bags[node] = bag
-        for tag, pc in node.outputs.items():
-            self.pcolls[pc] = _view(bag, tag) if _is_pardo(node) else bag
+        for pc in [pc for pc in self.kept if pc in self.consumed and self.unbuilt_readers[pc] <= 0]:
+            self.kept.discard(pc)
+            del self.pcolls[pc]
+            self.side_values.pop(pc, None)
 
     def _side_input(self, si) -> SideInputMap:
-        """Point 5: everything built so far is computed once on the cluster and kept there (so no transform
-        runs twice: a sink's InitializeWrite, run again, would name another temp dir); the side input's
-        elements are then passed by value."""
+        """Point 5: the side input's elements, by value, computed in a round if they are not yet; every reader
+        gets the value fetched for the first (a sink's InitializeWrite, run again, would name another temp dir)."""
         self.consumed.add(si.pvalue)
-        fresh = [n for n, bag in self.bags.items() if n not in self.persisted and isinstance(bag, db.Bag)]
-        if fresh:
-            for node, bag in zip(fresh, self.client.persist([self.bags[n] for n in fresh])):
-                self._bind(node, bag)
-            # their metrics now, by value: asked for at the end, a partition lost with a worker would be
-            # recomputed, re-running a step such as a file sink's pre-finalize, which deletes the shards
-            # its finalize has already moved into place
-            done = [n for n in fresh if _is_pardo(n)]
-            for node, updates in zip(done, self.client.compute([_view(self.bags[n], _METRICS) for n in done],
-                                                               sync=True)):
-                self.metric_values[node] = list(updates)
-        self.persisted.update(fresh)
         if si.pvalue not in self.side_values:
+            if self.producer[si.pvalue] in self.fresh:
+                self._round(self._component(self.producer[si.pvalue]))
             values = self.client.compute(self.pcolls[si.pvalue]).result()
             self.side_values[si.pvalue] = [WindowedValue(v, 0, (GlobalWindow(),)) for v in values]
         return SideInputMap(type(si), si._view_options(), self.side_values[si.pvalue])
 
+    def _component(self, node) -> list:
+        """The transforms not computed yet connected to `node` through main inputs (either way): one round
+        computes them all, so none of them runs again for a later round or at the end."""
+        neighbours = collections.defaultdict(set)
+        for reader in self.fresh:
+            for pc in _main_inputs(reader):
+                if self.producer.get(pc) in self.fresh:
+                    neighbours[reader].add(self.producer[pc])
+                    neighbours[self.producer[pc]].add(reader)
+        seen, todo = {node}, [node]
+        while todo:
+            for other in neighbours[todo.pop()] - seen:
+                seen.add(other)
+                todo.append(other)
+        return [n for n in self.fresh if n in seen]
+
+    def _round_size(self, node) -> int:
+        """How many transforms the rounds for `node`'s unknown side inputs would compute."""
+        return sum(len(self._component(self.producer[si.pvalue])) for si in node.side_inputs
+                   if si.pvalue not in self.side_values and self.producer.get(si.pvalue) in self.fresh)
+
+    def _round(self, component: list) -> None:
+        """Compute `component` in one graph on the cluster (point 5), keeping only the outputs that a transform
+        not built yet reads (or, for a transform other than a ParDo, that nothing reads: a leaf), and fetching
+        every ParDo's metrics by value (point 6): asked for at the end, a partition lost with a worker would be
+        recomputed, re-running a step such as a file sink's pre-finalize, which deletes the shards its finalize
+        has already moved into place. A ParDo's output nothing reads is not kept: its metrics ran it."""
+        keep = self._to_keep(component)
+        pardos = [n for n in component if _is_pardo(n)]
+        computed = self.client.persist([self.pcolls[pc] for pc in keep]
+                                       + [_view(self.fresh[n], _METRICS) for n in pardos])
+        for node, updates in zip(pardos, self.client.compute(computed[len(keep):], sync=True)):
+            self.metric_values[node] = list(updates)
+        for node in component:
+            del self.fresh[node]
+            for pc in node.outputs.values():
+                self.pcolls.pop(pc, None)
+        for pc, bag in zip(keep, computed):
+            self.pcolls[pc] = bag
+            self.kept.add(pc)
+
+    def _to_keep(self, component: list) -> list:
+        """The outputs of `component` its round keeps: those a transform not built yet reads, and those of a
+        transform other than a ParDo that nothing reads."""
+        return [pc for n in component for pc in n.outputs.values()
+                if self.unbuilt_readers[pc] > 0 or (pc not in self.consumed and not _is_pardo(n))]
+
     def metrics(self) -> list:
-        """The metrics bags of the ParDos whose metrics were not fetched already (point 6)."""
-        return [_view(bag, _METRICS) for node, bag in self.bags.items()
-                if _is_pardo(node) and node not in self.metric_values]
+        """The metrics bags of the ParDos not computed in a round (point 6)."""
+        return [_view(bag, _METRICS) for node, bag in self.fresh.items() if _is_pardo(node)]
 
     def leaves(self) -> list:
         """Point 2: every bag nothing else reads (and every ParDo runs, through its metrics)."""
         return [bag for pc, bag in self.pcolls.items() if pc not in self.consumed and isinstance(bag, db.Bag)]
+
+
+_OPS = {beam.ParDo: _ParDo, overrides._Create: _Create}  # our translations, before the stock ones
 
 
 def _is_pardo(node) -> bool:
@@ -313,7 +417,7 @@ class DaskRunnerResult(stock.DaskRunnerResult):
 
 
 class DaskRunner(stock.DaskRunner):
-    """Beam's DaskRunner with points 1-8 of the module docstring."""
+    """Beam's DaskRunner with points 1-9 of the module docstring."""
 
     def run_pipeline(self, pipeline, options):
         import dask.distributed as ddist
@@ -323,10 +427,10 @@ class DaskRunner(stock.DaskRunner):
         try:  # side inputs are computed while the graph is built (point 5), so a bundle may fail here
             identity = check_workers_run_our_code(client)
             pipeline.replace_all(stock.dask_overrides())
-            readers = _Readers()
-            pipeline.visit(readers)
-            visitor = _Visitor(client, bag_kwargs, readers.count, identity)
-            pipeline.visit(visitor)
+            leaves = _Leaves()
+            pipeline.visit(leaves)
+            visitor = _Visitor(client, bag_kwargs, leaves.readers, identity)
+            visitor.build(leaves.nodes)
             metrics = visitor.metrics()
             futures = client.compute([*visitor.leaves(), *metrics])  # one graph: shared tasks run once
         except BaseException:

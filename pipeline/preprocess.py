@@ -151,7 +151,7 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     split_info["eval_fraction"] = cfg.split.eval_fraction
     split_info["validation_fraction"] = cfg.split.validation_fraction
 
-    files_arg = [(f.path, f.first_row) for f in files]
+    files_arg = [(f.path, f.first_row, f.num_rows) for f in files]
     columns = cfg.raw_columns()
     # Pass 1: the split cutoffs (reads only what validation and the timestamp need).
     if cfg.input.timestamp or cfg.split.by == "user":

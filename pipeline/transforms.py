@@ -44,9 +44,9 @@ from recpipe.pipeline.analysis import (COUNT_SCHEMA, batch_dense_stats, dense_st
                                user_split_masks, merge_last_orders)
 
 __all__ = ["NAMESPACE", "DEAD_LETTER_SCHEMA", "RawBatch", "RawBatchCoder", "Columns", "ColumnsCoder", "ReadClickLogs",
-           "ValidateRows", "SplitCutoffs", "SplitRows", "ComputeVocabularies", "ComputeDenseStats", "AssembleArtifact",
-           "PackArtifact", "pack_artifact", "ApplyTransform", "WriteEvalSample", "CountRows", "FindRepeatedRows",
-           "EVAL_SAMPLE_ROWS"]
+           "READ_UNIT_ROWS", "read_units", "ValidateRows", "SplitCutoffs", "SplitRows", "ComputeVocabularies",
+           "ComputeDenseStats", "AssembleArtifact", "PackArtifact", "pack_artifact", "ApplyTransform",
+           "WriteEvalSample", "CountRows", "FindRepeatedRows", "EVAL_SAMPLE_ROWS"]
 
 NAMESPACE = "recpipe"
 EVAL_SAMPLE_ROWS = 1000  # raw eval rows kept for the export's skew check
@@ -115,9 +115,12 @@ class _ReadFile(beam.DoFn):
         self._rows_in = Metrics.counter(NAMESPACE, "rows_in") if count_rows else None
         self._hash_rows = hash_rows
 
-    def process(self, element: tuple[str, int]) -> Iterable[RawBatch]:
+    def process(self, element: tuple[tuple[str, int], ...]) -> Iterable[RawBatch]:
+        for path, first_global in element:
+            yield from self._read(path, first_global)
+
+    def _read(self, path: str, first_global: int) -> Iterable[RawBatch]:
         from recpipe.pipeline.sources import open_parquet
-        path, first_global = element
         pf = open_parquet(path)
         start = 0
         # the next batch is decoded on another thread while this one goes down the stages (Arrow decodes
@@ -144,15 +147,43 @@ class _ReadFile(beam.DoFn):
             raise ValueError(f"{path}: read {start} rows but the footer says {expected}")
 
 
+READ_UNIT_ROWS = 262_144  # a read's unit of work (a bundle on the Dask runner): whole files, this many rows or more
+
+
+def read_units(files: list[tuple[str, int, int]], min_rows: int) -> list[tuple[tuple[str, int], ...]]:
+    """Consecutive files grouped into the read's units of work.
+
+    Args:
+        files: (path, first global row, rows) of each file, in path order.
+        min_rows: rows a unit reaches before the next file starts another (a file is never split).
+
+    Returns:
+        Tuples of (path, first global row), each unit's files in order; every file is in exactly one.
+        A runner gives each unit at least a bundle of its own, so a unit bounds the rows a bundle holds
+        (one large file excepted) and many small files do not each cost a bundle.
+    """
+    units, unit, rows = [], [], 0
+    for path, first_row, n in files:
+        unit.append((path, first_row))
+        rows += n
+        if rows >= min_rows:
+            units.append(tuple(unit))
+            unit, rows = [], 0
+    if unit:
+        units.append(tuple(unit))
+    return units
+
+
 class ReadClickLogs(beam.PTransform):
-    """(path, first global row) pairs -> RawBatch record batches of `columns`, streamed per file.
+    """(path, first global row, rows) of each file -> RawBatch record batches of `columns`, streamed per file,
+    read in units of whole files (read_units).
 
     The job reads its input up to three times (split cutoff, analysis, transform) instead of
     holding rows between stages: a runner then keeps at most a few batches per worker in memory.
     Only the transform pass counts `rows_in`, and hashes its rows for FindRepeatedRows (`hash_rows`).
     """
 
-    def __init__(self, files: list[tuple[str, int]], columns: list[str], kinds: dict[str, str],
+    def __init__(self, files: list[tuple[str, int, int]], columns: list[str], kinds: dict[str, str],
                  batch_rows: int = 65_536, count_rows: bool = False, hash_rows: bool = False):
         super().__init__()
         self._files, self._columns, self._kinds = files, columns, kinds
@@ -160,7 +191,7 @@ class ReadClickLogs(beam.PTransform):
 
     def expand(self, pbegin):
         return (pbegin
-                | "Files" >> beam.Create(self._files)
+                | "Files" >> beam.Create(read_units(self._files, READ_UNIT_ROWS))
                 | "Spread" >> beam.Reshuffle()
                 | "Read" >> beam.ParDo(_ReadFile(self._columns, self._kinds, self._batch_rows, self._count,
                                                  self._hash)).with_output_types(RawBatch))

@@ -29,6 +29,7 @@ from helpers import installed_copy
 from recpipe.features.canonical import LABEL_KEY
 from recpipe.features.config import parse_config
 from recpipe.features.preprocessed import PreprocessedData
+from recpipe.pipeline import transforms
 from recpipe.pipeline.preprocess import run_preprocess
 
 STOCK = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -292,6 +293,31 @@ def test_a_lost_worker_never_reruns_a_step_whose_readers_are_built(dask_cluster,
     assert _recorded(tmp_path / "out") == [[x, 100] for x in range(20)]
 
 
+class _CountBundles(beam.DoFn):
+    def __init__(self, directory: str):
+        self.directory = directory
+
+    def start_bundle(self):
+        os.makedirs(self.directory, exist_ok=True)
+        Path(self.directory, uuid.uuid4().hex).touch()
+
+    def process(self, x):
+        yield x
+
+
+def test_a_create_read_through_a_reshuffle_gives_each_element_a_bundle(dask_cluster, tmp_path):
+    """Point 9: the read's units of files are such a Create; stock ran up to 128 of them in one bundle."""
+    def build(p, name):
+        _ = (p | beam.Create([f"unit{i}" for i in range(12)]) | beam.Reshuffle()
+             | beam.ParDo(_CountBundles(str(tmp_path / f"{name}_bundles"))) | beam.Map(_record, str(tmp_path / name)))
+
+    _run(lambda p: build(p, "stock"), STOCK, dask_cluster)
+    _run(lambda p: build(p, "ours"), OURS, dask_cluster)
+    assert len(os.listdir(tmp_path / "stock_bundles")) == 1
+    assert len(os.listdir(tmp_path / "ours_bundles")) == 12
+    assert _recorded(tmp_path / "ours") == sorted(f"unit{i}" for i in range(12))
+
+
 # ------------------------------------------------------------------------- the preprocess job
 def _shard_rows(data: PreprocessedData, split: str) -> collections.Counter:
     import tensorflow as tf
@@ -365,8 +391,8 @@ def direct_output(tmp_path_factory, log_with_bad_rows):
 @pytest.fixture(scope="module")
 def many_file_log(tmp_path_factory):
     """26,000 rows (1 in 97 dead-lettered) in 130 files, each holding rows from the whole time range, so that
-    train and eval rows are in every file. Beam's DaskRunner puts up to 128 elements of a Create (here the
-    files) in one partition: this log makes it run each step in two bundles, the first of 128 files."""
+    train and eval rows are in every file. The read's units of work (READ_UNIT_ROWS, lowered to 5,000 rows by
+    the test using it: 25 files) get a bundle each on Dask: the job runs each step in 6 bundles."""
     from recpipe.pipeline.synthetic import GenerateSpec, generate_log
     raw = tmp_path_factory.mktemp("many_raw")
     files = generate_log(GenerateSpec(rows=26_000, days=2, seed=11, num_users=500, num_items=300), str(raw))
@@ -404,6 +430,7 @@ def test_preprocess_on_dask_in_several_bundles_gives_directrunners_artifact(dask
         return results[-1]
 
     monkeypatch.setattr(beam.Pipeline, "run", keep_result)
+    monkeypatch.setattr(transforms, "READ_UNIT_ROWS", 5_000)  # 6 units of up to 25 files: a bundle each on Dask
     cfg = parse_config(small_config_dict())
     direct, dask = str(tmp_path / "direct"), str(tmp_path / "dask")
     run_preprocess(cfg, many_file_log, direct, IN_MEMORY, say=lambda _: None)
@@ -424,6 +451,29 @@ def test_preprocess_on_dask_gives_directrunners_outputs(dask_cluster, tmp_path, 
                            dask_cluster], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rows in = 6000 = rows out" in proc.stdout and "label_not_0_1=" in proc.stdout
+    _assert_same_outputs(direct_output, PreprocessedData(out))
+
+
+def test_preprocess_on_dask_keeps_no_rows_on_the_cluster(dask_cluster, tmp_path, log_with_bad_rows, direct_output,
+                                                         monkeypatch):
+    """Point 5: each round of the job keeps only what a transform not built yet reads (a cutoff, the artifact,
+    a sink's temp dir and write results, a combined count), never a step's rows: those stream through."""
+    from recpipe.pipeline import dask_runner
+    kept, to_keep = [], dask_runner._Visitor._to_keep
+
+    def spy(visitor, component):
+        chosen = to_keep(visitor, component)
+        kept.extend(pc.producer.full_label for pc in chosen)
+        return chosen
+
+    monkeypatch.setattr(dask_runner._Visitor, "_to_keep", spy)
+    out = str(tmp_path / "pre")
+    run_preprocess(parse_config(small_config_dict()), log_with_bad_rows, out,
+                   ["--runner", "dask", "--dask-address", dask_cluster], say=lambda _: None)
+    per_row = ("ReadForSplit", "ValidateForSplit", "ReadForAnalysis", "ValidateForAnalysis", "TrainRows",
+               "ReadClickLogs", "ValidateRows", "SplitByTime", "ApplyTransform")
+    assert any(label.startswith("PackArtifact") for label in kept), kept
+    assert [label for label in kept if label.startswith(per_row)] == []
     _assert_same_outputs(direct_output, PreprocessedData(out))
 
 

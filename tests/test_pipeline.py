@@ -38,7 +38,8 @@ from recpipe.pipeline.preprocess import PreprocessError, run_preprocess
 from recpipe.pipeline.repeats import row_hashes
 from recpipe.pipeline.sources import InputError, inspect_inputs, list_input_files
 from recpipe.pipeline.transforms import (Columns, ColumnsCoder, ComputeVocabularies, RawBatch, RawBatchCoder,
-                                         ReadClickLogs, SplitRows, ValidateRows, _MergeCountTables)
+                                         ReadClickLogs, SplitRows, ValidateRows, _MergeCountTables,
+                                         read_units)
 
 
 def _test_pipeline() -> BeamTestPipeline:
@@ -183,7 +184,7 @@ def test_read_and_validated_batches_are_sized_without_being_encoded(small_log, s
     and the validation's batches are RawBatches, whose coder estimates a size from the buffers (Beam's
     fallback pickled each 27 MB batch once more to measure it) and still round-trips the batch whole."""
     kinds, inputs = inspect_inputs(list_input_files(small_log), small_cfg)
-    files = [(f.path, f.first_row) for f in inputs]
+    files = [(f.path, f.first_row, f.num_rows) for f in inputs]
     p = beam.Pipeline()
     batches = p | ReadClickLogs(files, small_cfg.raw_columns(), kinds, hash_rows=True)
     for pcoll in (batches, batches | ValidateRows(small_cfg, dead_letter=False),
@@ -1050,3 +1051,12 @@ def test_on_anomaly_fail_refuses_the_run_publishing_nothing(tmp_path, anomaly_lo
     assert str(e.value).endswith(" (preprocess.on_anomaly is fail)")
     assert [n for n in _anomalies_named(expected, millis) if n not in str(e.value)] == []
     assert os.listdir(tmp_path) == []  # neither the output nor its staging folder
+
+
+@pytest.mark.unit
+def test_read_units_group_whole_files_in_order_until_they_reach_the_rows():
+    files = [("a", 0, 100), ("b", 100, 300), ("c", 400, 50), ("d", 450, 60), ("e", 510, 1000), ("f", 1510, 10)]
+    units = read_units(files, min_rows=100)
+    assert units == [(("a", 0),), (("b", 100),), (("c", 400), ("d", 450)), (("e", 510),), (("f", 1510),)]
+    assert read_units(files, min_rows=10_000) == [tuple((p, f) for p, f, _ in files)]
+    assert read_units([], min_rows=100) == []
