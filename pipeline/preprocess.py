@@ -165,7 +165,7 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     # Pass 2: analysis on the train rows.
     train_rows = (p | "ReadForAnalysis" >> ReadClickLogs(files_arg, columns, raw_schema)
                   | "ValidateForAnalysis" >> ValidateRows(cfg, dead_letter=False)
-                  | "TrainRows" >> SplitRows(cfg, cutoff, count=False)).train
+                  | "TrainRows" >> SplitRows(cfg, cutoff, analysis=True)).train
     vocabs = train_rows | "ComputeVocabularies" >> ComputeVocabularies(cfg, previous, day)
     stats = train_rows | "ComputeDenseStats" >> ComputeDenseStats(cfg, previous)
     lineage = {"previous_transform": previous_path} if previous is not None else {}

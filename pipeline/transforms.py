@@ -299,9 +299,10 @@ class _MergeDicts(beam.CombineFn):
 
 
 class _Split(beam.DoFn):
-    def __init__(self, cfg: Config, count: bool):
+    def __init__(self, cfg: Config, analysis: bool):
         self._cfg = cfg
-        self._rows = {s: Metrics.counter(NAMESPACE, f"rows_{s}") for s in SPLITS} if count else None
+        self._rows = None if analysis else {s: Metrics.counter(NAMESPACE, f"rows_{s}") for s in SPLITS}
+        self._splits = ("train",) if analysis else SPLITS
 
     def process(self, b: RawBatch, cutoffs):
         cfg = self._cfg
@@ -319,7 +320,7 @@ class _Split(beam.DoFn):
                                                               (f"time_last.{b.source}", ("max", float(key.max())))])
         for split, mask in (("train", ~(is_eval | is_validation)), ("validation", is_validation), ("eval", is_eval)):
             n = int(mask.sum())
-            if n:
+            if n and split in self._splits:
                 if self._rows is not None:
                     self._rows[split].inc(n)
                 table = b.table if n == len(mask) else b.table.filter(pa.array(mask))
@@ -363,16 +364,16 @@ class SplitCutoffs(beam.PTransform):
 
 class SplitRows(beam.PTransform):
     """Good batches -> canonical column dicts on outputs `train`, `validation` and `eval` (and a batch's
-    first raw eval rows with their global row numbers, (positions, table), on `eval_raw`; with `count` and a
-    timestamp split, each batch's first and last timestamp as counts for CountRows on `time_range`), by the
-    cutoffs side input."""
+    first raw eval rows with their global row numbers, (positions, table), on `eval_raw`; with a timestamp
+    split, each batch's first and last timestamp as counts for CountRows on `time_range`), by the cutoffs
+    side input, each split's rows counted. For the `analysis` pass: the train rows only, nothing counted."""
 
-    def __init__(self, cfg: Config, cutoff, count: bool = True):
+    def __init__(self, cfg: Config, cutoff, analysis: bool = False):
         super().__init__()
-        self._cfg, self._cutoff, self._count = cfg, cutoff, count
+        self._cfg, self._cutoff, self._analysis = cfg, cutoff, analysis
 
     def expand(self, good):
-        return good | "Split" >> beam.ParDo(_Split(self._cfg, self._count),
+        return good | "Split" >> beam.ParDo(_Split(self._cfg, self._analysis),
                                              cutoffs=beam.pvalue.AsSingleton(self._cutoff)).with_output_types(
             Any, **{split: Columns for split in SPLITS}).with_outputs(*SPLITS, "eval_raw", "time_range")
 

@@ -200,7 +200,7 @@ def test_read_and_validated_batches_are_sized_without_being_encoded(small_log, s
     assert 0.5 < coder.estimate_size(batch) / len(encoded) < 2
     # the split's canonical batches likewise (Columns, ColumnsCoder): 1.1 GB pickled just to be measured at 2M rows
     splits = (batches | "Good" >> ValidateRows(small_cfg, dead_letter=False)
-              | SplitRows(small_cfg, p | beam.Create([(1.0e18, 1.0e18)]), count=False))
+              | SplitRows(small_cfg, p | beam.Create([(1.0e18, 1.0e18)])))
     for split in SPLITS:
         assert splits[split].element_type is Columns
         assert isinstance(beam.coders.registry.get_coder(splits[split].element_type), ColumnsCoder)
