@@ -1,5 +1,5 @@
 """`recpipe bench scaling`: the log-log slope fit, the ratios and the report of a result, and the quick suite end
-to end (its full run takes about 20 minutes and is not part of CI)."""
+to end (its full run takes about 25 minutes and is not part of CI)."""
 from __future__ import annotations
 
 import math

@@ -51,7 +51,7 @@ class ScalingBenchOptions:
     """
     quick: bool = False
     log_rows: tuple = (1_000_000, 10_000_000, 50_000_000)
-    dask_rows: tuple = (1_000_000, 10_000_000)
+    dask_rows: tuple = (1_000_000, 10_000_000, 50_000_000)
     dask_workers: int = 2
     table_rows: tuple = (1_000_000, 10_000_000, 50_000_000)
     dim: int = 8
