@@ -218,16 +218,13 @@ def _second(pair):
 
 
 class _Leaves(PipelineVisitor):
-    """The leaf transforms in the pipeline's own order, and how many transforms read each PCollection,
-    as a main or a side input."""
+    """The leaf transforms in the pipeline's own order."""
 
     def __init__(self):
         self.nodes: list = []
-        self.readers: collections.Counter = collections.Counter()
 
     def visit_transform(self, node) -> None:
         self.nodes.append(node)
-        self.readers.update(_read(node))
 
 
 def _read(node) -> list:
@@ -245,8 +242,9 @@ class _Visitor:
     built in an order that computes side inputs in as few rounds as possible (point 5)."""
     client: object
     bag_kwargs: dict
-    unbuilt_readers: collections.Counter                       # PCollection -> readers not built yet (point 7)
     client_identity: dict                                      # the client's code_identity (point 8)
+    # PCollection -> transforms reading it (as a main or a side input) not built yet (point 7)
+    unbuilt_readers: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     producer: dict = dataclasses.field(default_factory=dict)   # PCollection -> the leaf transform making it
     spread: set = dataclasses.field(default_factory=set)       # PCollections only Reshuffles read (point 9)
     pcolls: dict = dataclasses.field(default_factory=dict)     # PCollection -> bag
@@ -264,6 +262,7 @@ class _Visitor:
         for n in nodes:
             for pc in _read(n):
                 readers[pc].append(n)
+        self.unbuilt_readers = collections.Counter({pc: len(them) for pc, them in readers.items()})
         self.spread = {pc for pc, them in readers.items() if all(type(r.transform) is overrides._Reshuffle
                                                                    for r in them)}
         pending = list(nodes)
@@ -429,7 +428,7 @@ class DaskRunner(stock.DaskRunner):
             pipeline.replace_all(stock.dask_overrides())
             leaves = _Leaves()
             pipeline.visit(leaves)
-            visitor = _Visitor(client, bag_kwargs, leaves.readers, identity)
+            visitor = _Visitor(client, bag_kwargs, identity)
             visitor.build(leaves.nodes)
             metrics = visitor.metrics()
             futures = client.compute([*visitor.leaves(), *metrics])  # one graph: shared tasks run once
