@@ -2,7 +2,7 @@
 
 `--runner=recpipe.pipeline.dask_runner.DaskRunner --dask_client_address=tcp://HOST:8786` (or recpipe's short
 form `--runner dask --dask-address tcp://HOST:8786`). Each point below (the code cites them as "point N")
-is small, separate and tested on a real cluster (tests/test_dask_runner.py; 1-5 and 9 beside the stock behaviour
+is small, separate and tested on a real cluster (tests/test_dask_runner.py; 1-5, 9 and 10 beside the stock behaviour
 they correct), so it could go upstream:
 
 1. Multi-output ParDo: each output PCollection gets its own tag's elements. Stock: every consumer
@@ -40,6 +40,11 @@ they correct), so it could go upstream:
    unless `--dask_npartitions` or `--dask_partition_size` says otherwise; the Reshuffle itself is a no-op.
    Stock: 128 elements a partition, so a log of up to 128 read units was read, validated and transformed
    in one bundle, on one worker, its whole output held in that one task's result.
+10. A CombinePerKey (and so a CombineGlobally) is lifted, as the DirectRunner does: each bundle combines
+   its own elements per key and emits one accumulator per key from finish_bundle (point 3 keeps it), so
+   the GroupByKey moves one accumulator per key and bundle. Stock: every element goes through the
+   GroupByKey and waits in the shuffle until the last bundle is done, so the cluster holds every count
+   table and statistic of the whole log at once.
 """
 from __future__ import annotations
 
@@ -52,7 +57,7 @@ import apache_beam as beam
 import dask.bag as db
 from dask.base import tokenize
 from apache_beam import pvalue
-from apache_beam.pipeline import PipelineVisitor
+from apache_beam.pipeline import PipelineVisitor, PTransformOverride
 from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
 from apache_beam.runners.dask import dask_runner as stock
 from apache_beam.runners.dask import overrides
@@ -61,6 +66,7 @@ from apache_beam.runners.direct.direct_metrics import DirectMetrics
 from apache_beam.metrics.execution import MetricsContainer
 from apache_beam.runners.worker import statesampler
 from apache_beam.transforms import DoFn
+from apache_beam.transforms.combiners import LiftedCombinePerKey
 from apache_beam.transforms.sideinputs import SideInputMap
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils import counters
@@ -387,6 +393,22 @@ def _view(tagged_bag, tag):
     return tagged_bag.filter(functools.partial(_tagged, tag=tag)).map(_second)
 
 
+class _LiftCombinePerKey(PTransformOverride):
+    """Point 10: a CombinePerKey in the default windowing becomes a bundle-wise pre-combine, a GroupByKey
+    and a final merge (Beam's LiftedCombinePerKey, the DirectRunner's translation)."""
+
+    def matches(self, applied_ptransform) -> bool:
+        return (isinstance(applied_ptransform.transform, beam.CombinePerKey)
+                and applied_ptransform.inputs[0].windowing.is_default())
+
+    def get_replacement_transform_for_applied_ptransform(self, applied_ptransform):
+        transform = applied_ptransform.transform
+        try:
+            return LiftedCombinePerKey(transform.fn, transform.args, transform.kwargs)
+        except NotImplementedError:  # 10 side inputs or more: Beam does not lift it either
+            return transform
+
+
 class DaskRunnerResult(stock.DaskRunnerResult):
     """The stock result, plus the metrics of the bundles whose outputs were used (point 4)."""
 
@@ -416,7 +438,7 @@ class DaskRunnerResult(stock.DaskRunnerResult):
 
 
 class DaskRunner(stock.DaskRunner):
-    """Beam's DaskRunner with points 1-9 of the module docstring."""
+    """Beam's DaskRunner with points 1-10 of the module docstring."""
 
     def run_pipeline(self, pipeline, options):
         import dask.distributed as ddist
@@ -425,6 +447,7 @@ class DaskRunner(stock.DaskRunner):
         client = ddist.Client(**dask_options)
         try:  # side inputs are computed while the graph is built (point 5), so a bundle may fail here
             identity = check_workers_run_our_code(client)
+            pipeline.replace_all([_LiftCombinePerKey()])  # before the stock ones replace its GroupByKey
             pipeline.replace_all(stock.dask_overrides())
             leaves = _Leaves()
             pipeline.visit(leaves)

@@ -318,6 +318,42 @@ def test_a_create_read_through_a_reshuffle_gives_each_element_a_bundle(dask_clus
     assert _recorded(tmp_path / "ours") == sorted(f"unit{i}" for i in range(12))
 
 
+class _RecordedSum(beam.CombineFn):
+    """A sum that records the accumulators each final merge receives."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+
+    def create_accumulator(self):
+        return 0
+
+    def add_input(self, total, x):
+        return total + x
+
+    def merge_accumulators(self, totals):
+        totals = list(totals)
+        _record(sorted(totals), self.directory)
+        return sum(totals)
+
+    def extract_output(self, total):
+        return total
+
+
+def test_a_combine_is_lifted_so_each_bundle_sends_one_accumulator(dask_cluster, tmp_path):
+    """Point 10: 12 bundles of 50 ones each sum their own before the GroupByKey; stock moved all 600 ones."""
+    def build(p, name):
+        _ = (p | beam.Create(list(range(12))) | beam.Reshuffle() | beam.FlatMap(lambda _: [("k", 1)] * 50)
+             | beam.CombinePerKey(_RecordedSum(str(tmp_path / f"{name}_merges")))
+             | beam.Map(_record, str(tmp_path / name)))
+
+    _run(lambda p: build(p, "stock"), STOCK, dask_cluster)
+    _run(lambda p: build(p, "ours"), OURS, dask_cluster)
+    assert _recorded(tmp_path / "stock") == _recorded(tmp_path / "ours") == [["k", 600]]
+    # stock: all 600 ones crossed the GroupByKey; Beam's CombineValues then sums them in three parts
+    assert _recorded(tmp_path / "stock_merges") == [[200, 200, 200]]
+    assert _recorded(tmp_path / "ours_merges") == [[50] * 12]
+
+
 # ------------------------------------------------------------------------- the preprocess job
 def _shard_rows(data: PreprocessedData, split: str) -> collections.Counter:
     import tensorflow as tf
