@@ -57,32 +57,52 @@ def _varint(n: int) -> bytes:
 
 
 def _field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | _LEN) + _varint(len(payload)) + payload
+    return _head(number, len(payload)) + payload
 
 
-def _tensor_proto(arr: np.ndarray) -> bytes:
+def _head(number: int, length: int) -> bytes:
+    """A length-delimited field's key and length, for a payload of `length` bytes that follows it."""
+    return _varint(number << 3 | _LEN) + _varint(length)
+
+
+def _tensor_parts(arr: np.ndarray) -> tuple[bytes, memoryview | None]:
+    """A TensorProto of a 1-D array as its small head (dtype, shape, the content field's key and length)
+    and the array's little-endian bytes, a view of it (None when it is empty: proto3 leaves it out)."""
     arr = np.ascontiguousarray(arr)
     if arr.dtype not in _DTYPES or arr.ndim != 1:
         raise TypeError(f"a record column is a 1-D float32 or int64 array, got {arr.dtype} of shape {arr.shape}")
     size = _varint(1 << 3 | _VARINT) + _varint(len(arr)) if len(arr) else b""  # proto3 leaves out zeros
-    proto = _varint(1 << 3 | _VARINT) + _varint(_DTYPES[arr.dtype]) + _field(2, _field(2, size))
-    content = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
-    return proto + (_field(4, content) if content else b"")
+    head = _varint(1 << 3 | _VARINT) + _varint(_DTYPES[arr.dtype]) + _field(2, _field(2, size))
+    if not len(arr):
+        return head, None
+    content = memoryview(np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False))).cast("B")
+    return head + _head(4, len(content)), content
 
 
 def encode_batch(columns: dict) -> bytes:
-    """{name: [n] array (or anything np.asarray takes) | Ragged} -> one serialized Example."""
-    entries = []
+    """{name: [n] array (or anything np.asarray takes) | Ragged} -> one serialized Example.
+
+    Every message's length is known before its bytes, so the arrays' bytes are copied once, into the result."""
+    pieces: list = []
+    total = 0
     for name, col in columns.items():
         if isinstance(col, Ragged):
             parts = {f"{name}/values": col.values, f"{name}/row_lengths": col.row_lengths}
         else:
             parts = {name: np.asarray(col)}
         for key, arr in parts.items():
-            bytes_list = _field(1, _tensor_proto(arr))              # BytesList.value
-            feature = _field(1, bytes_list)                          # Feature.bytes_list
-            entries.append(_field(1, _field(1, key.encode("utf-8")) + _field(2, feature)))  # Features.feature
-    return _field(1, b"".join(entries))                              # Example.features
+            head, content = _tensor_parts(arr)
+            tensor = len(head) + (len(content) if content is not None else 0)
+            bytes_list = len(_head(1, tensor)) + tensor                      # BytesList.value
+            feature = len(_head(1, bytes_list)) + bytes_list                 # Feature.bytes_list
+            name_field = _field(1, key.encode("utf-8"))
+            entry = len(name_field) + len(_head(2, feature)) + feature       # Features.feature (map entry)
+            pieces += [_head(1, entry) + name_field + _head(2, feature) + _head(1, bytes_list) + _head(1, tensor)
+                       + head]
+            if content is not None:
+                pieces.append(content)
+            total += len(_head(1, entry)) + entry
+    return b"".join([_head(1, total), *pieces])                              # Example.features
 
 
 def _fields(buf: memoryview) -> Iterator[tuple[int, int | memoryview]]:
