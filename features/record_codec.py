@@ -75,7 +75,7 @@ def _tensor_parts(arr: np.ndarray) -> tuple[bytes, memoryview | None]:
     head = _varint(1 << 3 | _VARINT) + _varint(_DTYPES[arr.dtype]) + _field(2, _field(2, size))
     if not len(arr):
         return head, None
-    content = memoryview(np.ascontiguousarray(arr.astype(arr.dtype.newbyteorder("<"), copy=False))).cast("B")
+    content = memoryview(arr.astype(arr.dtype.newbyteorder("<"), copy=False)).cast("B")
     return head + _head(4, len(content)), content
 
 

@@ -43,8 +43,8 @@ they correct), so it could go upstream:
 10. A CombinePerKey (and so a CombineGlobally) is lifted, as the DirectRunner does: each bundle combines
    its own elements per key and emits one accumulator per key from finish_bundle (point 3 keeps it), so
    the GroupByKey moves one accumulator per key and bundle. Stock: every element goes through the
-   GroupByKey and waits in the shuffle until the last bundle is done, so the cluster holds every count
-   table and statistic of the whole log at once.
+   GroupByKey, and every batch's count tables and statistics wait in the shuffle until the last bundle
+   is done.
 """
 from __future__ import annotations
 
