@@ -405,7 +405,7 @@ class _LiftCombinePerKey(PTransformOverride):
         transform = applied_ptransform.transform
         try:
             return LiftedCombinePerKey(transform.fn, transform.args, transform.kwargs)
-        except NotImplementedError:  # 10 side inputs or more: Beam does not lift it either
+        except NotImplementedError:  # 10 or more extra positional arguments: Beam does not lift it either
             return transform
 
 

@@ -327,8 +327,8 @@ class _Split(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(split, Columns(canonicalize(table, self._cfg)))
                 if split == "eval" and self._rows is not None:
                     positions = b.positions if n == len(mask) else b.positions[mask]
-                    # copies, not views: the sample waits in the combine until its merge, and a view
-                    # would hold the batch's whole eval rows as long
+                    # copies, not views: a runner may keep this output whole until its reader runs
+                    # (Dask does), and a view would keep the batch's whole eval rows with it
                     first = np.arange(min(n, EVAL_SAMPLE_ROWS))
                     yield beam.pvalue.TaggedOutput("eval_raw", (positions[first], table.take(pa.array(first))))
 
