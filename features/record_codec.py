@@ -93,15 +93,16 @@ def encode_batch(columns: dict) -> bytes:
         for key, arr in parts.items():
             head, content = _tensor_parts(arr)
             tensor = len(head) + (len(content) if content is not None else 0)
-            bytes_list = len(_head(1, tensor)) + tensor                      # BytesList.value
-            feature = len(_head(1, bytes_list)) + bytes_list                 # Feature.bytes_list
-            name_field = _field(1, key.encode("utf-8"))
-            entry = len(name_field) + len(_head(2, feature)) + feature       # Features.feature (map entry)
-            pieces += [_head(1, entry) + name_field + _head(2, feature) + _head(1, bytes_list) + _head(1, tensor)
-                       + head]
+            to_tensor = _head(1, tensor)                                     # BytesList.value
+            to_list = _head(1, len(to_tensor) + tensor)                      # Feature.bytes_list
+            feature = len(to_list) + len(to_tensor) + tensor
+            name_field, to_feature = _field(1, key.encode("utf-8")), _head(2, feature)
+            entry = len(name_field) + len(to_feature) + feature              # Features.feature (map entry)
+            to_entry = _head(1, entry)
+            pieces.append(to_entry + name_field + to_feature + to_list + to_tensor + head)
             if content is not None:
                 pieces.append(content)
-            total += len(_head(1, entry)) + entry
+            total += len(to_entry) + entry
     return b"".join([_head(1, total), *pieces])                              # Example.features
 
 
