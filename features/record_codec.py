@@ -65,16 +65,16 @@ def _head(number: int, length: int) -> bytes:
     return _varint(number << 3 | _LEN) + _varint(length)
 
 
-def _tensor_parts(arr: np.ndarray) -> tuple[bytes, memoryview | None]:
+def _tensor_parts(arr: np.ndarray) -> tuple[bytes, memoryview | bytes]:
     """A TensorProto of a 1-D array as its small head (dtype, shape, the content field's key and length)
-    and the array's little-endian bytes, a view of it (None when it is empty: proto3 leaves it out)."""
+    and the array's little-endian bytes, a view of it (b"" when it is empty: proto3 leaves the field out)."""
     arr = np.ascontiguousarray(arr)
     if arr.dtype not in _DTYPES or arr.ndim != 1:
         raise TypeError(f"a record column is a 1-D float32 or int64 array, got {arr.dtype} of shape {arr.shape}")
     size = _varint(1 << 3 | _VARINT) + _varint(len(arr)) if len(arr) else b""  # proto3 leaves out zeros
     head = _varint(1 << 3 | _VARINT) + _varint(_DTYPES[arr.dtype]) + _field(2, _field(2, size))
     if not len(arr):
-        return head, None
+        return head, b""
     content = memoryview(arr.astype(arr.dtype.newbyteorder("<"), copy=False)).cast("B")
     return head + _head(4, len(content)), content
 
@@ -92,16 +92,14 @@ def encode_batch(columns: dict) -> bytes:
             parts = {name: np.asarray(col)}
         for key, arr in parts.items():
             head, content = _tensor_parts(arr)
-            tensor = len(head) + (len(content) if content is not None else 0)
+            tensor = len(head) + len(content)
             to_tensor = _head(1, tensor)                                     # BytesList.value
             to_list = _head(1, len(to_tensor) + tensor)                      # Feature.bytes_list
             feature = len(to_list) + len(to_tensor) + tensor
             name_field, to_feature = _field(1, key.encode("utf-8")), _head(2, feature)
             entry = len(name_field) + len(to_feature) + feature              # Features.feature (map entry)
             to_entry = _head(1, entry)
-            pieces.append(to_entry + name_field + to_feature + to_list + to_tensor + head)
-            if content is not None:
-                pieces.append(content)
+            pieces += [to_entry + name_field + to_feature + to_list + to_tensor + head, content]
             total += len(to_entry) + entry
     return b"".join([_head(1, total), *pieces])                              # Example.features
 
