@@ -71,3 +71,26 @@ def test_a_buckets_staged_files_give_its_rows_back_whole():
     assert back[0].dtype == np.uint64 and back[1].dtype == np.int64
     assert back[0].tolist() == hashes.tolist() and back[1].tolist() == rows.tolist()
     assert find_repeats(*back, np.array([0, 2])).pairs == {(0, 1): 1}
+
+
+def test_a_long_string_columns_hashes_do_not_depend_on_how_its_words_are_worked_out():
+    """A string column of a long batch is hashed once per distinct value when its values repeat; its rows
+    hash as they do in short batches, hashed row by row (nulls, multi-byte and long strings, large strings,
+    a column too distinct for the encoding, one that is all null, and a slice into shared buffers)."""
+    rng = np.random.default_rng(0)
+    n = 40_000
+    words = np.array(["", "a", "é", "abcdefgh", "abcdefghi", "日本語のテキスト", LONG, LONG + "z", "0" * 17])
+    picked = words[rng.integers(0, len(words), n)].astype(object)
+    picked[rng.random(n) < 0.1] = None
+    t = pa.table({
+        "repeating": pa.array(picked, pa.string()),
+        "large": pa.array(picked, pa.large_string()),
+        "distinct": pa.array([f"id-{i}-{LONG}" if i % 7 else None for i in range(n)], pa.string()),
+        "all_null": pa.array([None] * n, pa.string()),
+        "i": pa.array(rng.integers(0, 5, n)),
+    })
+    h = row_hashes(t)
+    short = np.concatenate([row_hashes(t.slice(s, 1_000)) for s in range(0, n, 1_000)])
+    assert (h == short).all()
+    assert (row_hashes(t.slice(5_000, 20_000)) == h[5_000:25_000]).all()
+    assert len(set(h.tolist())) == len(set(zip(*(c.to_pylist() for c in t.columns))))
