@@ -18,7 +18,8 @@ import numpy as np
 from recpipe.common import fsio
 from recpipe.features.canonical import LABEL_KEY
 
-__all__ = ["Ragged", "RecordError", "encode_batch", "frame_record", "write_records", "read_records", "count_rows"]
+__all__ = ["Ragged", "RecordError", "encode_batch", "frame_parts", "frame_record", "write_records", "read_records",
+           "count_rows"]
 
 # TensorFlow's DataType enum values of the dtypes a record holds.
 _DTYPES = {np.dtype(np.float32): 1, np.dtype(np.int64): 9}
@@ -162,9 +163,16 @@ def _masked_crc(data) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def frame_record(data: bytes) -> bytes:
+def frame_parts(data: bytes) -> tuple[bytes, bytes, bytes]:
+    """A TFRecord of `data` as (its head: length and the length's masked CRC-32C, data, the data's masked
+    CRC-32C): written one after the other they are frame_record(data), with no copy of data."""
     length = struct.pack("<Q", len(data))
-    return length + struct.pack("<I", _masked_crc(length)) + data + struct.pack("<I", _masked_crc(data))
+    return length + struct.pack("<I", _masked_crc(length)), data, struct.pack("<I", _masked_crc(data))
+
+
+def frame_record(data: bytes) -> bytes:
+    """One TFRecord of `data`: frame_parts joined."""
+    return b"".join(frame_parts(data))
 
 
 def write_records(path: str, records: list[bytes]) -> None:

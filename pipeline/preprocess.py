@@ -35,7 +35,7 @@ from recpipe.pipeline.repeats import Repeats
 from recpipe.pipeline.sources import inspect_inputs, list_input_files, partition_day, partition_days, same_files
 from recpipe.pipeline.transforms import (DEAD_LETTER_SCHEMA, NAMESPACE, ApplyTransform, AssembleArtifact,
                                  ComputeDenseStats, ComputeVocabularies, CountRows, FindRepeatedRows, PackArtifact,
-                                 ReadClickLogs, SplitCutoffs, SplitRows, ValidateRows, WriteEvalSample)
+                                 ReadClickLogs, SplitCutoffs, SplitRows, ValidateRows, WriteEvalSample, WriteRecords)
 
 __all__ = ["PreprocessError", "PreprocessResult", "build_pipeline", "run_preprocess", "load_previous_transform",
            "run_day"]
@@ -157,13 +157,13 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     if cfg.input.timestamp or cfg.split.by == "user":
         split_cols = [c for c in columns if c in {cfg.label.column, cfg.input.timestamp, cfg.split.user,
                                                   cfg.split_order, *(d.column for d in cfg.features.dense)}]
-        good_for_split = (p | "ReadForSplit" >> ReadClickLogs(files_arg, split_cols, raw_schema)
+        good_for_split = (p | "ReadForSplit" >> ReadClickLogs(files_arg, split_cols, raw_schema, validate=cfg)
                           | "ValidateForSplit" >> ValidateRows(cfg, dead_letter=False))
     else:
         good_for_split = None
     cutoff = (good_for_split if good_for_split is not None else p) | "SplitCutoffs" >> SplitCutoffs(cfg, total)
     # Pass 2: analysis on the train rows.
-    train_rows = (p | "ReadForAnalysis" >> ReadClickLogs(files_arg, columns, raw_schema)
+    train_rows = (p | "ReadForAnalysis" >> ReadClickLogs(files_arg, columns, raw_schema, validate=cfg)
                   | "ValidateForAnalysis" >> ValidateRows(cfg, dead_letter=False)
                   | "TrainRows" >> SplitRows(cfg, cutoff, analysis=True)).train
     vocabs = train_rows | "ComputeVocabularies" >> ComputeVocabularies(cfg, previous, day)
@@ -173,7 +173,7 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
                                                                         lineage, day)
     # Pass 3: read -> validate -> split -> transform -> write, fused; accounts for every row.
     batches = p | "ReadClickLogs" >> ReadClickLogs(files_arg, columns, raw_schema, count_rows=True,
-                                                   hash_rows=_checks_repeats(cfg))
+                                                   hash_rows=_checks_repeats(cfg), validate=cfg)
     validated = batches | "ValidateRows" >> ValidateRows(cfg)
     splits = validated.good | "SplitByTime" >> SplitRows(cfg, cutoff)
     transform_dir = out.transform_dir
@@ -182,8 +182,7 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     for split in SPLITS:
         _ = (splits[split]
              | f"ApplyTransform[{split}]" >> ApplyTransform(packed)
-             | f"WriteShards[{split}]" >> beam.io.WriteToTFRecord(out.shard_prefix(split),
-                                                                   file_name_suffix=".tfrecord"))
+             | f"WriteShards[{split}]" >> WriteRecords(out.shard_prefix(split), ".tfrecord"))
     _ = splits.eval_raw | "WriteEvalSample" >> WriteEvalSample(cfg, out.eval_sample_parquet, out.eval_sample_records,
                                                                packed)
     _ = (validated.dead_letter

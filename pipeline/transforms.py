@@ -22,6 +22,8 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from apache_beam.io.filebasedsink import FileBasedSink
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
@@ -30,8 +32,8 @@ from apache_beam.utils.windowed_value import WindowedValue
 from recpipe.common import fsio
 from recpipe.common.prefetch import prefetch
 from recpipe.features.artifact import TransformArtifact
-from recpipe.features.canonical import (LABEL_KEY, canonicalize, dense_sums, plain_columns, rows_with_value, times,
-                                validate_batch)
+from recpipe.features.canonical import (LABEL_KEY, BadRows, canonicalize, dense_sums, plain_columns, rows_with_value,
+                                times, validate_batch)
 from recpipe.features.config import Config
 from recpipe.common.days import day_name, day_number
 from recpipe.features.preprocessed import SPLITS
@@ -45,7 +47,7 @@ from recpipe.pipeline.analysis import (COUNT_SCHEMA, batch_dense_stats, dense_st
 
 __all__ = ["NAMESPACE", "DEAD_LETTER_SCHEMA", "RawBatch", "RawBatchCoder", "Columns", "ColumnsCoder", "ReadClickLogs",
            "READ_UNIT_ROWS", "read_units", "ValidateRows", "SplitCutoffs", "SplitRows", "ComputeVocabularies",
-           "ComputeDenseStats", "AssembleArtifact", "PackArtifact", "pack_artifact", "ApplyTransform",
+           "ComputeDenseStats", "AssembleArtifact", "PackArtifact", "pack_artifact", "ApplyTransform", "WriteRecords",
            "WriteEvalSample", "CountRows", "FindRepeatedRows", "EVAL_SAMPLE_ROWS"]
 
 NAMESPACE = "recpipe"
@@ -64,6 +66,7 @@ class RawBatch:
     positions: np.ndarray   # global row numbers (files in path order) of the batch's rows
     table: pa.Table
     hashes: np.ndarray | None = None  # recpipe.pipeline.repeats.row_hashes of the table, when the read computed them
+    checked: tuple[np.ndarray, BadRows] | None = None  # validate_batch of the table, when the read computed it
 
 
 class Columns(dict):
@@ -92,7 +95,8 @@ class RawBatchCoder(_PickledArrowCoder):
 
     def estimate_size(self, value: RawBatch) -> int:
         hashes = 0 if value.hashes is None else value.hashes.nbytes
-        return value.table.nbytes + value.positions.nbytes + hashes + len(value.source)
+        checked = 0 if value.checked is None else value.checked[0].nbytes + value.checked[1].indices.nbytes
+        return value.table.nbytes + value.positions.nbytes + hashes + checked + len(value.source)
 
 
 class ColumnsCoder(_PickledArrowCoder):
@@ -109,11 +113,12 @@ beam.coders.registry.register_coder(Columns, ColumnsCoder)
 # ------------------------------------------------------------------------- read
 class _ReadFile(beam.DoFn):
     def __init__(self, columns: list[str], kinds: dict[str, str], batch_rows: int, count_rows: bool,
-                 hash_rows: bool = False):
+                 hash_rows: bool = False, validate: Config | None = None):
         self._columns, self._kinds = columns, kinds
         self._batch_rows = batch_rows
         self._rows_in = Metrics.counter(NAMESPACE, "rows_in") if count_rows else None
         self._hash_rows = hash_rows
+        self._validate = validate
 
     def process(self, element: tuple[tuple[str, int], ...]) -> Iterable[RawBatch]:
         for path, first_global in element:
@@ -123,21 +128,25 @@ class _ReadFile(beam.DoFn):
         from recpipe.pipeline.sources import open_parquet
         pf = open_parquet(path)
         start = 0
-        # the next batch is decoded on another thread while this one goes down the stages (Arrow decodes
-        # without the interpreter lock): 2M Criteo-shaped rows, about 1 s of each pass's main thread
-        tables = prefetch((plain_columns(pa.Table.from_batches([batch]), self._kinds)
-                           for batch in pf.iter_batches(batch_size=self._batch_rows, columns=self._columns)),
+        # the next batch is decoded (and validated, for ValidateRows) on another thread while this one goes
+        # down the stages (Arrow decodes without the interpreter lock): 2M Criteo-shaped rows, about 1 s of
+        # each pass's main thread
+        cfg = self._validate
+        tables = prefetch(((t, validate_batch(t, cfg) if cfg is not None else None)
+                           for t in (plain_columns(pa.Table.from_batches([batch]), self._kinds)
+                                     for batch in pf.iter_batches(batch_size=self._batch_rows, columns=self._columns))),
                           name="parquet-read")
         # and its rows are hashed on a third, one batch behind the read (numpy lets go of the interpreter
         # lock): hashing in line cost the job 14 %, on a thread 7 %
-        batches = prefetch(((t, row_hashes(t)) for t in tables), name="row-hashes") if self._hash_rows else \
-            ((t, None) for t in tables)
+        batches = prefetch(((t, c, row_hashes(t)) for t, c in tables), name="row-hashes") if self._hash_rows else \
+            ((t, c, None) for t, c in tables)
         try:
-            for table, hashes in batches:
+            for table, checked, hashes in batches:
                 n = table.num_rows
                 if self._rows_in is not None:
                     self._rows_in.inc(n)
-                yield RawBatch(path, start, np.arange(first_global + start, first_global + start + n), table, hashes)
+                yield RawBatch(path, start, np.arange(first_global + start, first_global + start + n), table, hashes,
+                               checked)
                 start += n
         except (OSError, pa.ArrowException) as e:
             raise ValueError(f"{path}: unreadable after row {start} ({type(e).__name__}: "
@@ -181,20 +190,24 @@ class ReadClickLogs(beam.PTransform):
     The job reads its input up to three times (split cutoff, analysis, transform) instead of
     holding rows between stages: a runner then keeps at most a few batches per worker in memory.
     Only the transform pass counts `rows_in`, and hashes its rows for FindRepeatedRows (`hash_rows`).
+    With `validate`, each batch is validated (validate_batch) on the thread that decodes it, for
+    ValidateRows with the same config to use.
     """
 
     def __init__(self, files: list[tuple[str, int, int]], columns: list[str], kinds: dict[str, str],
-                 batch_rows: int = 65_536, count_rows: bool = False, hash_rows: bool = False):
+                 batch_rows: int = 65_536, count_rows: bool = False, hash_rows: bool = False,
+                 validate: Config | None = None):
         super().__init__()
         self._files, self._columns, self._kinds = files, columns, kinds
         self._batch_rows, self._count, self._hash = batch_rows, count_rows, hash_rows
+        self._validate = validate
 
     def expand(self, pbegin):
         return (pbegin
                 | "Files" >> beam.Create(read_units(self._files, READ_UNIT_ROWS))
                 | "Spread" >> beam.Reshuffle()
                 | "Read" >> beam.ParDo(_ReadFile(self._columns, self._kinds, self._batch_rows, self._count,
-                                                 self._hash)).with_output_types(RawBatch))
+                                                 self._hash, self._validate)).with_output_types(RawBatch))
 
 
 # ------------------------------------------------------------------------- validate
@@ -210,7 +223,7 @@ class _Validate(beam.DoFn):
         self._counters[reason].inc(n)
 
     def process(self, b: RawBatch):
-        good, bad = validate_batch(b.table, self._cfg)
+        good, bad = b.checked if b.checked is not None else validate_batch(b.table, self._cfg)
         if len(bad.indices) and self._dead_letter:
             for reason in set(bad.reasons):
                 self._count(reason, bad.reasons.count(reason))
@@ -429,9 +442,8 @@ class WriteEvalSample(beam.PTransform):
             pq.write_table(table, p, filesystem=fs)
             return table
 
-        def write_record(record: bytes):
-            from recpipe.features.record_codec import write_records
-            write_records(record_path, [record])
+        def write_record(parts: tuple[bytes, ...]):
+            fsio.write_bytes(record_path, b"".join(parts))
 
         sample = (tables | "FirstRows" >> beam.CombineGlobally(_FirstRows(EVAL_SAMPLE_ROWS))
                   | "NonEmpty" >> beam.Filter(lambda t: t is not None and t.num_rows > 0)
@@ -442,6 +454,53 @@ class WriteEvalSample(beam.PTransform):
 
 
 # ------------------------------------------------------------------------- analyse
+class _OnThread(beam.DoFn):
+    """A DoFn whose work on each element (`work`, returning that element's outputs) runs on a thread of the
+    DoFn's own, one element behind the stages before it: while it works on batch k, the read, validation
+    and split of batch k+1 go on in the calling thread. The work mostly runs outside the interpreter lock
+    (Arrow, numpy), so the two use two cores. Outputs keep their order; a bundle's last element's come
+    from finish_bundle."""
+
+    thread_name = "on-thread"
+
+    def work(self, element, *args) -> list:
+        raise NotImplementedError
+
+    def setup(self):
+        self._pool, self._pending = ThreadPoolExecutor(1, thread_name_prefix=self.thread_name), None
+
+    def start_bundle(self):
+        self._pending = None
+
+    def process(self, element, *args):
+        working = self._pool.submit(self.work, element, *args)
+        if self._pending is not None:
+            yield from self._pending.result()
+        self._pending = working
+
+    def finish_bundle(self):
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            for out in pending.result():
+                yield WindowedValue(out, MIN_TIMESTAMP, (GlobalWindow(),))
+
+    def teardown(self):
+        if getattr(self, "_pool", None) is not None:
+            self._pool.shutdown(wait=True)
+
+
+class _CountTokens(_OnThread):
+    """Canonical train batch -> its token_count_tables, counted on the DoFn's own thread (_OnThread)."""
+
+    thread_name = "count-tokens"
+
+    def __init__(self, cfg: Config):
+        self._cfg = cfg
+
+    def work(self, cols: dict[str, pa.Array]) -> list[tuple[str, pa.Table]]:
+        return list(token_count_tables(cols, self._cfg))
+
+
 class _MergeCountTables(beam.CombineFn):
     """Count tables (value, count) -> one, summed by value. Whole tables are merged, compacted once
     the pending rows pass `compact_rows`, so the combiner's work is per batch, not per token."""
@@ -531,7 +590,7 @@ class ComputeVocabularies(beam.PTransform):
             return owner, vocab_arrays(advance_vocabulary(state, today, day, spec))
 
         counted = (train
-                   | "CountTables" >> beam.FlatMap(token_count_tables, cfg)
+                   | "CountTables" >> beam.ParDo(_CountTokens(cfg))
                    | "SumCounts" >> beam.CombinePerKey(_MergeCountTables())
                    | "Select" >> beam.Map(select)
                    | "Counted" >> beam.MapTuple(lambda o, v: (o, (True, v))))
@@ -544,23 +603,30 @@ class ComputeVocabularies(beam.PTransform):
                 | "State" >> beam.MapTuple(lambda o, flagged: (o, flagged[1])))
 
 
-class _BatchDenseStats(beam.DoFn):
-    """Canonical batch -> analysis.batch_dense_stats; counts the bundles that held a batch
-    (`dense_stats_bundles`: how the runner split the step's work)."""
+class _BatchDenseStats(_OnThread):
+    """Canonical batch -> analysis.batch_dense_stats, worked out on the DoFn's own thread (_OnThread); counts
+    the bundles that held a batch (`dense_stats_bundles`: how the runner split the step's work)."""
+
+    thread_name = "dense-stats"
 
     def __init__(self, cfg: Config):
         self._cfg = cfg
         self._bundles = Metrics.counter(NAMESPACE, "dense_stats_bundles")
         self._batches = 0
 
+    def work(self, cols: dict[str, pa.Array]) -> list[dict]:
+        return [batch_dense_stats(cols, self._cfg)]
+
     def start_bundle(self):
+        super().start_bundle()
         self._batches = 0
 
     def process(self, cols: dict[str, pa.Array]):
         self._batches += 1
-        yield batch_dense_stats(cols, self._cfg)
+        yield from super().process(cols)
 
     def finish_bundle(self):
+        yield from super().finish_bundle()
         if self._batches:
             self._bundles.inc()
 
@@ -625,52 +691,35 @@ class PackArtifact(beam.PTransform):
         return artifact | "Pack" >> beam.Map(pack_artifact)
 
 
-class _Transform(beam.DoFn):
-    """Canonical batch -> one serialized record of transformed columns (recpipe.features.records).
+@functools.lru_cache(maxsize=1)
+def _batch_transform(packed: bytes):
+    """The BatchTransform of a PackArtifact output, built once per process (each split's transform and the eval
+    sample's share it; about 60 ms and the vocabularies' memory each)."""
+    from recpipe.features.batch_transform import BatchTransform
+    return BatchTransform(pickle.loads(packed))
 
-    A batch is transformed on a thread of the DoFn's own, one batch behind the stages before it: while it
-    works on batch k, the read, validation and split of batch k+1 go on in the calling thread. The work
-    mostly runs outside the interpreter lock (Arrow, numpy), so the two use two cores. Records keep their
-    order; a bundle's last one comes from finish_bundle."""
 
-    def __init__(self):
-        self._transform, self._key = None, None
+class _Transform(_OnThread):
+    """Canonical batch -> one serialized record of transformed columns (recpipe.features.records), framed
+    as a TFRecord (record_codec.frame_parts), made on the DoFn's own thread (_OnThread)."""
 
-    def setup(self):
-        self._pool, self._pending = ThreadPoolExecutor(1, thread_name_prefix="transform"), None
+    thread_name = "transform"
 
-    def start_bundle(self):
-        self._pending = None
-
-    def process(self, cols: dict[str, pa.Array], packed: bytes):
-        working = self._pool.submit(self._record, cols, packed)
-        if self._pending is not None:
-            yield self._pending.result()
-        self._pending = working
-
-    def finish_bundle(self):
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            yield WindowedValue(pending.result(), MIN_TIMESTAMP, (GlobalWindow(),))
-
-    def teardown(self):
-        if getattr(self, "_pool", None) is not None:
-            self._pool.shutdown(wait=True)
+    def work(self, cols: dict[str, pa.Array], packed: bytes) -> list[tuple[bytes, bytes, bytes]]:
+        from recpipe.features.record_codec import frame_parts
+        return [frame_parts(self._record(cols, packed))]
 
     def _record(self, cols: dict[str, pa.Array], packed: bytes) -> bytes:
-        from recpipe.features.batch_transform import BatchTransform
         from recpipe.features.record_codec import encode_batch
-        key = (len(packed), hash(packed))
-        if key != self._key:  # built once per worker, not per bundle
-            self._transform, self._key = BatchTransform(pickle.loads(packed)), key
         label = cols[LABEL_KEY]
-        out = self._transform({k: v for k, v in cols.items() if k != LABEL_KEY})
+        out = _batch_transform(packed)({k: v for k, v in cols.items() if k != LABEL_KEY})
         out[LABEL_KEY] = label.to_numpy(zero_copy_only=False).astype(np.float32)
         return encode_batch(out)
 
 
 class ApplyTransform(beam.PTransform):
-    """Canonical batches -> serialized records; `packed`: the PackArtifact output (one element)."""
+    """Canonical batches -> serialized records, framed for WriteRecords; `packed`: the PackArtifact output
+    (one element)."""
 
     def __init__(self, packed):
         super().__init__()
@@ -678,6 +727,29 @@ class ApplyTransform(beam.PTransform):
 
     def expand(self, batches):
         return batches | beam.ParDo(_Transform(), beam.pvalue.AsSingleton(self._packed))
+
+
+class _FramedRecordSink(FileBasedSink):
+    """Beam's TFRecord sink for records framed before they reach it (record_codec.frame_parts): it only
+    writes their parts, so the framing's work is done on the thread that made the record."""
+
+    def write_record(self, file_handle, value: tuple[bytes, ...]) -> None:
+        for part in value:
+            file_handle.write(part)
+
+
+class WriteRecords(beam.PTransform):
+    """Framed records (ApplyTransform's output) -> uncompressed TFRecord files named as beam.io.WriteToTFRecord
+    names them (`prefix`-SSSSS-of-NNNNN`suffix`), the same bytes as it writes."""
+
+    def __init__(self, prefix: str, suffix: str):
+        super().__init__()
+        self._prefix, self._suffix = prefix, suffix
+
+    def expand(self, records):
+        return records | beam.io.Write(_FramedRecordSink(self._prefix, beam.coders.BytesCoder(),
+                                                         file_name_suffix=self._suffix,
+                                                         compression_type=CompressionTypes.UNCOMPRESSED))
 
 
 # ------------------------------------------------------------------------- accounting
