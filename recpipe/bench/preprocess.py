@@ -34,7 +34,7 @@ _JOBS = {  # job -> (module, function) of the Python API the non-Beam jobs run
 
 
 _PEER_NAMES = {"beam": "`recpipe preprocess` (the default: DirectRunner in_memory, one process; Parquet decoding and "
-                       "the transform run on threads of their own)",
+                       "validation, row hashing, analysis and the transform run on threads of their own)",
                "beam_multi_processing": "`recpipe preprocess --direct_running_mode=multi_processing "
                                         "--direct_num_workers=2`",
                "beam_multi_threading": "`recpipe preprocess --direct_running_mode=multi_threading "
@@ -45,8 +45,8 @@ _PEER_NAMES = {"beam": "`recpipe preprocess` (the default: DirectRunner in_memor
                "beam_unchecked": "`recpipe preprocess` without the repeated-rows check"}
 
 # The Beam configurations that spread the job over as many workers as DuckDB gets threads (`{n}`), each against the
-# same log and config. The fastest of them and the default (one process whose reading, transform and row hashing
-# run on threads of their own, so it uses every core too), by median rows/s in the run, is
+# same log and config. The fastest of them and the default (one process whose reading, analysis, transform and row
+# hashing run on threads of their own, so it uses every core too), by median rows/s in the run, is
 # `preprocess_beam_vs_duckdb`'s numerator.
 _TWO_CORE = {"beam_multi_processing": ["--direct_running_mode=multi_processing", "--direct_num_workers={n}"],
              "beam_multi_threading": ["--direct_running_mode=multi_threading", "--direct_num_workers={n}"],
