@@ -46,9 +46,9 @@ from recpipe.pipeline.analysis import (COUNT_SCHEMA, batch_dense_stats, dense_st
                                user_split_masks, merge_last_orders)
 
 __all__ = ["NAMESPACE", "DEAD_LETTER_SCHEMA", "RawBatch", "RawBatchCoder", "Columns", "ColumnsCoder", "ReadClickLogs",
-           "READ_UNIT_ROWS", "READ_BATCH_ROWS", "RECORD_ROWS", "read_units", "ValidateRows", "SplitCutoffs",
-           "SplitRows", "ComputeVocabularies", "ComputeDenseStats", "AssembleArtifact", "PackArtifact", "pack_artifact",
-           "ApplyTransform", "WriteRecords", "WriteEvalSample", "CountRows", "FindRepeatedRows", "EVAL_SAMPLE_ROWS"]
+           "READ_UNIT_ROWS", "read_units", "ValidateRows", "SplitCutoffs", "SplitRows", "ComputeVocabularies",
+           "ComputeDenseStats", "AssembleArtifact", "PackArtifact", "pack_artifact", "ApplyTransform", "WriteRecords",
+           "WriteEvalSample", "CountRows", "FindRepeatedRows", "EVAL_SAMPLE_ROWS"]
 
 NAMESPACE = "recpipe"
 EVAL_SAMPLE_ROWS = 1000  # raw eval rows kept for the export's skew check
@@ -157,8 +157,6 @@ class _ReadFile(beam.DoFn):
 
 
 READ_UNIT_ROWS = 262_144  # a read's unit of work (a bundle on the Dask runner): whole files, this many rows or more
-READ_BATCH_ROWS = 131_072  # rows the read decodes at a time, each batch going down the stages whole
-RECORD_ROWS = 65_536  # rows of a shard record at most (the trainer's record shuffle buffer holds 16 records)
 
 
 def read_units(files: list[tuple[str, int, int]], min_rows: int) -> list[tuple[tuple[str, int], ...]]:
@@ -197,7 +195,7 @@ class ReadClickLogs(beam.PTransform):
     """
 
     def __init__(self, files: list[tuple[str, int, int]], columns: list[str], kinds: dict[str, str],
-                 batch_rows: int = READ_BATCH_ROWS, count_rows: bool = False, hash_rows: bool = False,
+                 batch_rows: int = 65_536, count_rows: bool = False, hash_rows: bool = False,
                  validate: Config | None = None):
         super().__init__()
         self._files, self._columns, self._kinds = files, columns, kinds
@@ -702,18 +700,14 @@ def _batch_transform(packed: bytes):
 
 
 class _Transform(_OnThread):
-    """Canonical batch -> serialized records of its transformed columns (recpipe.features.records), at most
-    RECORD_ROWS rows each, framed as TFRecords (record_codec.frame_parts), made on the DoFn's own thread
-    (_OnThread)."""
+    """Canonical batch -> one serialized record of transformed columns (recpipe.features.records), framed
+    as a TFRecord (record_codec.frame_parts), made on the DoFn's own thread (_OnThread)."""
 
     thread_name = "transform"
 
     def work(self, cols: dict[str, pa.Array], packed: bytes) -> list[tuple[bytes, bytes, bytes]]:
-        """The batch's records, RECORD_ROWS rows each (the last one fewer), framed."""
         from recpipe.features.record_codec import frame_parts
-        n = len(cols[LABEL_KEY])
-        return [frame_parts(self._record({k: v.slice(s, RECORD_ROWS) for k, v in cols.items()}, packed))
-                for s in range(0, max(n, 1), RECORD_ROWS)]
+        return [frame_parts(self._record(cols, packed))]
 
     def _record(self, cols: dict[str, pa.Array], packed: bytes) -> bytes:
         from recpipe.features.record_codec import encode_batch
