@@ -15,7 +15,7 @@ import operator
 import pickle
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, NamedTuple
 
 import apache_beam as beam
@@ -132,7 +132,7 @@ class _ReadFile(beam.DoFn):
         # down the stages (Arrow decodes without the interpreter lock): 2M Criteo-shaped rows, about 1 s of
         # each pass's main thread
         cfg = self._validate
-        tables = prefetch(((t, validate_batch(t, cfg) if cfg is not None else None)
+        tables = prefetch(((t, _validated(t, cfg) if cfg is not None else None)
                            for t in (plain_columns(pa.Table.from_batches([batch]), self._kinds)
                                      for batch in pf.iter_batches(batch_size=self._batch_rows, columns=self._columns))),
                           name="parquet-read")
@@ -154,6 +154,15 @@ class _ReadFile(beam.DoFn):
         expected = pf.metadata.num_rows
         if start != expected:
             raise ValueError(f"{path}: read {start} rows but the footer says {expected}")
+
+
+def _validated(table: pa.Table, cfg: Config) -> tuple[np.ndarray, BadRows] | None:
+    """validate_batch's result for the read to carry, or None when it raises: ValidateRows then runs it again
+    and the error surfaces in its own step, not as the file being unreadable."""
+    try:
+        return validate_batch(table, cfg)
+    except Exception:  # noqa: BLE001 - raised again, where it belongs, by ValidateRows
+        return None
 
 
 READ_UNIT_ROWS = 262_144  # a read's unit of work (a bundle on the Dask runner): whole files, this many rows or more
@@ -236,7 +245,7 @@ class _Validate(beam.DoFn):
                 "row_json": [json.dumps(r, default=str) for r in rows],
             }, schema=DEAD_LETTER_SCHEMA))
         if good.all():
-            yield b
+            yield replace(b, checked=None) if b.checked is not None else b  # its mask is spent: not pickled on
         elif good.any():
             keep = np.flatnonzero(good)
             yield RawBatch(b.source, b.first_row, b.positions[keep], b.table.take(pa.array(keep)))
@@ -456,10 +465,10 @@ class WriteEvalSample(beam.PTransform):
 # ------------------------------------------------------------------------- analyse
 class _OnThread(beam.DoFn):
     """A DoFn whose work on each element (`work`, returning that element's outputs) runs on a thread of the
-    DoFn's own, one element behind the stages before it: while it works on batch k, the read, validation
-    and split of batch k+1 go on in the calling thread. The work mostly runs outside the interpreter lock
-    (Arrow, numpy), so the two use two cores. Outputs keep their order; a bundle's last element's come
-    from finish_bundle."""
+    DoFn's own, one element behind the stages before it: while it works on batch k, the stages before it
+    (the split and canonicalisation of batch k+1) go on in the calling thread. The work mostly runs outside
+    the interpreter lock (Arrow, numpy), so the two use two cores. Outputs keep their order; a bundle's last
+    element's come from finish_bundle."""
 
     thread_name = "on-thread"
 
@@ -705,6 +714,10 @@ class _Transform(_OnThread):
 
     thread_name = "transform"
 
+    def teardown(self):
+        super().teardown()
+        _batch_transform.cache_clear()  # the vocabularies go with the last transform of the run
+
     def work(self, cols: dict[str, pa.Array], packed: bytes) -> list[tuple[bytes, bytes, bytes]]:
         from recpipe.features.record_codec import frame_parts
         return [frame_parts(self._record(cols, packed))]
@@ -747,6 +760,7 @@ class WriteRecords(beam.PTransform):
         self._prefix, self._suffix = prefix, suffix
 
     def expand(self, records):
+        # the coder is never called (_FramedRecordSink.write_record writes the parts as they are)
         return records | beam.io.Write(_FramedRecordSink(self._prefix, beam.coders.BytesCoder(),
                                                          file_name_suffix=self._suffix,
                                                          compression_type=CompressionTypes.UNCOMPRESSED))

@@ -76,7 +76,8 @@ def test_a_buckets_staged_files_give_its_rows_back_whole():
 def test_a_long_string_columns_hashes_do_not_depend_on_how_its_words_are_worked_out():
     """A string column of a long batch is hashed once per distinct value when its values repeat; its rows
     hash as they do in short batches, hashed row by row (nulls, multi-byte and long strings, large strings,
-    a column too distinct for the encoding, one that is all null, and a slice into shared buffers)."""
+    binary, a column of two chunks, one too distinct for the encoding, one all null, a slice into shared
+    buffers)."""
     rng = np.random.default_rng(0)
     n = 40_000
     words = np.array(["", "a", "é", "abcdefgh", "abcdefghi", "日本語のテキスト", LONG, LONG + "z", "0" * 17])
@@ -85,6 +86,8 @@ def test_a_long_string_columns_hashes_do_not_depend_on_how_its_words_are_worked_
     t = pa.table({
         "repeating": pa.array(picked, pa.string()),
         "large": pa.array(picked, pa.large_string()),
+        "binary": pa.array([None if v is None else v.encode() for v in picked], pa.binary()),
+        "chunked": pa.chunked_array([pa.array(picked[:n // 3], pa.string()), pa.array(picked[n // 3:], pa.string())]),
         "distinct": pa.array([f"id-{i}-{LONG}" if i % 7 else None for i in range(n)], pa.string()),
         "all_null": pa.array([None] * n, pa.string()),
         "i": pa.array(rng.integers(0, 5, n)),

@@ -317,7 +317,8 @@ def _peers_markdown(peers: dict, cell: Callable[..., str]) -> list[str]:
         f"train rows, IDs with OOV buckets, log/z-score dense features; DuckDB with {n} threads writes Parquet, "
         f"Beam writes its TFRecord shards. Beam runs once as `recpipe preprocess` runs by default (one process) "
         f"and once in each configuration spreading it over {n} workers; the fastest of these runs (the default "
-        f"included: its reading, transform and row hashing run on threads of their own) is the like-for-like "
+        f"included: its reading and validation, row hashing, analysis and transform run on threads of their "
+        f"own) is the like-for-like "
         "ratio. Wall "
         "time of the whole command (Python and library start-up, and a Dask cluster's, included); CPU s of all its "
         "processes; peak RSS of its largest process and of all its processes together (sampled every 0.1 s).", "",
@@ -354,9 +355,10 @@ def peers_why(peers: dict) -> str:
     others = ", ".join(f"{k[len('beam_'):]} {med[k]:,.0f} rows/s with {cores(k)}" for k in _TWO_CORE if k in med)
     best_two = max((k for k in _TWO_CORE if k in med), key=lambda k: med[k])
     faster = med[best_two] > med["beam"]
-    return (f"the default job keeps {cores('beam')} busy, for {med['beam']:,.0f} rows/s: Arrow decodes Parquet on "
-            f"threads of its own, one batch ahead, the transform of a batch runs on another thread while the next "
-            f"is validated, and the rows' hashes on a third; what stays on one core is the Python between Arrow's "
+    return (f"the default job keeps {cores('beam')} busy, for {med['beam']:,.0f} rows/s: each Parquet batch is "
+            f"decoded (by Arrow) and validated on a thread of its own, one batch ahead, the rows' hashes are worked "
+            f"out on another, and a batch's token counts, dense statistics or transform on others while the next "
+            f"goes down the stages; what stays on one core is the Python between Arrow's "
             f"calls, under one interpreter lock. Spreading the job over {n} workers adds work instead of dividing "
             f"it — {others}: a worker process (multi_processing, Dask) starts its own Python, Beam and Arrow and "
             f"every element crossing a stage boundary is encoded and decoded, Dask runs a scheduler and a nanny per "
