@@ -16,7 +16,7 @@ import pickle
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import apache_beam as beam
 import numpy as np
@@ -464,25 +464,23 @@ class WriteEvalSample(beam.PTransform):
 
 # ------------------------------------------------------------------------- analyse
 class _OnThread(beam.DoFn):
-    """A DoFn whose work on each element (`work`, returning that element's outputs) runs on a thread of the
-    DoFn's own, one element behind the stages before it: while it works on batch k, the stages before it
-    (the split and canonicalisation of batch k+1) go on in the calling thread. The work mostly runs outside
-    the interpreter lock (Arrow, numpy), so the two use two cores. Outputs keep their order; a bundle's last
-    element's come from finish_bundle."""
+    """A DoFn that runs `work(element, *side inputs)`, which returns that element's outputs as a list, on a
+    thread of the DoFn's own (named `thread_name`), one element behind the stages before it: while it works
+    on batch k, the stages before it (the split and canonicalisation of batch k+1) go on in the calling
+    thread. The work mostly runs outside the interpreter lock (Arrow, numpy), so the two use two cores.
+    Outputs keep their order; a bundle's last element's come from finish_bundle."""
 
-    thread_name = "on-thread"
-
-    def work(self, element, *args) -> list:
-        raise NotImplementedError
+    def __init__(self, work: Callable[..., list], thread_name: str):
+        self._work, self._thread_name = work, thread_name
 
     def setup(self):
-        self._pool, self._pending = ThreadPoolExecutor(1, thread_name_prefix=self.thread_name), None
+        self._pool, self._pending = ThreadPoolExecutor(1, thread_name_prefix=self._thread_name), None
 
     def start_bundle(self):
         self._pending = None
 
     def process(self, element, *args):
-        working = self._pool.submit(self.work, element, *args)
+        working = self._pool.submit(self._work, element, *args)
         if self._pending is not None:
             yield from self._pending.result()
         self._pending = working
@@ -498,16 +496,8 @@ class _OnThread(beam.DoFn):
             self._pool.shutdown(wait=True)
 
 
-class _CountTokens(_OnThread):
-    """Canonical train batch -> its token_count_tables, counted on the DoFn's own thread (_OnThread)."""
-
-    thread_name = "count-tokens"
-
-    def __init__(self, cfg: Config):
-        self._cfg = cfg
-
-    def work(self, cols: dict[str, pa.Array]) -> list[tuple[str, pa.Table]]:
-        return list(token_count_tables(cols, self._cfg))
+def _count_tables(cols: dict[str, pa.Array], cfg: Config) -> list[tuple[str, pa.Table]]:
+    return list(token_count_tables(cols, cfg))
 
 
 class _MergeCountTables(beam.CombineFn):
@@ -599,7 +589,7 @@ class ComputeVocabularies(beam.PTransform):
             return owner, vocab_arrays(advance_vocabulary(state, today, day, spec))
 
         counted = (train
-                   | "CountTables" >> beam.ParDo(_CountTokens(cfg))
+                   | "CountTables" >> beam.ParDo(_OnThread(functools.partial(_count_tables, cfg=cfg), "count-tokens"))
                    | "SumCounts" >> beam.CombinePerKey(_MergeCountTables())
                    | "Select" >> beam.Map(select)
                    | "Counted" >> beam.MapTuple(lambda o, v: (o, (True, v))))
@@ -612,19 +602,18 @@ class ComputeVocabularies(beam.PTransform):
                 | "State" >> beam.MapTuple(lambda o, flagged: (o, flagged[1])))
 
 
+def _dense_stats(cols: dict[str, pa.Array], cfg: Config) -> list[dict]:
+    return [batch_dense_stats(cols, cfg)]
+
+
 class _BatchDenseStats(_OnThread):
     """Canonical batch -> analysis.batch_dense_stats, worked out on the DoFn's own thread (_OnThread); counts
     the bundles that held a batch (`dense_stats_bundles`: how the runner split the step's work)."""
 
-    thread_name = "dense-stats"
-
     def __init__(self, cfg: Config):
-        self._cfg = cfg
+        super().__init__(functools.partial(_dense_stats, cfg=cfg), "dense-stats")
         self._bundles = Metrics.counter(NAMESPACE, "dense_stats_bundles")
         self._batches = 0
-
-    def work(self, cols: dict[str, pa.Array]) -> list[dict]:
-        return [batch_dense_stats(cols, self._cfg)]
 
     def start_bundle(self):
         super().start_bundle()
@@ -708,26 +697,25 @@ def _batch_transform(packed: bytes):
     return BatchTransform(pickle.loads(packed))
 
 
+def _framed_record(cols: dict[str, pa.Array], packed: bytes) -> list[tuple[bytes, bytes, bytes]]:
+    """A canonical batch's one record, transformed by the PackArtifact output `packed` and framed."""
+    from recpipe.features.record_codec import encode_batch, frame_parts
+    label = cols[LABEL_KEY]
+    out = _batch_transform(packed)({k: v for k, v in cols.items() if k != LABEL_KEY})
+    out[LABEL_KEY] = label.to_numpy(zero_copy_only=False).astype(np.float32)
+    return [frame_parts(encode_batch(out))]
+
+
 class _Transform(_OnThread):
     """Canonical batch -> one serialized record of transformed columns (recpipe.features.records), framed
     as a TFRecord (record_codec.frame_parts), made on the DoFn's own thread (_OnThread)."""
 
-    thread_name = "transform"
+    def __init__(self):
+        super().__init__(_framed_record, "transform")
 
     def teardown(self):
         super().teardown()
         _batch_transform.cache_clear()  # the vocabularies go with the last transform of the run
-
-    def work(self, cols: dict[str, pa.Array], packed: bytes) -> list[tuple[bytes, bytes, bytes]]:
-        from recpipe.features.record_codec import frame_parts
-        return [frame_parts(self._record(cols, packed))]
-
-    def _record(self, cols: dict[str, pa.Array], packed: bytes) -> bytes:
-        from recpipe.features.record_codec import encode_batch
-        label = cols[LABEL_KEY]
-        out = _batch_transform(packed)({k: v for k, v in cols.items() if k != LABEL_KEY})
-        out[LABEL_KEY] = label.to_numpy(zero_copy_only=False).astype(np.float32)
-        return encode_batch(out)
 
 
 class ApplyTransform(beam.PTransform):
