@@ -462,7 +462,7 @@ class WriteEvalSample(beam.PTransform):
                 | "WriteTransformed" >> beam.Map(write_record))
 
 
-# ------------------------------------------------------------------------- analyse
+# ------------------------------------------------------------------------- work on a thread of its own
 class _OnThread(beam.DoFn):
     """A DoFn that runs `work(element, *side inputs)`, which returns that element's outputs as a list, on a
     thread of the DoFn's own (named `thread_name`), one element behind the stages before it: while it works
@@ -496,6 +496,7 @@ class _OnThread(beam.DoFn):
             self._pool.shutdown(wait=True)
 
 
+# ------------------------------------------------------------------------- analyse
 def _count_tables(cols: dict[str, pa.Array], cfg: Config) -> list[tuple[str, pa.Table]]:
     return list(token_count_tables(cols, cfg))
 
