@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -188,3 +190,11 @@ def test_quick_embedding_suite_runs_end_to_end_against_the_tfrs_peer(tmp_path):
     result["machine"] = {"cpus": 2, "cpu": "test"}
     text = markdown(result)
     assert text.startswith("# Embedding-heavy training") and "train_embedding_heavy_vs_tfrs_fit" in text
+    # our step's parts on the same data (the full suite splits it when a speed target is missed), 6 steps: more
+    # than the 4 warm-up calls, so a function traced per step index would be traced again while timed
+    out = subprocess.run([sys.executable, "-m", "recpipe.bench.embedding_parts", str(tmp_path / "pre"),
+                          str(tmp_path / "embedding_heavy.yaml"), "6", "2"], capture_output=True, text=True, check=True)
+    parts = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(parts["traces"]) == {"lookup_forward", "interaction", "mlp", "dense_optimizer", "sparse_optimizer",
+                                    "step"} and set(parts["traces"].values()) == {1}
+    assert all(v > 0 for k, v in parts["parts_ms"].items() if k != "lookup_backward_sparse_update_loss")

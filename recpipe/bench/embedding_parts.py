@@ -45,7 +45,9 @@ def _timed(fn: Callable[[int], object], steps: int) -> float:
     return 1000 * (time.perf_counter() - t0) / steps
 
 
-def _functions(cfg: Config, data_dir: str, steps: int) -> dict[str, Callable[[int], object]]:
+def _functions(cfg: Config, data_dir: str) -> tuple[dict[str, Callable[[int], object]], dict[str, object]]:
+    """(each part's call for step i, each part's tf.function): a tf.function takes tensors or nothing, never the
+    step's Python int, which would trace it once per value (and time the tracing)."""
     model = compiled_model(cfg, PreprocessedData(data_dir).transform(), optimizer_for(cfg, own_step=True))
     it = iter(make_dataset(cfg, data_dir, "train", cfg.train.batch_size, training=False))
     batches = [next(it) for _ in range(4)]
@@ -63,7 +65,7 @@ def _functions(cfg: Config, data_dir: str, steps: int) -> dict[str, Callable[[in
     top_in = tf.Variable(block(list(embedded), dense_in))
 
     @tf.function
-    def interaction(_):
+    def interaction():
         with tf.GradientTape() as tape:
             y = tf.reduce_sum(pairwise_dots([bottom_v, *embedded]))
         return tf.add_n([tf.reduce_sum(g) for g in tape.gradient(y, [bottom_v, *embedded])])
@@ -71,7 +73,7 @@ def _functions(cfg: Config, data_dir: str, steps: int) -> dict[str, Callable[[in
     mlp_vars = [w for layer in [*block.bottom, *model.deep, model.logit] for w in layer.trainable_weights]
 
     @tf.function
-    def mlp(_):
+    def mlp():
         with tf.GradientTape() as tape:
             x = dense_in
             for layer in block.bottom:
@@ -90,14 +92,17 @@ def _functions(cfg: Config, data_dir: str, steps: int) -> dict[str, Callable[[in
     table_grads = [by_ref[v.ref()] for v in table_vars]
     lookup = tf.function(lambda b: tf.add_n([tf.reduce_sum(v) for v in model.embeddings(b).values()]))
     train_step = tf.function(model.train_step)
+    dense_optimizer = tf.function(lambda: opt.apply_gradients(zip(dense_grads, dense_vars)))
+    sparse_optimizer = tf.function(lambda: opt.apply_gradients(zip(table_grads, table_vars)))
     pipeline = iter(make_dataset(cfg, data_dir, "train", cfg.train.batch_size, training=True,
                                  seed=cfg.train.seed))
+    traced = {"lookup_forward": lookup, "interaction": interaction, "mlp": mlp, "dense_optimizer": dense_optimizer,
+              "sparse_optimizer": sparse_optimizer, "step": train_step}
     return {"input": lambda i: next(pipeline)[f"{cfg.features.sparse[0].name}"],
             "lookup_forward": lambda i: lookup(batches[i % 4]),
-            "interaction": interaction, "mlp": mlp,
-            "dense_optimizer": tf.function(lambda i: opt.apply_gradients(zip(dense_grads, dense_vars))),
-            "sparse_optimizer": tf.function(lambda i: opt.apply_gradients(zip(table_grads, table_vars))),
-            "step": lambda i: train_step(batches[i % 4])}
+            "interaction": lambda i: interaction(), "mlp": lambda i: mlp(),
+            "dense_optimizer": lambda i: dense_optimizer(), "sparse_optimizer": lambda i: sparse_optimizer(),
+            "step": lambda i: train_step(batches[i % 4])}, traced
 
 
 def embedding_parts(data_dir: str, cfg: Config, steps: int = 30, rounds: int = 3) -> dict:
@@ -110,10 +115,12 @@ def embedding_parts(data_dir: str, cfg: Config, steps: int = 30, rounds: int = 3
         rounds: round-robin rounds.
 
     Returns:
-        {"parts_ms": {part: ms}, "rounds_ms": {part: [ms per round]}, "steps", "rounds", "batch_size"}.
+        {"parts_ms": {part: ms}, "rounds_ms": {part: [ms per round]}, "traces": {part: times its function was
+        traced}, "steps", "rounds", "batch_size"}.
 
     Raises:
         ValueError: not a dlrm config.
+        RuntimeError: a part's function was traced again while timed (its time would include tracing).
     """
     if cfg.model.type != "dlrm":
         raise ValueError("embedding_parts: a dlrm config")
@@ -123,18 +130,23 @@ def embedding_parts(data_dir: str, cfg: Config, steps: int = 30, rounds: int = 3
     if t.inter_op_threads:
         tf.config.threading.set_inter_op_parallelism_threads(t.inter_op_threads)
     tf.keras.utils.set_random_seed(cfg.train.seed)
-    fns = _functions(cfg, data_dir, steps)
+    fns, traced = _functions(cfg, data_dir)
     for fn in fns.values():  # trace and warm up
         for i in range(4):
             fn(i)
+    warm = {name: f.experimental_get_tracing_count() for name, f in traced.items()}
     times: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
             times[name].append(_timed(fn, steps))
+    traces = {name: f.experimental_get_tracing_count() for name, f in traced.items()}
+    retraced = sorted(name for name in traced if traces[name] != warm[name])
+    if retraced:
+        raise RuntimeError(f"embedding_parts: {', '.join(retraced)} traced again while timed: {traces}")
     ms = {name: statistics.median(v) for name, v in times.items()}
     ms["lookup_backward_sparse_update_loss"] = ms["step"] - sum(
         ms[k] for k in ("lookup_forward", "interaction", "mlp", "dense_optimizer"))
-    return {"parts_ms": ms, "rounds_ms": times, "steps": steps, "rounds": rounds,
+    return {"parts_ms": ms, "rounds_ms": times, "traces": traces, "steps": steps, "rounds": rounds,
             "batch_size": cfg.train.batch_size}
 
 
