@@ -13,8 +13,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from recpipe.bench.embedding import (EmbeddingBenchOptions, _missed_speed, bench_embedding, explain, markdown, ratios,
-                                     spec_for)
+from recpipe.bench.embedding import (STEP_GROUPS, EmbeddingBenchOptions, _missed_speed, bench_embedding, explain,
+                                     markdown, ratios, spec_for)
 from recpipe.bench.embedding_model import EmbeddingHeavySpec, bench_config, param_counts, state_bytes, table_rows
 from recpipe.bench.isolated_env import plan_key
 from recpipe.bench.torchrec_peer import SCRIPT, TORCHREC_PLAN, read_response, torchrec_request
@@ -122,6 +122,12 @@ def test_a_missed_speed_target_is_explained_by_our_steps_parts():
     assert "target's 13.7 ms per step" in text and "compiled step takes 14.5 ms" in text and "9.0 ms" in text
     assert "leave 4.7 ms" in text and "2.6 ms outside it (17.1 all in)" in text  # 60,000 ex/s: 17.1 ms a step
     assert text.index("bottom and top MLPs") < text.index("dot interaction")  # largest part first
+    assert "Profiled" not in text
+    r["parts"]["recpipe_detail"] = {"step_kernel_ms": {"mlps": 7.0, "tables_adagrad": 5.0, "lookup_forward": 10.0}}
+    text = explain("train_embedding_heavy_vs_tfrs_fit", r)
+    assert "kernels take 22.0 ms per step summed over both threads" in text
+    assert text.index("ID dedup and lookups, forward") < text.index("the MLPs and the logit 7.0") < text.index(
+        "the tables' Adagrad (both slots' rows")
 
 
 def _request_keys(tree: ast.AST) -> set[str]:
@@ -198,3 +204,6 @@ def test_quick_embedding_suite_runs_end_to_end_against_the_tfrs_peer(tmp_path):
     assert set(parts["traces"]) == {"lookup_forward", "interaction", "mlp", "dense_optimizer", "sparse_optimizer",
                                     "step"} and set(parts["traces"].values()) == {1}
     assert all(v > 0 for k, v in parts["parts_ms"].items() if k != "lookup_backward_sparse_update_loss")
+    kernels = parts["step_kernel_ms"]  # the step profiled: every kernel of the model's layers and optimizer in a group
+    assert set(kernels) <= set(STEP_GROUPS) and all(kernels[k] > 0 for k in ("lookup_forward", "lookup_backward",
+                                                                     "tables_adagrad", "mlps", "interaction_products"))

@@ -8,12 +8,13 @@ instead. Contenders, round-robin, each a fresh process, the same examples, batch
   - TorchRec's DLRM (recpipe.bench.torchrec_peer: FusedEmbeddingBagCollection, FBGEMM's CPU TBE kernels with
     fused EXACT_ADAGRAD, a plain PyTorch loop) in an environment the bench creates, on our shards exported
     to .npz.
-When TorchRec is faster, both steps are split into parts (input, lookup, interaction, MLPs, optimizers) on
-fixed batches (recpipe.bench.embedding_parts and the script's own timing). The peak RSS of our training
-process is also set against the bytes of its state (weights and Adagrad accumulators): train_rss_vs_state, and
-against the bound 1.3 x state + 800 MB (recpipe.bench.memory_bound): train_rss_vs_bound. The same model on a local
-PS cluster (2 PS tasks, 1 worker) sets each PS task's peak RSS against 1.3 x its share + its own base
-(recpipe.bench.ps_memory): train_ps_task_rss_vs_bound.
+When a speed target is missed, both steps are split into parts (input, lookup, interaction, MLPs, optimizers) on
+fixed batches (recpipe.bench.embedding_parts and the script's own timing), and our step's kernels are profiled by
+group (STEP_GROUPS). The peak RSS of our training process is also set against the bytes of its state (weights and
+Adagrad accumulators): train_rss_vs_state, and against the bound 1.3 x state + 800 MB
+(recpipe.bench.memory_bound): train_rss_vs_bound. The same model on a local PS cluster (2 PS tasks, 1 worker) sets
+each PS task's peak RSS against 1.3 x its share + its own base (recpipe.bench.ps_memory):
+train_ps_task_rss_vs_bound.
 """
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ from recpipe.bench.targets import TARGETS, meets
 from recpipe.bench.train_runs import TrainRuns
 from recpipe.bench.zipf_log import write_zipf_log
 
-__all__ = ["EmbeddingBenchOptions", "spec_for", "bench_embedding", "bench_memory", "merge_memory", "ratios", "explain",
-           "markdown"]
+__all__ = ["EmbeddingBenchOptions", "STEP_GROUPS", "spec_for", "bench_embedding", "bench_memory", "merge_memory",
+           "ratios", "explain", "markdown"]
 
 
 @dataclass(frozen=True)
@@ -256,6 +257,30 @@ PARTS = (("input", "input: shards or memory to a batch (overlapped with the step
          ("step", "whole step (no input)"))
 
 
+STEP_GROUPS = {  # recpipe.bench.embedding_parts.dlrm_group's groups of our step's kernels
+    "lookup_forward": "ID dedup and lookups, forward (unique, table gather, gather back to the batch)",
+    "lookup_backward": "the lookups' backward (row gradients summed per distinct ID)",
+    "tables_adagrad": "the tables' Adagrad (both slots' rows gathered, updated, scattered back)",
+    "interaction_products": "the interaction's batched matmuls",
+    "interaction_layout": "the interaction's copies (features concatenated, products transposed and gathered, "
+                          "and their gradients)",
+    "mlps": "the MLPs and the logit",
+    "dense_adagrad": "Adagrad on the dense weights",
+    "loss_metrics_other": "the loss, the AUC metric and the rest",
+}
+
+
+def _step_kernels_text(r: dict) -> str:
+    """Our step's profiled kernel time by group, largest first, in words."""
+    groups = r["parts"].get("recpipe_detail", {}).get("step_kernel_ms")
+    if not groups:
+        return ""
+    order = sorted(groups, key=lambda k: -groups[k])
+    return (f" Profiled inside the step, its kernels take {sum(groups.values()):.1f} ms per step summed over both "
+            f"threads (a kernel waiting for a busy thread to run its share counts the wait): "
+            + "; ".join(f"{STEP_GROUPS.get(k, k)} {groups[k]:.1f}" for k in order) + ".")
+
+
 def _parts_text(r: dict) -> str:
     """The parts of both steps, largest gap first, in words."""
     if not r.get("parts", {}).get("torchrec_ms"):
@@ -285,6 +310,7 @@ def _own_parts_text(r: dict, needed_ms: float, ours_ms: float) -> str:
     if "sparse_optimizer" in a:
         text += (f" The tables' Adagrad, timed alone, takes {a['sparse_optimizer']:.1f} ms; inside the step it "
                  f"overlaps other parts.")
+    text += _step_kernels_text(r)
     return text + (f" The MLPs and the interaction, {dense:.1f} ms, are the same model in every contender. At the "
                    f"target's {needed_ms:.1f} ms per step they would leave {needed_ms - dense:.1f} ms for "
                    f"{r['spec'].get('tables', 26)} tables' lookups, their gradients, every Adagrad update, the input "

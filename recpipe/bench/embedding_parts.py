@@ -9,7 +9,10 @@ TorchRec's script times the same way (recpipe/bench/peers/torchrec_dlrm.py), eac
     apart; it is inside the rest);
   - step: the compiled train step (no input); what it has beyond the parts above is the rest: the lookups'
     backward, the tables' Adagrad and the loss.
-Every part is built and warmed up first, then timed round-robin (`rounds` rounds of `steps` calls).
+Every part is built and warmed up first, then timed round-robin (`rounds` rounds of `steps` calls). The parts
+alone run without the rest of the step beside them; inside the step they share the two threads. So the step is
+also profiled (`steps` calls under TensorFlow's profiler, recpipe.bench.op_profile): its kernels' time per step,
+summed over threads, by group (dlrm_group; recpipe.bench.embedding.STEP_GROUPS says what each holds).
 
     python -m recpipe.bench.embedding_parts DATA CONFIG [STEPS] [ROUNDS]   -> one JSON line on stdout
 """
@@ -23,6 +26,7 @@ from typing import Callable
 
 import tensorflow as tf
 
+from recpipe.bench.op_profile import grouped, profile_kernels
 from recpipe.features.config import Config, load_config
 from recpipe.features.preprocessed import PreprocessedData
 from recpipe.trainers.data import make_dataset
@@ -30,7 +34,36 @@ from recpipe.trainers.layers import pairwise_dots
 from recpipe.trainers.models import compiled_model
 from recpipe.trainers.optim import optimizer_for
 
-__all__ = ["embedding_parts"]
+__all__ = ["dlrm_group", "embedding_parts"]
+
+
+def dlrm_group(embeddings: str, interaction: str, bottom: set[str], dense: set[str], optimizer: str
+               ) -> Callable[[list[str], str, bool], str]:
+    """The group of a kernel of recpipe's DLRM train step (a key of recpipe.bench.embedding.STEP_GROUPS), from the
+    model's layer names.
+
+    Args:
+        embeddings: the SparseEmbeddings layer's name.
+        interaction: the DotInteractionBlock's name.
+        bottom: its bottom MLP layers' names.
+        dense: the top MLP's and the logit's layer names.
+        optimizer: the optimizer's name (its update ops' scope).
+
+    Returns:
+        (scope components, op type, backward) -> group (recpipe.bench.op_profile.grouped's argument).
+    """
+    def group(scope: list[str], kind: str, backward: bool) -> str:
+        top = scope[0] if scope else ""
+        if top == optimizer:
+            return "dense_adagrad" if kind.startswith("ResourceApply") else "tables_adagrad"
+        if top == embeddings:
+            return "lookup_backward" if backward else "lookup_forward"
+        if top == interaction:
+            if len(scope) > 1 and scope[1] in bottom:
+                return "mlps"
+            return "interaction_products" if "BatchMatMul" in kind else "interaction_layout"
+        return "mlps" if top in dense else "loss_metrics_other"
+    return group
 
 
 def _timed(fn: Callable[[int], object], steps: int) -> float:
@@ -45,9 +78,10 @@ def _timed(fn: Callable[[int], object], steps: int) -> float:
     return 1000 * (time.perf_counter() - t0) / steps
 
 
-def _functions(cfg: Config, data_dir: str) -> tuple[dict[str, Callable[[int], object]], dict[str, object]]:
-    """(each part's call for step i, each part's tf.function): a tf.function takes tensors or nothing, never the
-    step's Python int, which would trace it once per value (and time the tracing)."""
+def _functions(cfg: Config, data_dir: str) -> tuple[dict[str, Callable[[int], object]], dict[str, object],
+                                                    Callable[[list[str], str, bool], str]]:
+    """(each part's call for step i, each part's tf.function, the step's kernel grouping): a tf.function takes
+    tensors or nothing, never the step's Python int, which would trace it once per value (and time the tracing)."""
     model = compiled_model(cfg, PreprocessedData(data_dir).transform(), optimizer_for(cfg, own_step=True))
     it = iter(make_dataset(cfg, data_dir, "train", cfg.train.batch_size, training=False))
     batches = [next(it) for _ in range(4)]
@@ -102,7 +136,9 @@ def _functions(cfg: Config, data_dir: str) -> tuple[dict[str, Callable[[int], ob
             "lookup_forward": lambda i: lookup(batches[i % 4]),
             "interaction": lambda i: interaction(), "mlp": lambda i: mlp(),
             "dense_optimizer": lambda i: dense_optimizer(), "sparse_optimizer": lambda i: sparse_optimizer(),
-            "step": lambda i: train_step(batches[i % 4])}, traced
+            "step": lambda i: train_step(batches[i % 4])}, traced, dlrm_group(
+                model.embeddings.name, block.name, {layer.name for layer in block.bottom},
+                {layer.name for layer in [*model.deep, model.logit]}, opt.name)
 
 
 def embedding_parts(data_dir: str, cfg: Config, steps: int = 30, rounds: int = 3) -> dict:
@@ -116,7 +152,8 @@ def embedding_parts(data_dir: str, cfg: Config, steps: int = 30, rounds: int = 3
 
     Returns:
         {"parts_ms": {part: ms}, "rounds_ms": {part: [ms per round]}, "traces": {part: times its function was
-        traced}, "steps", "rounds", "batch_size"}.
+        traced}, "step_kernel_ms": {dlrm_group's group: the step's kernels' ms per step}, "steps", "rounds",
+        "batch_size"}.
 
     Raises:
         ValueError: not a dlrm config.
@@ -130,7 +167,7 @@ def embedding_parts(data_dir: str, cfg: Config, steps: int = 30, rounds: int = 3
     if t.inter_op_threads:
         tf.config.threading.set_inter_op_parallelism_threads(t.inter_op_threads)
     tf.keras.utils.set_random_seed(cfg.train.seed)
-    fns, traced = _functions(cfg, data_dir)
+    fns, traced, group = _functions(cfg, data_dir)
     for fn in fns.values():  # trace and warm up
         for i in range(4):
             fn(i)
@@ -146,8 +183,9 @@ def embedding_parts(data_dir: str, cfg: Config, steps: int = 30, rounds: int = 3
     ms = {name: statistics.median(v) for name, v in times.items()}
     ms["lookup_backward_sparse_update_loss"] = ms["step"] - sum(
         ms[k] for k in ("lookup_forward", "interaction", "mlp", "dense_optimizer"))
-    return {"parts_ms": ms, "rounds_ms": times, "traces": traces, "steps": steps, "rounds": rounds,
-            "batch_size": cfg.train.batch_size}
+    step_cpu = grouped(profile_kernels(fns["step"], steps), group)
+    return {"parts_ms": ms, "rounds_ms": times, "traces": traces, "step_kernel_ms": step_cpu, "steps": steps,
+            "rounds": rounds, "batch_size": cfg.train.batch_size}
 
 
 def main(argv: list[str]) -> None:
