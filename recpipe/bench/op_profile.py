@@ -1,10 +1,11 @@
-"""Where a compiled TensorFlow function's CPU time goes, kernel by kernel: TensorFlow's profiler records every
+"""Where a compiled TensorFlow function's time goes, kernel by kernel: TensorFlow's profiler records every
 kernel's run on every executor thread; `profile_kernels` runs the function under it and reads the durations back
 from the profile's XSpace file, summed per kernel and divided by the calls. `grouped` sums them into named groups
 (a bench's own grouping of scopes and op types).
 
-The figures are CPU time: two kernels running at once on two threads both count, so the total can exceed the
-wall time of a call, and time a thread spends waiting for work is in no kernel.
+The figures are kernels' durations summed over threads, not CPU time: two kernels running at once on two
+threads both count, so the total can exceed the wall time of a call; a kernel that waits for a busy thread to
+run its share of a parallel loop counts the wait; a thread idle between kernels is in no kernel.
 """
 from __future__ import annotations
 
