@@ -2,7 +2,8 @@
 inputs FeatureTransform (recpipe.features.transform) makes, with Arrow, numpy and farmhash instead of
 TensorFlow, so the job never loads TensorFlow.
 
-- vocabulary IDs: `pc.index_in` against the vocabulary (a free slot matches nothing);
+- vocabulary IDs: `pc.index_in` against the vocabulary (a free slot matches nothing); a dictionary-encoded
+  column's (recpipe.features.canonical.encoded_columns) once per dictionary entry, then gathered;
 - OOV tokens and hashed features: slots + Fingerprint64(token) % buckets (recpipe.features.hashing), the
   value TF's FarmHash op gives;
 - dense: recpipe.features.canonical.dense_prenorm (fill, log1p) and the z-score / bucket index in float32.
@@ -18,7 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from recpipe.features.artifact import TransformArtifact
-from recpipe.features.canonical import dense_prenorm, list_parts
+from recpipe.features.canonical import dense_prenorm, is_id_dictionary, list_parts
+from recpipe.features.dictionaries import DictionaryMemo
 from recpipe.features.hashing import hash_buckets
 from recpipe.features.record_codec import Ragged
 
@@ -37,6 +39,7 @@ class BatchTransform:
         self._stats = artifact.dense_stats
         self._vocab = {f.name: pa.array(artifact.vocabularies[f.name], pa.string())
                        for f in self._cfg.features.sparse if f.vocab is not None and f.share_embedding_with is None}
+        self._memo: DictionaryMemo[np.ndarray] = DictionaryMemo()
 
     def _ids(self, owner_name: str, tokens: pa.Array) -> np.ndarray:
         owner = self._cfg.sparse_by_name[owner_name]
@@ -49,6 +52,13 @@ class BatchTransform:
         if oov.any():  # as StaticVocabularyTable: vocabulary size + FarmHash64(token) % oov_buckets
             ids[oov] = len(vocab) + hash_buckets(tokens.filter(pa.array(oov)), owner.vocab.oov_buckets)
         return ids
+
+    def _dictionary_ids(self, feature: str, owner_name: str, tokens: pa.DictionaryArray) -> np.ndarray:
+        """_ids of a dictionary-encoded column: each dictionary entry looked up once (once per row group,
+        through the memo), gathered per row. The dictionary may also hold values of rows dead-lettered
+        (not UTF-8: hashed as their bytes) or in another split."""
+        ids = self._memo.get(feature, tokens.dictionary, lambda values: self._ids(owner_name, values))
+        return np.take(ids, np.asarray(tokens.indices))  # canonical: no null index
 
     def _dense(self, name: str, transform: str, fill: float, values: pa.Array) -> np.ndarray:
         x = dense_prenorm(values.to_numpy(zero_copy_only=False).astype(np.float32), transform, fill)
@@ -69,6 +79,8 @@ class BatchTransform:
             if pa.types.is_list(arr.type):
                 values, splits = list_parts(arr)
                 out[f.name] = Ragged(self._ids(owner, values), np.diff(splits))
+            elif is_id_dictionary(arr):
+                out[f.name] = self._dictionary_ids(f.name, owner, arr)
             else:
                 out[f.name] = self._ids(owner, arr)
         for d in self._cfg.features.dense:

@@ -1,7 +1,8 @@
 """Raw Arrow record batches -> validated, canonical columns (pure, vectorised, no TF, no Beam).
 
 Canonical form, keyed by FEATURE name (two features may read one column):
-  sparse scalar      pa.string, no nulls (null -> "")
+  sparse scalar      pa.string, no nulls (null -> ""); from a column read dictionary-encoded
+                     (encoded_columns), a dictionary<int32, string> array of those strings
   sparse multivalent pa.list_(pa.string()), no nulls (null -> []), empty tokens dropped
   dense              pa.float32, missing -> NaN (the transform fills it)
   LABEL_KEY          pa.float32 0/1
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Collection
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +27,7 @@ __all__ = ["LABEL_KEY", "SchemaError", "NULL_KIND", "plain_type", "plain_columns
            "check_schema", "validate_batch", "canonicalize", "as_string", "list_parts", "dense_prenorm", "numeric",
            "one_array", "times", "rows_with_value", "dense_sums", "DENSE_SUM_SCALE", "DEFAULT_SEPARATOR",
            "CROSS_SEPARATOR", "BadRows", "FLOAT32_MAX", "DEAD_LETTER_REASONS", "list_separator", "list_separators",
-           "splits_back", "unsplittable_reason"]
+           "splits_back", "unsplittable_reason", "encoded_columns", "is_id_dictionary", "decoded"]
 
 LABEL_KEY = "target.label"  # not a valid feature name, so it cannot collide
 CROSS_SEPARATOR = "\x1f"  # joins a cross's values (ASCII unit separator: no value of C1 "a\x1fb" x C2 "c" meets
@@ -114,16 +116,65 @@ def _plain(arr: pa.Array) -> pa.Array:
     return arr
 
 
-def plain_columns(table: pa.Table, kinds: dict[str, str] | None = None) -> pa.Table:
+def plain_columns(table: pa.Table, kinds: dict[str, str] | None = None, encoded: Collection[str] = ()) -> pa.Table:
     """`table` with every column of a type plain_type() changes converted to it (nulls kept), and every
-    column of type null made a column of nulls of its kind in `kinds` (the run's raw schema)."""
+    column of type null made a column of nulls of its kind in `kinds` (the run's raw schema).
+
+    A column named in `encoded` (encoded_columns) that holds dictionary-encoded strings stays encoded, as
+    dictionary<indices, string> (binary values viewed as strings), unless its dictionary holds a null."""
     for i, field in enumerate(table.schema):
         if pa.types.is_null(field.type) and kinds and kinds.get(field.name) in _KIND_TYPES:
             table = table.set_column(i, field.name, pa.nulls(table.num_rows, _KIND_TYPES[kinds[field.name]]))
+        elif field.name in encoded and _string_dictionaries(table.column(i)):
+            if not pa.types.is_string(field.type.value_type):
+                table = table.set_column(i, field.name, pa.chunked_array(
+                    [pa.DictionaryArray.from_arrays(c.indices, c.dictionary.view(pa.string()))
+                     for c in table.column(i).chunks]))
         elif plain_type(field.type) != field.type:
             column = pa.chunked_array([_plain(c) for c in table.column(i).chunks], plain_type(field.type))
             table = table.set_column(i, field.name, column)
     return table
+
+
+def _string_dictionaries(column: pa.ChunkedArray) -> bool:
+    """Whether every chunk of a column is dictionary-encoded UTF-8 or binary with no null in its dictionary."""
+    tp = column.type
+    if not (pa.types.is_dictionary(tp) and (pa.types.is_string(tp.value_type) or pa.types.is_binary(tp.value_type))):
+        return False
+    return not any(c.dictionary.null_count for c in column.chunks)
+
+
+def encoded_columns(cfg: Config, raw_schema: dict[str, str]) -> list[str]:
+    """The string columns a job may read dictionary-encoded, as Parquet stores them (plain_columns).
+
+    Args:
+        cfg: the config.
+        raw_schema: the run's raw schema (column -> kind).
+
+    Returns:
+        The string columns read by single-valued sparse features only (no label, timestamp, split, dense
+        or multivalent feature reads them), in config order. Their canonical form may stay encoded
+        (is_id_dictionary): validation, row hashing, counting and ID lookup then work on each distinct
+        value of a batch once instead of on each row, and once per row group where a batch's dictionary
+        equals the last one's (recpipe.features.dictionaries).
+    """
+    other = {cfg.label.column, cfg.input.timestamp, cfg.split.user, cfg.split_order,
+             *(d.column for d in cfg.features.dense), *(f.column for f in cfg.column_sparse if f.multivalent)}
+    out: list[str] = []
+    for f in cfg.column_sparse:
+        if f.column not in other and f.column not in out and raw_schema.get(f.column) == "string":
+            out.append(f.column)
+    return out
+
+
+def is_id_dictionary(arr: pa.Array) -> bool:
+    """Whether an array is dictionary-encoded strings (an encoded_columns column, raw or canonical)."""
+    return pa.types.is_dictionary(arr.type) and pa.types.is_string(arr.type.value_type)
+
+
+def decoded(arr: pa.Array) -> pa.Array:
+    """A dictionary-encoded array as plain values; any other array as it is."""
+    return arr.dictionary_decode() if pa.types.is_dictionary(arr.type) else arr
 
 
 def raw_kind(tp: pa.DataType) -> str | None:
@@ -278,6 +329,11 @@ def _invalid_utf8(arr: pa.Array) -> np.ndarray:
     """Rows holding a string (or a list item) that is not valid UTF-8. Parquet does not check it on
     write, and TensorFlow fails the whole batch on it; the fast path is one validation of the array."""
     n = len(arr)
+    if pa.types.is_dictionary(arr.type):  # each distinct value checked once
+        bad = _invalid_utf8(arr.dictionary)
+        if not bad.any():
+            return np.zeros(n, dtype=bool)
+        return np.isin(np.asarray(arr.indices.fill_null(-1)), np.flatnonzero(bad))
     is_list = pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)
     values = pc.list_flatten(arr) if is_list else arr
     if not (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
@@ -473,9 +529,14 @@ def canonicalize(batch: pa.RecordBatch | pa.Table, cfg: Config) -> dict[str, pa.
     out: dict[str, pa.Array] = {}
     for f in cfg.column_sparse:
         raw = col(f.column)
-        out[f.name] = _tokens(raw, list_separator(f)) if f.multivalent else as_string(raw).fill_null("")
+        if f.multivalent:
+            out[f.name] = _tokens(raw, list_separator(f))
+        elif is_id_dictionary(raw):
+            out[f.name] = _filled_dictionary(raw)
+        else:
+            out[f.name] = as_string(raw).fill_null("")
     for f in cfg.crosses:  # after their sources; the graph joins the same strings (transform.canonicalize_request)
-        out[f.name] = pc.binary_join_element_wise(*(out[s] for s in f.cross), CROSS_SEPARATOR)
+        out[f.name] = pc.binary_join_element_wise(*(decoded(out[s]) for s in f.cross), CROSS_SEPARATOR)
     for d in cfg.features.dense:
         values = numeric(col(d.column))[0]
         if d.out_of_range == "clip":
@@ -485,12 +546,27 @@ def canonicalize(batch: pa.RecordBatch | pa.Table, cfg: Config) -> dict[str, pa.
     return out
 
 
+def _filled_dictionary(arr: pa.DictionaryArray) -> pa.DictionaryArray:
+    """A dictionary-encoded string column with its nulls as "" (the dictionary's own "", or one added)."""
+    if not arr.null_count:
+        return arr
+    dictionary = arr.dictionary
+    empty = pc.index(dictionary, "").as_py()
+    if empty < 0:
+        empty, dictionary = len(dictionary), pa.concat_arrays([dictionary, pa.array([""], dictionary.type)])
+    return pa.DictionaryArray.from_arrays(pc.fill_null(arr.indices, pa.scalar(empty, arr.indices.type)), dictionary)
+
+
 def rows_with_value(cols: dict[str, pa.Array], cfg: Config) -> dict[str, int]:
     """Per column-fed feature of a canonical batch: the rows holding a value (an ID other than "", a list
     with an item, a dense number), so a feature its log never fills can be told apart from one it does."""
     out = {}
     for f in cfg.column_sparse:  # lengths from the offsets (canonical columns hold no nulls): 0.6 ms a 65,536-row
         arr = cols[f.name]       # batch of the synthetic config, where comparing strings with "" took 3.5
+        if is_id_dictionary(arr):
+            lengths = pc.binary_length(arr.dictionary).to_numpy(zero_copy_only=False)
+            out[f.name] = int(np.count_nonzero(np.take(lengths, np.asarray(arr.indices))))
+            continue
         lengths = pc.list_value_length(arr) if f.multivalent else pc.binary_length(arr)
         out[f.name] = int(np.count_nonzero(lengths.to_numpy(zero_copy_only=False)))
     for d in cfg.features.dense:

@@ -13,8 +13,13 @@ __all__ = ["hash_buckets"]
 
 
 def hash_buckets(tokens: pa.Array, buckets: int) -> np.ndarray:
-    """int64 bucket of each string token (no nulls: canonical columns have none)."""
+    """int64 bucket of each string token (no nulls: canonical columns have none). A token that is not
+    UTF-8 (a dictionary's value of a dead-lettered row) is hashed as its bytes, as a UTF-8 one is."""
     if buckets <= 0:
         raise ValueError(f"hash buckets must be positive, got {buckets}")
-    fingerprints = np.fromiter(map(farmhash.fingerprint64, tokens.to_pylist()), dtype=np.uint64, count=len(tokens))
+    try:
+        values = tokens.to_pylist()
+    except UnicodeDecodeError:
+        values = tokens.cast(pa.binary()).to_pylist()
+    fingerprints = np.fromiter(map(farmhash.fingerprint64, values), dtype=np.uint64, count=len(tokens))
     return (fingerprints % np.uint64(buckets)).astype(np.int64)

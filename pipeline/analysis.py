@@ -13,12 +13,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recpipe.features.canonical import as_string, dense_prenorm, times
+from recpipe.features.canonical import as_string, dense_prenorm, is_id_dictionary, times
 from recpipe.features.config import Config
 
 __all__ = ["ts_histogram", "split_sizes", "split_cutoffs_from_histogram", "split_cutoffs_by_row",
            "user_last_orders", "merge_last_orders", "user_split_masks",
-           "COUNT_SCHEMA", "token_count_tables", "merge_count_tables",
+           "COUNT_SCHEMA", "token_count_tables", "TokenCounts", "merge_count_tables",
            "select_vocabulary_table", "select_vocabulary",
            "Moments", "moments_of", "batch_moments", "moment_stats", "add_moments", "QuantileSketch",
            "sketch_boundaries", "batch_dense_stats", "dense_stats", "boundaries_from_quantiles", "merge_dense_stats"]
@@ -103,14 +103,82 @@ def token_count_tables(cols: dict[str, pa.Array], cfg: Config) -> Iterable[tuple
     batch: one element per feature and batch, counted by Arrow, never one element per token."""
     for f in cfg.features.sparse:
         owner = cfg.table_owner(f)
-        if owner.vocab is None:
-            continue
-        arr = cols[f.name]
-        if pa.types.is_list(arr.type):
-            arr = pc.list_flatten(arr)
-        counts = pc.value_counts(arr.cast(pa.string()))
-        yield owner.name, pa.Table.from_arrays([counts.field("values"), counts.field("counts").cast(pa.int64())],
-                                               schema=COUNT_SCHEMA)
+        if owner.vocab is not None:
+            arr = cols[f.name]
+            yield owner.name, _entry_table(arr.dictionary, _entry_counts(arr)) if is_id_dictionary(arr) \
+                else _count_table(arr)
+
+
+def _count_table(arr: pa.Array) -> pa.Table:
+    """A plain (or list) column's count table, counted by Arrow."""
+    if pa.types.is_list(arr.type):
+        arr = pc.list_flatten(arr)
+    counts = pc.value_counts(arr.cast(pa.string()))
+    return pa.Table.from_arrays([counts.field("values"), counts.field("counts").cast(pa.int64())], schema=COUNT_SCHEMA)
+
+
+def _entry_counts(arr: pa.DictionaryArray) -> np.ndarray:
+    """A canonical dictionary-encoded column's rows per dictionary entry (no string hashed)."""
+    return np.bincount(np.asarray(arr.indices), minlength=len(arr.dictionary))
+
+
+def _entry_table(dictionary: pa.Array, counts: np.ndarray) -> pa.Table:
+    """The count table of a dictionary's entries counted at least once. Arrow builds a dictionary it reads
+    from Parquet (or unifies on concatenation) through a memo table, so its values are distinct."""
+    seen = counts > 0
+    return pa.Table.from_arrays([dictionary.filter(pa.array(seen)), pa.array(counts[seen], pa.int64())],
+                                schema=COUNT_SCHEMA)
+
+
+class TokenCounts:
+    """A worker's token counts of canonical batches per vocabulary owner, summed as the batches come
+    (workers' tables then merge with merge_count_tables).
+
+    A dictionary-encoded column is counted per dictionary entry, summed over batches while its dictionary
+    stays equal (Parquet gives each batch of a row group a copy of the row group's): one table per row
+    group. Other columns are counted by Arrow, a table per batch; an owner's tables are merged once they
+    pass `compact_rows` rows.
+    """
+
+    def __init__(self, cfg: Config, compact_rows: int = 1 << 20):
+        self._cfg, self._compact_rows = cfg, compact_rows
+        self._tables: dict[str, list[pa.Table]] = {}
+        self._open: dict[str, tuple[str, pa.Array, np.ndarray]] = {}  # feature -> (owner, dictionary, counts)
+
+    def add(self, cols: dict[str, pa.Array]) -> None:
+        """Count one canonical batch."""
+        for f in self._cfg.features.sparse:
+            owner = self._cfg.table_owner(f)
+            if owner.vocab is None:
+                continue
+            arr = cols[f.name]
+            if not is_id_dictionary(arr):
+                self._append(owner.name, _count_table(arr))
+                continue
+            counts, last = _entry_counts(arr), self._open.get(f.name)
+            if last is not None and len(last[1]) == len(arr.dictionary) and last[1].equals(arr.dictionary):
+                last[2][:] += counts
+                continue
+            if last is not None:
+                self._close(f.name)
+            self._open[f.name] = (owner.name, arr.dictionary, counts)
+
+    def tables(self) -> list[tuple[str, pa.Table]]:
+        """(owner, its count table) for each owner counted since the last call, which starts again."""
+        for feature in list(self._open):
+            self._close(feature)
+        tables, self._tables = self._tables, {}
+        return [(owner, merge_count_tables(owned)) for owner, owned in tables.items()]
+
+    def _close(self, feature: str) -> None:
+        owner, dictionary, counts = self._open.pop(feature)
+        self._append(owner, _entry_table(dictionary, counts))
+
+    def _append(self, owner: str, table: pa.Table) -> None:
+        tables = self._tables.setdefault(owner, [])
+        tables.append(table)
+        if len(tables) > 1 and sum(t.num_rows for t in tables) > self._compact_rows:
+            tables[:] = [merge_count_tables(tables)]
 
 
 def merge_count_tables(tables: list[pa.Table]) -> pa.Table:

@@ -21,7 +21,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from recpipe.common import fsio
 from recpipe.features.artifact import TransformArtifact
-from recpipe.features.canonical import NULL_KIND, SchemaError, merged_kind
+from recpipe.features.canonical import NULL_KIND, SchemaError, encoded_columns, merged_kind
 from recpipe.features.config import Config, config_to_dict
 from recpipe.common.days import day_number
 from recpipe.common.dirlock import DirLock
@@ -163,7 +163,9 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
         good_for_split = None
     cutoff = (good_for_split if good_for_split is not None else p) | "SplitCutoffs" >> SplitCutoffs(cfg, total)
     # Pass 2: analysis on the train rows.
-    train_rows = (p | "ReadForAnalysis" >> ReadClickLogs(files_arg, columns, raw_schema, validate=cfg)
+    encoded = encoded_columns(cfg, raw_schema)  # read dictionary-encoded where the files store them so
+    train_rows = (p | "ReadForAnalysis" >> ReadClickLogs(files_arg, columns, raw_schema, validate=cfg,
+                                                         encoded=encoded)
                   | "ValidateForAnalysis" >> ValidateRows(cfg, dead_letter=False)
                   | "TrainRows" >> SplitRows(cfg, cutoff, analysis=True)).train
     vocabs = train_rows | "ComputeVocabularies" >> ComputeVocabularies(cfg, previous, day)
@@ -173,7 +175,7 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
                                                                         lineage, day)
     # Pass 3: read -> validate -> split -> transform -> write, fused; accounts for every row.
     batches = p | "ReadClickLogs" >> ReadClickLogs(files_arg, columns, raw_schema, count_rows=True,
-                                                   hash_rows=_checks_repeats(cfg), validate=cfg)
+                                                   hash_rows=_checks_repeats(cfg), validate=cfg, encoded=encoded)
     validated = batches | "ValidateRows" >> ValidateRows(cfg)
     splits = validated.good | "SplitByTime" >> SplitRows(cfg, cutoff)
     transform_dir = out.transform_dir

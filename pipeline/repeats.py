@@ -20,7 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from recpipe.features.canonical import one_array
+from recpipe.features.canonical import is_id_dictionary, one_array
+from recpipe.features.dictionaries import DictionaryMemo
 
 __all__ = ["row_hashes", "bucketed", "pairs_bytes", "pairs_from_bytes", "find_repeats", "Repeats", "BUCKET_ROWS"]
 
@@ -150,14 +151,36 @@ def _words_by_value(arr: pa.Array) -> np.ndarray | None:
     return word
 
 
-def row_hashes(table: pa.Table) -> np.ndarray:
+def _dictionary_words(arr: pa.DictionaryArray, memo: DictionaryMemo, key: str) -> np.ndarray:
+    """_column_word of a dictionary-encoded string column, worked out once per dictionary entry (once per
+    row group, through `memo`) and gathered: the words its decoded strings would have."""
+    if not len(arr.dictionary):  # every row null
+        return np.full(len(arr), _NULL, np.uint64)
+    word = np.take(memo.get(key, arr.dictionary, _string_word), np.asarray(arr.indices.fill_null(0)))
+    if arr.null_count:
+        word[np.asarray(arr.is_null())] = _NULL
+    if arr.dictionary.null_count:  # a null entry is a null row too
+        word[np.asarray(arr.dictionary.is_null())[np.asarray(arr.indices.fill_null(0))]] = _NULL
+    return word
+
+
+def _whole_words(arr: pa.Array, n: int, memo: DictionaryMemo, key: str) -> np.ndarray | None:
+    """A column's words worked out for all its rows at once, or None to work them out chunk by chunk."""
+    if is_id_dictionary(arr):
+        return _dictionary_words(arr, memo, key)
+    return _words_by_value(arr) if n >= _BY_VALUE_MIN_ROWS and _is_plain_string(arr.type) else None
+
+
+def row_hashes(table: pa.Table, memo: DictionaryMemo | None = None) -> np.ndarray:
     """One uint64 per row over every column in the table's order: equal rows hash equal, whatever the
-    batch, file, slice, chunking or row-group layout they were read in. Combined _CHUNK_ROWS rows at a
-    time (arrays of a whole 64k-row batch are fresh memory each: page faults, a third longer); a long
-    string column's words come whole from _words_by_value when its values repeat."""
+    batch, file, slice, chunking, row-group layout or encoding (plain or dictionary) they were read in.
+    Combined _CHUNK_ROWS rows at a time (arrays of a whole 64k-row batch are fresh memory each: page
+    faults, a third longer); a long string column's words come whole from _words_by_value when its values
+    repeat, a dictionary-encoded one's from its dictionary (`memo`: kept from the batch before while the
+    dictionary is the same; a caller hashing a file's batches in turn passes one)."""
     n = table.num_rows
-    by_value = [_words_by_value(one_array(c)) if n >= _BY_VALUE_MIN_ROWS and _is_plain_string(c.type) else None
-                for c in table.columns]
+    memo = memo if memo is not None else DictionaryMemo()
+    by_value = [_whole_words(one_array(c), n, memo, name) for name, c in zip(table.column_names, table.columns)]
     parts = []
     for s in range(0, n, _CHUNK_ROWS):
         chunk = table.slice(s, _CHUNK_ROWS)

@@ -13,6 +13,7 @@ import os
 import posixpath
 import re
 from dataclasses import dataclass
+from typing import Sequence
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -133,17 +134,30 @@ def list_input_files(spec: str) -> list[str]:
     return files
 
 
-def open_parquet(path: str) -> pq.ParquetFile:
+def open_parquet(path: str, read_dictionary: Sequence[str] = ()) -> pq.ParquetFile:
     """The file, its INT96 timestamps (as Hive, Impala and older Spark write them) read in microseconds:
-    pyarrow's default, nanoseconds, wraps a value past 2262 (Hive's 9999-12-31 sentinel) silently."""
+    pyarrow's default, nanoseconds, wraps a value past 2262 (Hive's 9999-12-31 sentinel) silently.
+    Its string and binary columns named in `read_dictionary` are read dictionary-encoded (other columns
+    named are read as they are)."""
     fs, p = resolve(path)
     try:
-        return pq.ParquetFile(fs.open_input_file(p), coerce_int96_timestamp_unit="us")
+        pf = pq.ParquetFile(fs.open_input_file(p), coerce_int96_timestamp_unit="us")
+        schema = pf.schema_arrow
+        encoded = [c for c in read_dictionary if c in schema.names and _is_bytes(schema.field(c).type)]
+        if not encoded:
+            return pf
+        return pq.ParquetFile(fs.open_input_file(p), metadata=pf.metadata, coerce_int96_timestamp_unit="us",
+                              read_dictionary=encoded)
     except FileNotFoundError:
         raise InputError(f"{path}: file disappeared") from None
     except Exception as e:  # pyarrow raises ArrowInvalid/OSError subclasses for damaged files
         raise InputError(f"{path}: not a readable Parquet file ({type(e).__name__}: {' '.join(str(e).split())})") \
             from None
+
+
+def _is_bytes(tp: pa.DataType) -> bool:
+    return any(f(tp) for f in (pa.types.is_string, pa.types.is_binary, pa.types.is_large_string,
+                               pa.types.is_large_binary, pa.types.is_dictionary))
 
 
 def _kind_text(kind: str, schema, col: str) -> str:

@@ -32,9 +32,10 @@ from apache_beam.utils.windowed_value import WindowedValue
 from recpipe.common import fsio
 from recpipe.common.prefetch import prefetch
 from recpipe.features.artifact import TransformArtifact
-from recpipe.features.canonical import (LABEL_KEY, BadRows, canonicalize, dense_sums, plain_columns, rows_with_value,
-                                times, validate_batch)
+from recpipe.features.canonical import (LABEL_KEY, BadRows, canonicalize, decoded, dense_sums, is_id_dictionary,
+                                plain_columns, rows_with_value, times, validate_batch)
 from recpipe.features.config import Config
+from recpipe.features.dictionaries import DictionaryMemo
 from recpipe.common.days import day_name, day_number
 from recpipe.features.preprocessed import SPLITS
 from recpipe.pipeline.lifecycle import VocabState, advance_vocabulary
@@ -42,7 +43,7 @@ from recpipe.pipeline.repeats import (BUCKET_ROWS, Repeats, bucketed, find_repea
                               row_hashes)
 from recpipe.pipeline.analysis import (COUNT_SCHEMA, batch_dense_stats, dense_stats, merge_count_tables,
                                merge_dense_stats, select_vocabulary_table, split_cutoffs_by_row,
-                               split_cutoffs_from_histogram, token_count_tables, ts_histogram, user_last_orders,
+                               split_cutoffs_from_histogram, TokenCounts, ts_histogram, user_last_orders,
                                user_split_masks, merge_last_orders)
 
 __all__ = ["NAMESPACE", "DEAD_LETTER_SCHEMA", "RawBatch", "RawBatchCoder", "Columns", "ColumnsCoder", "ReadClickLogs",
@@ -90,8 +91,21 @@ class _PickledArrowCoder(beam.coders.Coder):
         return False
 
 
+def _compact(arr: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """A dictionary-encoded column as plain strings when its dictionary holds more values than it has rows
+    (it shares its row group's whole dictionary, which pickling would copy); any other column as it is."""
+    chunks = arr.chunks if isinstance(arr, pa.ChunkedArray) else [arr]
+    if not any(is_id_dictionary(c) and len(c.dictionary) > len(c) for c in chunks):
+        return arr
+    return pa.chunked_array([decoded(c) for c in chunks]) if isinstance(arr, pa.ChunkedArray) else decoded(arr)
+
+
 class RawBatchCoder(_PickledArrowCoder):
-    """RawBatch's coder."""
+    """RawBatch's coder (dictionary-encoded columns pickled compact: _compact)."""
+
+    def encode(self, value: RawBatch) -> bytes:
+        table = pa.table({name: _compact(c) for name, c in zip(value.table.column_names, value.table.columns)})
+        return super().encode(replace(value, table=table))
 
     def estimate_size(self, value: RawBatch) -> int:
         hashes = 0 if value.hashes is None else value.hashes.nbytes
@@ -100,7 +114,10 @@ class RawBatchCoder(_PickledArrowCoder):
 
 
 class ColumnsCoder(_PickledArrowCoder):
-    """Columns' coder."""
+    """Columns' coder (dictionary-encoded columns pickled compact: _compact)."""
+
+    def encode(self, value: Columns) -> bytes:
+        return super().encode(Columns({name: _compact(column) for name, column in value.items()}))
 
     def estimate_size(self, value: Columns) -> int:
         return sum(len(name) + column.nbytes for name, column in value.items())
@@ -113,8 +130,8 @@ beam.coders.registry.register_coder(Columns, ColumnsCoder)
 # ------------------------------------------------------------------------- read
 class _ReadFile(beam.DoFn):
     def __init__(self, columns: list[str], kinds: dict[str, str], batch_rows: int, count_rows: bool,
-                 hash_rows: bool = False, validate: Config | None = None):
-        self._columns, self._kinds = columns, kinds
+                 hash_rows: bool = False, validate: Config | None = None, encoded: tuple[str, ...] = ()):
+        self._columns, self._kinds, self._encoded = columns, kinds, encoded
         self._batch_rows = batch_rows
         self._rows_in = Metrics.counter(NAMESPACE, "rows_in") if count_rows else None
         self._hash_rows = hash_rows
@@ -126,20 +143,21 @@ class _ReadFile(beam.DoFn):
 
     def _read(self, path: str, first_global: int) -> Iterable[RawBatch]:
         from recpipe.pipeline.sources import open_parquet
-        pf = open_parquet(path)
+        pf = open_parquet(path, self._encoded)
         start = 0
         # the next batch is decoded (and validated, for ValidateRows) on another thread while this one goes
         # down the stages (Arrow decodes without the interpreter lock): 2M Criteo-shaped rows, about 1 s of
         # each pass's main thread
         cfg = self._validate
         tables = prefetch(((t, _validated(t, cfg) if cfg is not None else None)
-                           for t in (plain_columns(pa.Table.from_batches([batch]), self._kinds)
+                           for t in (plain_columns(pa.Table.from_batches([batch]), self._kinds, self._encoded)
                                      for batch in pf.iter_batches(batch_size=self._batch_rows, columns=self._columns))),
                           name="parquet-read")
         # and its rows are hashed on a third, one batch behind the read (numpy lets go of the interpreter
         # lock): hashing in line cost the job 14 %, on a thread 7 %
-        batches = prefetch(((t, c, row_hashes(t)) for t, c in tables), name="row-hashes") if self._hash_rows else \
-            ((t, c, None) for t, c in tables)
+        memo = DictionaryMemo()  # a row group's batches share its dictionaries: each hashed once
+        batches = prefetch(((t, c, row_hashes(t, memo)) for t, c in tables), name="row-hashes") \
+            if self._hash_rows else ((t, c, None) for t, c in tables)
         try:
             for table, checked, hashes in batches:
                 n = table.num_rows
@@ -200,23 +218,26 @@ class ReadClickLogs(beam.PTransform):
     holding rows between stages: a runner then keeps at most a few batches per worker in memory.
     Only the transform pass counts `rows_in`, and hashes its rows for FindRepeatedRows (`hash_rows`).
     With `validate`, each batch is validated (validate_batch) on the thread that decodes it, for
-    ValidateRows with the same config to use.
+    ValidateRows with the same config to use. Columns in `encoded` (recpipe.features.canonical.encoded_columns)
+    are read dictionary-encoded where Parquet stores them so and their dictionaries are short
+    (recpipe.features.canonical.plain_columns).
     """
 
     def __init__(self, files: list[tuple[str, int, int]], columns: list[str], kinds: dict[str, str],
                  batch_rows: int = 65_536, count_rows: bool = False, hash_rows: bool = False,
-                 validate: Config | None = None):
+                 validate: Config | None = None, encoded: list[str] | tuple[str, ...] = ()):
         super().__init__()
         self._files, self._columns, self._kinds = files, columns, kinds
         self._batch_rows, self._count, self._hash = batch_rows, count_rows, hash_rows
-        self._validate = validate
+        self._validate, self._encoded = validate, tuple(c for c in encoded if c in columns)
 
     def expand(self, pbegin):
         return (pbegin
                 | "Files" >> beam.Create(read_units(self._files, READ_UNIT_ROWS))
                 | "Spread" >> beam.Reshuffle()
                 | "Read" >> beam.ParDo(_ReadFile(self._columns, self._kinds, self._batch_rows, self._count,
-                                                 self._hash, self._validate)).with_output_types(RawBatch))
+                                                 self._hash, self._validate, self._encoded))
+                .with_output_types(RawBatch))
 
 
 # ------------------------------------------------------------------------- validate
@@ -272,7 +293,7 @@ def _text(v):
 def _rows_for_json(table: pa.Table) -> list[dict]:
     """Rows as Python dicts, strings read as bytes and decoded leniently (escapes for invalid UTF-8)."""
     cols = {}
-    for name, col in zip(table.column_names, table.columns):
+    for name, col in zip(table.column_names, plain_columns(table).columns):  # dictionaries decoded
         as_bytes = _bytes_type(col.type)
         values = (col.cast(as_bytes) if as_bytes is not None else col).to_pylist()
         cols[name] = [_text(v) for v in values] if as_bytes is not None else values
@@ -352,7 +373,8 @@ class _Split(beam.DoFn):
                     # copies, not views: a runner may keep this output whole until its reader runs
                     # (Dask does), and a view would keep the batch's whole eval rows with it
                     first = np.arange(min(n, EVAL_SAMPLE_ROWS))
-                    yield beam.pvalue.TaggedOutput("eval_raw", (positions[first], table.take(pa.array(first))))
+                    sample = plain_columns(table.take(pa.array(first)))  # dictionaries decoded, as a log holds them
+                    yield beam.pvalue.TaggedOutput("eval_raw", (positions[first], sample))
 
 
 class SplitCutoffs(beam.PTransform):
@@ -497,8 +519,29 @@ class _OnThread(beam.DoFn):
 
 
 # ------------------------------------------------------------------------- analyse
-def _count_tables(cols: dict[str, pa.Array], cfg: Config) -> list[tuple[str, pa.Table]]:
-    return list(token_count_tables(cols, cfg))
+class _CountTokens(_OnThread):
+    """Canonical train batches -> (vocabulary owner, count table) pairs: the batches counted
+    (analysis.TokenCounts) on the DoFn's own thread (_OnThread), one table per owner at the bundle's end.
+    The combiner after it then merges a few tables per bundle, not one per batch, on the thread that runs
+    the stages."""
+
+    def __init__(self, cfg: Config):
+        super().__init__(self._count, "count-tokens")
+        self._cfg = cfg
+        self._counts: TokenCounts | None = None
+
+    def start_bundle(self):
+        super().start_bundle()
+        self._counts = TokenCounts(self._cfg)
+
+    def _count(self, cols: dict[str, pa.Array]) -> list:
+        self._counts.add(cols)
+        return []
+
+    def finish_bundle(self):
+        yield from super().finish_bundle()  # the bundle's last batch counted
+        for pair in self._counts.tables():
+            yield WindowedValue(pair, MIN_TIMESTAMP, (GlobalWindow(),))
 
 
 class _MergeCountTables(beam.CombineFn):
@@ -590,7 +633,7 @@ class ComputeVocabularies(beam.PTransform):
             return owner, vocab_arrays(advance_vocabulary(state, today, day, spec))
 
         counted = (train
-                   | "CountTables" >> beam.ParDo(_OnThread(functools.partial(_count_tables, cfg=cfg), "count-tokens"))
+                   | "CountTables" >> beam.ParDo(_CountTokens(cfg))
                    | "SumCounts" >> beam.CombinePerKey(_MergeCountTables())
                    | "Select" >> beam.Map(select)
                    | "Counted" >> beam.MapTuple(lambda o, v: (o, (True, v))))

@@ -25,7 +25,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from conftest import CONFIGS, IN_MEMORY, SHARED_DATA, small_config_dict
 from recpipe.features.artifact import TransformArtifact
 from recpipe.features.canonical import DENSE_SUM_SCALE, LABEL_KEY, SchemaError, canonicalize, dense_prenorm, plain_columns
-from recpipe.features.canonical import raw_kind, validate_batch
+from recpipe.features.canonical import encoded_columns, raw_kind, validate_batch
 from recpipe.features.config import parse_config
 from recpipe.features.preprocessed import SPLITS, PreprocessedData
 from recpipe.features.records import parse_record
@@ -249,6 +249,24 @@ def test_preprocess_outputs_and_accounting(preprocessed, small_cfg):
     assert leak_warnings(small_cfg, data.eval_sample_table()) == []
     assert art.row_counts["repeated_rows"] == 0
     assert not any(n.startswith("_") for n in os.listdir(out))  # the staged row hashes went with the check
+
+
+@pytest.mark.integration
+def test_reading_id_columns_dictionary_encoded_changes_no_output_byte(tmp_path, preprocessed, small_log, small_cfg,
+                                                                     monkeypatch):
+    """The job reads the string ID columns dictionary-encoded (hashed features, shared and vocabulary ones,
+    with nulls); read as plain strings instead, every file it writes is the same, byte for byte."""
+    import recpipe.pipeline.preprocess as preprocess_module
+    out, _ = preprocessed
+    raw_schema, _ = inspect_inputs(list_input_files(small_log), small_cfg)
+    assert encoded_columns(small_cfg, raw_schema) == ["user_id", "item_id", *(f"C{i}" for i in range(1, 7))]
+    monkeypatch.setattr(preprocess_module, "encoded_columns", lambda cfg, raw: [])
+    plain = tmp_path / "plain"
+    run_preprocess(small_cfg, small_log, str(plain), IN_MEMORY, say=lambda _: None)
+    files = lambda root: sorted(str(p.relative_to(root)) for p in Path(root).rglob("*") if p.is_file())  # noqa: E731
+    assert files(out) == files(plain)
+    differ = [f for f in files(out) if (Path(out) / f).read_bytes() != (plain / f).read_bytes()]
+    assert differ == []
 
 
 @pytest.mark.integration
