@@ -172,7 +172,7 @@ def build_pipeline(p: beam.Pipeline, cfg: Config, files, raw_schema: dict[str, s
     stats = train_rows | "ComputeDenseStats" >> ComputeDenseStats(cfg, previous)
     lineage = {"previous_transform": previous_path} if previous is not None else {}
     artifact = (vocabs, stats) | "AssembleArtifact" >> AssembleArtifact(cfg, raw_schema, split_info, _versions(),
-                                                                        lineage, day)
+                                                                        lineage, day, previous)
     # Pass 3: read -> validate -> split -> transform -> write, fused; accounts for every row.
     batches = p | "ReadClickLogs" >> ReadClickLogs(files_arg, columns, raw_schema, count_rows=True,
                                                    hash_rows=_checks_repeats(cfg), validate=cfg, encoded=encoded)

@@ -233,7 +233,7 @@ class ReadClickLogs(beam.PTransform):
 
     def expand(self, pbegin):
         return (pbegin
-                | "Files" >> beam.Create(read_units(self._files, READ_UNIT_ROWS))
+                | "Files" >> beam.Create(read_units(self._files, READ_UNIT_ROWS), reshuffle=False)  # Spread shuffles
                 | "Spread" >> beam.Reshuffle()
                 | "Read" >> beam.ParDo(_ReadFile(self._columns, self._kinds, self._batch_rows, self._count,
                                                  self._hash, self._validate, self._encoded))
@@ -476,7 +476,7 @@ class WriteEvalSample(beam.PTransform):
         def write_record(parts: tuple[bytes, ...]):
             fsio.write_bytes(record_path, b"".join(parts))
 
-        sample = (tables | "FirstRows" >> beam.CombineGlobally(_FirstRows(EVAL_SAMPLE_ROWS))
+        sample = (tables | "FirstRows" >> beam.CombineGlobally(_FirstRows(EVAL_SAMPLE_ROWS)).without_defaults()
                   | "NonEmpty" >> beam.Filter(lambda t: t is not None and t.num_rows > 0)
                   | "WriteRaw" >> beam.Map(write_raw))
         return (sample | "Canonicalize" >> beam.Map(canonicalize, self._cfg)
@@ -598,13 +598,41 @@ def previous_state(prev: TransformArtifact, owner: str) -> VocabState:
     return VocabState(values, counts, last_seen, pending, day_number(prev.day) if prev.day else None)
 
 
-class ComputeVocabularies(beam.PTransform):
-    """Canonical train batches -> (owner feature name, VocabArrays) per vocabulary.
+def vocabulary_state(owner: str, counts: pa.Table, cfg: Config, previous: TransformArtifact | None,
+                     day: int | None) -> VocabArrays:
+    """A vocabulary owner's state after this run's train counts (COUNT_SCHEMA; empty when no train row has
+    a value for it). The first day without a window selects vectorised; otherwise the previous artifact's
+    state advances by one day (recpipe.pipeline.lifecycle). The state stays Arrow arrays: the artifact's
+    assembly takes it as a side input, which a runner sizes object by object when it is Python lists."""
+    spec = cfg.sparse_by_name[owner].vocab
+    if previous is None and spec.window_days == 1:
+        values, kept = select_vocabulary_table(counts, spec.min_count, spec.max_size)
+        return VocabArrays(values, kept, pa.array([day] * len(values), pa.int64()), PENDING_SCHEMA.empty_table())
+    state = previous_state(previous, owner) if previous is not None else None
+    if spec.window_days == 1:  # only values that can enter or are already known need the Python pass
+        known = pa.array([v for v in state.values if v is not None] if state else [], pa.string())
+        counts = counts.filter(pc.or_(pc.greater_equal(counts.column("count"), spec.min_count),
+                                      pc.is_in(counts.column("value"), value_set=known)))
+    today = zip(counts.column("value").to_pylist(), counts.column("count").to_pylist())
+    return vocab_arrays(advance_vocabulary(state, today, day, spec))
 
-    Each batch is counted by Arrow into one (value, count) table per feature; the combiner sums
-    whole tables. The first day without a window selects vectorised; otherwise the previous
-    artifact's state advances by one day (recpipe.pipeline.lifecycle: admission over a window of days,
-    eviction of values unseen for days, slot reuse, max_size), IDs of kept values never changing.
+
+def every_vocabulary(counted: Iterable[tuple[str, VocabArrays]], cfg: Config, previous: TransformArtifact | None,
+                     day: int | None) -> dict[str, VocabArrays]:
+    """Every vocabulary owner's state, in config order: ComputeVocabularies' for the owners it counted, and
+    for an owner no train row has a value for, vocabulary_state of no counts."""
+    found = dict(counted)
+    return {f.name: found[f.name] if f.name in found else vocabulary_state(f.name, COUNT_SCHEMA.empty_table(), cfg,
+                                                                           previous, day)
+            for f in cfg.features.sparse if f.vocab is not None}
+
+
+class ComputeVocabularies(beam.PTransform):
+    """Canonical train batches -> (owner feature name, VocabArrays) per vocabulary owner some train row has
+    a value for (every_vocabulary adds the others, where the artifact is assembled).
+
+    Each batch is counted (analysis.TokenCounts); the combiner sums whole tables; vocabulary_state
+    selects or advances each owner's vocabulary, IDs of kept values never changing.
     """
 
     def __init__(self, cfg: Config, previous: TransformArtifact | None = None, day: int | None = None):
@@ -613,37 +641,11 @@ class ComputeVocabularies(beam.PTransform):
 
     def expand(self, train):
         cfg, prev, day = self._cfg, self._previous, self._day
-        owners = {f.name: f.vocab for f in cfg.features.sparse if f.vocab is not None}
-
-        def select(kv):
-            # the state stays Arrow arrays: the artifact's assembly takes it as a side input, which a
-            # runner sizes object by object when it is Python lists
-            owner, counts = kv
-            spec = owners[owner]
-            if prev is None and spec.window_days == 1:
-                values, kept = select_vocabulary_table(counts, spec.min_count, spec.max_size)
-                return owner, VocabArrays(values, kept, pa.array([day] * len(values), pa.int64()),
-                                          PENDING_SCHEMA.empty_table())
-            state = previous_state(prev, owner) if prev is not None else None
-            if spec.window_days == 1:  # only values that can enter or are already known need the Python pass
-                known = pa.array([v for v in state.values if v is not None] if state else [], pa.string())
-                counts = counts.filter(pc.or_(pc.greater_equal(counts.column("count"), spec.min_count),
-                                              pc.is_in(counts.column("value"), value_set=known)))
-            today = zip(counts.column("value").to_pylist(), counts.column("count").to_pylist())
-            return owner, vocab_arrays(advance_vocabulary(state, today, day, spec))
-
-        counted = (train
-                   | "CountTables" >> beam.ParDo(_CountTokens(cfg))
-                   | "SumCounts" >> beam.CombinePerKey(_MergeCountTables())
-                   | "Select" >> beam.Map(select)
-                   | "Counted" >> beam.MapTuple(lambda o, v: (o, (True, v))))
-        # Every vocabulary owner gets an entry, also when no train row has a value for it; a counted
-        # entry wins over this one.
-        empty = train.pipeline | "AllOwners" >> beam.Create([(o, (False, select((o, COUNT_SCHEMA.empty_table()))[1]))
-                                                             for o in owners])
-        return ((counted, empty) | "WithEmpty" >> beam.Flatten()
-                | "OnePerOwner" >> beam.CombinePerKey(lambda vs: max(vs, key=lambda x: x[0]))
-                | "State" >> beam.MapTuple(lambda o, flagged: (o, flagged[1])))
+        return (train
+                | "CountTables" >> beam.ParDo(_CountTokens(cfg))
+                | "SumCounts" >> beam.CombinePerKey(_MergeCountTables())
+                | "Select" >> beam.MapTuple(lambda owner, counts: (owner, vocabulary_state(owner, counts, cfg, prev,
+                                                                                           day))))
 
 
 def _dense_stats(cols: dict[str, pa.Array], cfg: Config) -> list[dict]:
@@ -696,16 +698,20 @@ class ComputeDenseStats(beam.PTransform):
 
 # ------------------------------------------------------------------------- artifact + transform
 class AssembleArtifact(beam.PTransform):
+    """(ComputeVocabularies' output, ComputeDenseStats' output) -> the TransformArtifact (one element), every
+    vocabulary owner in it (every_vocabulary)."""
+
     def __init__(self, cfg: Config, raw_schema: dict[str, str], split: dict, versions: dict, lineage: dict,
-                 day: int | None = None):
+                 day: int | None = None, previous: TransformArtifact | None = None):
         super().__init__()
         self._cfg, self._raw, self._split, self._versions, self._lineage = cfg, raw_schema, split, versions, lineage
-        self._day = day
+        self._day, self._previous = day, previous
 
     def expand(self, inputs):
         vocabs, stats = inputs
 
-        def assemble(_, vocab_list, dense_stats):
+        def assemble(_, counted, dense_stats):
+            vocab_list = every_vocabulary(counted, self._cfg, self._previous, self._day).items()
             return TransformArtifact(
                 config=self._cfg, raw_schema=self._raw,
                 vocabularies={o: v.values.to_pylist() for o, v in vocab_list},
@@ -799,29 +805,28 @@ class WriteRecords(beam.PTransform):
 
 
 # ------------------------------------------------------------------------- accounting
-def _count_in(b: RawBatch) -> list[tuple[str, int]]:
-    return [("in", b.table.num_rows)]
+def _count_in(b: RawBatch) -> dict[str, int]:
+    return {"in": b.table.num_rows}
 
 
-def _count_split(cols: dict, split: str, cfg: Config) -> list[tuple[str, int]]:
+def _count_split(cols: dict, split: str, cfg: Config) -> dict[str, int]:
     labels = cols[LABEL_KEY].to_numpy(zero_copy_only=False)
-    return [(split, len(labels)), (f"positives.{split}", int(np.count_nonzero(labels > 0.5))),
-            *((f"with_value.{split}.{name}", n) for name, n in rows_with_value(cols, cfg).items()),
-            *((f"dense_sum.{split}.{name}", s) for name, s in dense_sums(cols, cfg).items())]
+    return {split: len(labels), f"positives.{split}": int(np.count_nonzero(labels > 0.5)),
+            **{f"with_value.{split}.{name}": n for name, n in rows_with_value(cols, cfg).items()},
+            **{f"dense_sum.{split}.{name}": s for name, s in dense_sums(cols, cfg).items()}}
 
 
-def _count_dead(table: pa.Table) -> list[tuple[str, int]]:
+def _count_dead(table: pa.Table) -> dict[str, int]:
     reasons, counts = np.unique(np.asarray(table.column("reason").to_pylist(), dtype=object), return_counts=True)
-    return [(f"dead_letter.{r}", int(c)) for r, c in zip(reasons, counts)]
+    return {f"dead_letter.{r}": int(c) for r, c in zip(reasons, counts)}
 
 
-def _sum_or_extreme(values) -> int | tuple[str, float]:
-    """A count's sum; of ("min" | "max", x) pairs (a file's first and last timestamp), the extreme one."""
-    values = list(values)
-    if values and isinstance(values[0], (tuple, list)):
-        kind = values[0][0]
-        return kind, (min if kind == "min" else max)(x for _, x in values)
-    return sum(values)
+def _add_count(a, b):
+    """Two counts of one key summed; of two ("min" | "max", x) pairs (a file's first and last timestamp),
+    the extreme one."""
+    if isinstance(a, (tuple, list)):
+        return a[0], (min if a[0] == "min" else max)(a[1], b[1])
+    return a + b
 
 
 class CountRows(beam.PTransform):
@@ -830,7 +835,7 @@ class CountRows(beam.PTransform):
     "with_value.<split>.<feature>", "dense_sum.<split>.<feature>"}: recpipe.pipeline.anomalies.SplitCounts; and each
     file's ["min", first] and ["max", last] timestamp as "time_first.<file>", "time_last.<file>"), computed
     from the elements themselves: a task a runner retries contributes once, as its output does (counters may
-    count it twice)."""
+    count it twice). Each element's counts are one dict; one combine merges them key by key."""
 
     def __init__(self, path: str, cfg: Config):
         super().__init__()
@@ -839,12 +844,11 @@ class CountRows(beam.PTransform):
     def expand(self, pcolls):
         batches, splits, dead, time_range = pcolls
         path = self._path
-        parts = (batches | "In" >> beam.FlatMap(_count_in),
-                 *(splits[s] | f"Split[{s}]" >> beam.FlatMap(_count_split, s, self._cfg) for s in SPLITS),
-                 dead | "DeadLetter" >> beam.FlatMap(_count_dead),
-                 time_range | "TimeRange" >> beam.FlatMap(lambda pairs: pairs))
-        return (parts | "All" >> beam.Flatten() | "Sum" >> beam.CombinePerKey(_sum_or_extreme)
-                | "ToDict" >> beam.combiners.ToDict()
+        parts = (batches | "In" >> beam.Map(_count_in),
+                 *(splits[s] | f"Split[{s}]" >> beam.Map(_count_split, s, self._cfg) for s in SPLITS),
+                 dead | "DeadLetter" >> beam.Map(_count_dead),
+                 time_range | "TimeRange" >> beam.Map(dict))
+        return (parts | "All" >> beam.Flatten() | "Sum" >> beam.CombineGlobally(_MergeDicts(_add_count))
                 | "Write" >> beam.Map(lambda counts: fsio.write_json(path, counts)))
 
 
