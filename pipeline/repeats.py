@@ -27,7 +27,6 @@ __all__ = ["row_hashes", "bucketed", "pairs_bytes", "pairs_from_bytes", "find_re
 
 BUCKET_ROWS = 4_000_000  # rows per bucket (at least 16 buckets): what one worker sorts at the end
 _EXAMPLES = 5
-_CHUNK_ROWS = 16_384
 _BY_VALUE_MIN_ROWS = 8_192  # a string column this long is hashed once per distinct value when ...
 _BY_VALUE_SAMPLE = 2_048  # ... at most half the rows of its first _BY_VALUE_SAMPLE are distinct
 _U = np.uint64
@@ -106,14 +105,12 @@ def _column_word(arr: pa.Array) -> np.ndarray:
     return word
 
 
-def _combine(words: list[np.ndarray], n: int) -> np.ndarray:
-    h = np.zeros(n, np.uint64)
-    for i, w in enumerate(words):
-        h *= _K
-        h += w
-        h += _U(i + 1)
-        _mix(h)
-    return h
+def _placed(word: np.ndarray, place: int) -> np.ndarray:
+    """A column's words mixed with the column's place in the row, in place. A row's hash is the sum of its
+    columns' placed words: equal rows sum equal, and rows that differ in one column never do (the mix is
+    a bijection); two values trading places give other words."""
+    word += _U((place + 1) * int(_K) % (1 << 64))
+    return _mix(word)
 
 
 def _list_word(arr: pa.Array) -> np.ndarray:
@@ -121,7 +118,7 @@ def _list_word(arr: pa.Array) -> np.ndarray:
     offsets = np.asarray(arr.offsets).astype(np.int64)
     start, lengths = offsets[:-1], np.diff(offsets)
     items = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-    item = _combine([_column_word(items)], len(items))
+    item = _placed(_column_word(items), 0)
     place = np.arange(len(items), dtype=np.int64) - np.repeat(start - offsets[0], lengths)
     item += place.astype(np.uint64) * _M1
     _mix(item)
@@ -151,43 +148,40 @@ def _words_by_value(arr: pa.Array) -> np.ndarray | None:
     return word
 
 
-def _dictionary_words(arr: pa.DictionaryArray, memo: DictionaryMemo, key: str) -> np.ndarray:
-    """_column_word of a dictionary-encoded string column, worked out once per dictionary entry (once per
-    row group, through `memo`) and gathered: the words its decoded strings would have."""
+def _dictionary_placed(arr: pa.DictionaryArray, place: int, memo: DictionaryMemo, key: str) -> np.ndarray:
+    """_placed(_column_word) of a dictionary-encoded string column, worked out once per dictionary entry (once
+    per row group, through `memo`) and gathered: the words its decoded strings would give."""
+    null = _placed(np.array([_NULL], np.uint64), place)[0]
     if not len(arr.dictionary):  # every row null
-        return np.full(len(arr), _NULL, np.uint64)
-    word = np.take(memo.get(key, arr.dictionary, _string_word), np.asarray(arr.indices.fill_null(0)))
+        return np.full(len(arr), null, np.uint64)
+    entries = memo.get((key, place), arr.dictionary, lambda values: _placed(_string_word(values), place))
+    indices = np.asarray(arr.indices.fill_null(0))
+    word = np.take(entries, indices)
     if arr.null_count:
-        word[np.asarray(arr.is_null())] = _NULL
+        word[np.asarray(arr.is_null())] = null
     if arr.dictionary.null_count:  # a null entry is a null row too
-        word[np.asarray(arr.dictionary.is_null())[np.asarray(arr.indices.fill_null(0))]] = _NULL
+        word[np.asarray(arr.dictionary.is_null())[indices]] = null
     return word
-
-
-def _whole_words(arr: pa.Array, n: int, memo: DictionaryMemo, key: str) -> np.ndarray | None:
-    """A column's words worked out for all its rows at once, or None to work them out chunk by chunk."""
-    if is_id_dictionary(arr):
-        return _dictionary_words(arr, memo, key)
-    return _words_by_value(arr) if n >= _BY_VALUE_MIN_ROWS and _is_plain_string(arr.type) else None
 
 
 def row_hashes(table: pa.Table, memo: DictionaryMemo | None = None) -> np.ndarray:
     """One uint64 per row over every column in the table's order: equal rows hash equal, whatever the
     batch, file, slice, chunking, row-group layout or encoding (plain or dictionary) they were read in.
-    Combined _CHUNK_ROWS rows at a time (arrays of a whole 64k-row batch are fresh memory each: page
-    faults, a third longer); a long string column's words come whole from _words_by_value when its values
-    repeat, a dictionary-encoded one's from its dictionary (`memo`: kept from the batch before while the
-    dictionary is the same; a caller hashing a file's batches in turn passes one)."""
+    The sum of each column's placed words (_placed); a long string column's words come whole from
+    _words_by_value when its values repeat, a dictionary-encoded one's from its dictionary (`memo`: kept
+    from the batch before while the dictionary is the same; a caller hashing a file's batches in turn
+    passes one)."""
     n = table.num_rows
     memo = memo if memo is not None else DictionaryMemo()
-    by_value = [_whole_words(one_array(c), n, memo, name) for name, c in zip(table.column_names, table.columns)]
-    parts = []
-    for s in range(0, n, _CHUNK_ROWS):
-        chunk = table.slice(s, _CHUNK_ROWS)
-        words = [whole[s:s + chunk.num_rows] if whole is not None else _column_word(one_array(c))
-                 for whole, c in zip(by_value, chunk.columns)]
-        parts.append(_combine(words, chunk.num_rows))
-    return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+    h = np.zeros(n, np.uint64)
+    for place, (name, column) in enumerate(zip(table.column_names, table.columns)):
+        arr = one_array(column)
+        if is_id_dictionary(arr):
+            h += _dictionary_placed(arr, place, memo, name)
+            continue
+        word = _words_by_value(arr) if n >= _BY_VALUE_MIN_ROWS and _is_plain_string(arr.type) else None
+        h += _placed(word if word is not None else _column_word(arr), place)
+    return h
 
 
 _PAIR = np.dtype([("hash", "<u8"), ("row", "<i8")])
@@ -210,10 +204,10 @@ def bucketed(hashes: np.ndarray, positions: np.ndarray, buckets: int) -> list[tu
     """(bucket, (hashes, positions)) per bucket a batch's rows fall in: equal rows meet in one bucket."""
     which = (hashes >> _U(40)) % _U(buckets)
     order = np.argsort(which, kind="stable")
-    which = which[order]
+    which, hashes, positions = which[order], hashes[order], positions[order].astype(np.int64)  # buckets: views
     bounds = np.flatnonzero(np.diff(which)) + 1
-    return [(int(which[s]), (hashes[order[s:e]], positions[order[s:e]].astype(np.int64)))
-            for s, e in zip([0, *bounds], [*bounds, len(which)]) if e > s]
+    return [(int(which[s]), (hashes[s:e], positions[s:e])) for s, e in zip([0, *bounds], [*bounds, len(which)])
+            if e > s]
 
 
 @dataclass

@@ -31,6 +31,14 @@ def test_equal_rows_hash_equal_and_others_apart():
     assert h[0] == h[6] and len(set(h.tolist())) == len(h) - 1
 
 
+def test_values_trading_columns_hash_apart():
+    """A row's hash is the sum of its columns' words, each mixed with its column's place: two values that
+    trade columns, or a value moved to a column of nulls, give another hash."""
+    t = pa.table({"a": ["x", "y", "x", None], "b": ["y", "x", None, "x"], "i": pa.array([1, 1, 1, 1], pa.int64())})
+    for table in (t, t.set_column(0, "a", t.column("a").dictionary_encode())):
+        assert len(set(row_hashes(table).tolist())) == 4
+
+
 def test_a_rows_hash_does_not_depend_on_its_batch():
     t = _table()
     h = row_hashes(t)
