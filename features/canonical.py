@@ -538,12 +538,27 @@ def canonicalize(batch: pa.RecordBatch | pa.Table, cfg: Config) -> dict[str, pa.
     for f in cfg.crosses:  # after their sources; the graph joins the same strings (transform.canonicalize_request)
         out[f.name] = pc.binary_join_element_wise(*(decoded(out[s]) for s in f.cross), CROSS_SEPARATOR)
     for d in cfg.features.dense:
-        values = numeric(col(d.column))[0]
-        if d.out_of_range == "clip":
-            values = np.clip(values, -FLOAT32_MAX, FLOAT32_MAX)  # NaN (missing) stays NaN
-        out[d.name] = pa.array(values.astype(np.float32), pa.float32())
-    out[LABEL_KEY] = pa.array(numeric(col(cfg.label.column))[0].astype(np.float32), pa.float32())
+        out[d.name] = _float32(col(d.column), clip=d.out_of_range == "clip")
+    out[LABEL_KEY] = _float32(col(cfg.label.column), clip=False)
     return out
+
+
+_EXACT_IN_FLOAT64 = 2 ** 53
+
+
+def _float32(arr: pa.Array, clip: bool) -> pa.Array:
+    """numeric()'s float64 values of a column rounded to float32, missing ones NaN; clipped to
+    ±FLOAT32_MAX first when `clip` (NaN stays NaN). An integer column within ±2**53 (exact in float64,
+    where every Criteo count is) is cast to float32 by Arrow alone: the same values, a third of the cost."""
+    if pa.types.is_integer(arr.type):
+        bounds = pc.min_max(arr)
+        low, high = bounds["min"].as_py(), bounds["max"].as_py()
+        if low is None or (-_EXACT_IN_FLOAT64 <= low and high <= _EXACT_IN_FLOAT64):
+            return pc.fill_null(pc.cast(arr, pa.float32(), safe=False), float("nan"))
+    values = numeric(arr)[0]
+    if clip:
+        values = np.clip(values, -FLOAT32_MAX, FLOAT32_MAX)
+    return pa.array(values.astype(np.float32), pa.float32())
 
 
 def _filled_dictionary(arr: pa.DictionaryArray) -> pa.DictionaryArray:

@@ -149,6 +149,26 @@ def test_canonicalize_types_nulls_and_tokens():
     assert c[LABEL_KEY].to_pylist() == [1.0, 0.0, 0.0]
 
 
+
+@pytest.mark.parametrize("values, type_", [
+    ([3, None, 2 ** 24 + 1, 2 ** 53, -2 ** 53, 0], pa.int64()),
+    ([3, None, 2 ** 53 + 1, 2 ** 62 + 2 ** 38 + 1, -2 ** 62 - 2 ** 38 - 1, 0], pa.int64()),  # double rounding
+    ([2 ** 64 - 1, None, 2 ** 63 + 2 ** 39 + 1, 1, 0, 0], pa.uint64()),
+    ([None] * 6, pa.int64()),
+    ([-128, None, 127, 0, 1, 2], pa.int8()),
+])
+def test_integer_dense_columns_round_as_through_float64(values, type_):
+    """canonicalize's float32 of an integer column is numeric()'s float64 rounded to float32, whichever
+    way it is worked out (Arrow's direct cast only where float64 holds every value exactly)."""
+    cfg = parse_config({"name": "t", "features": {"sparse": [{"name": "a", "column": "a", "hash_buckets": 5}],
+                                                  "dense": [{"name": "x", "column": "x", "fill": 0}]}})
+    t = pa.table({"label": pa.array([0] * 6, type_), "a": ["p"] * 6, "x": pa.array(values, type_)})
+    c = canonicalize(t, cfg)
+    expected = numeric(t.column("x"))[0].astype(np.float32)
+    assert c["x"].type == pa.float32() and c["x"].null_count == 0
+    np.testing.assert_array_equal(c["x"].to_numpy(), expected)
+    np.testing.assert_array_equal(c[LABEL_KEY].to_numpy(), np.zeros(6, np.float32))
+
 def test_dense_prenorm():
     v = np.array([np.nan, -3, 0, np.e - 1], np.float32)
     assert dense_prenorm(v, "zscore", 5.0).tolist() == pytest.approx([5, -3, 0, np.e - 1])
