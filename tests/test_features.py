@@ -149,7 +149,6 @@ def test_canonicalize_types_nulls_and_tokens():
     assert c[LABEL_KEY].to_pylist() == [1.0, 0.0, 0.0]
 
 
-
 @pytest.mark.parametrize("values, type_", [
     ([3, None, 2 ** 24 + 1, 2 ** 53, -2 ** 53, 0], pa.int64()),
     ([3, None, 2 ** 53 + 1, 2 ** 62 + 2 ** 38 + 1, -2 ** 62 - 2 ** 38 - 1, 0], pa.int64()),  # double rounding
@@ -168,6 +167,7 @@ def test_integer_dense_columns_round_as_through_float64(values, type_):
     assert c["x"].type == pa.float32() and c["x"].null_count == 0
     np.testing.assert_array_equal(c["x"].to_numpy(), expected)
     np.testing.assert_array_equal(c[LABEL_KEY].to_numpy(), np.zeros(6, np.float32))
+
 
 def test_dense_prenorm():
     v = np.array([np.nan, -3, 0, np.e - 1], np.float32)
