@@ -204,7 +204,8 @@ def bucketed(hashes: np.ndarray, positions: np.ndarray, buckets: int) -> list[tu
     """(bucket, (hashes, positions)) per bucket a batch's rows fall in: equal rows meet in one bucket."""
     which = (hashes >> _U(40)) % _U(buckets)
     order = np.argsort(which, kind="stable")
-    which, hashes, positions = which[order], hashes[order], positions[order].astype(np.int64, copy=False)  # buckets: views
+    which, hashes = which[order], hashes[order]  # gathered once: each bucket's arrays are views
+    positions = positions[order].astype(np.int64, copy=False)
     bounds = np.flatnonzero(np.diff(which)) + 1
     return [(int(which[s]), (hashes[s:e], positions[s:e])) for s, e in zip([0, *bounds], [*bounds, len(which)])
             if e > s]
