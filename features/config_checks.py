@@ -161,7 +161,7 @@ def validate(cfg: Config, model_keys: Optional[Iterable[str]] = None) -> Config:
     _positive(t.early_stopping.patience, "train.early_stopping.patience", allow_zero=True)
     k = t.tuning
     _positive(k.grad_accum_steps, "train.tuning.grad_accum_steps")
-    _positive(k.steps_per_execution, "train.tuning.steps_per_execution")
+    _positive(k.steps_per_execution, "train.tuning.steps_per_execution", allow_zero=True)
     if t.batch_size % k.grad_accum_steps:
         raise ConfigError(f"train.tuning.grad_accum_steps: {k.grad_accum_steps} must divide train.batch_size "
                           f"({t.batch_size})")

@@ -173,7 +173,7 @@ class TuningSpec:
     (bench/results/train.md); the defaults are the measured best on this kind of 2-core CPU box."""
     dedup_ids: bool = True             # unique-then-gather: one lookup (and one gradient row) per distinct ID
     grad_accum_steps: int = 1          # k micro-batches per batch, one optimizer step (less activation memory)
-    steps_per_execution: int = 1       # Keras: steps run per dispatched function (PS: per remote call)
+    steps_per_execution: int = 0       # Keras: steps run per dispatched function (0: 100, and 1 under PS)
     jit_dense: bool = False            # XLA-compile the dense part (cross/deep/top MLP) of ranking models
     data_ram_budget_mb: int = 0        # tf.data autotune RAM budget (0: tf.data's default, half of RAM)
     prefetch_batches: int = 0          # prefetch buffer in batches (0: AUTOTUNE)

@@ -153,6 +153,37 @@ def test_resume_continues_from_checkpoint(tmp_path, preprocessed, small_cfg_path
 
 
 @pytest.mark.integration
+def test_steps_per_dispatched_call_do_not_change_the_model(tmp_path, preprocessed, monkeypatch):
+    """Keras runs `steps_per_execution` steps per call (recpipe's default: 100 outside PS): the steps, their
+    batches and their updates are those of one step per call, to the last bit, also where an epoch of 6 steps
+    ends with a call of 2 (4 + 2); the progress bar counts the steps, not the calls."""
+    from recpipe.trainers import train as train_module
+    seen: list[int] = []
+    monkeypatch.setattr(train_module.Reporter, "batch", lambda self, step: seen.append(step))
+    init = train_module._Checkpoints.__init__
+
+    def with_bar(self, *args, **kwargs):  # the bar's hook, as on a terminal
+        init(self, *args, **kwargs)
+        self.on_train_batch_end = self._batch_end
+    monkeypatch.setattr(train_module._Checkpoints, "__init__", with_bar)
+    weights, counted = [], []
+    for spe in (1, 4):
+        d = small_config_dict()
+        d["train"].update(checkpoint_every=6, tuning={"steps_per_execution": spe})
+        path = tmp_path / f"c{spe}.yaml"
+        path.write_text(yaml.safe_dump(d))
+        seen.clear()
+        r = train(TrainOptions(preprocessed[0], str(tmp_path / f"m{spe}"), str(path), run=RunOptions(steps=14)),
+                  say=lambda _: None)
+        assert r.steps_done == 14
+        counted.append(list(seen))
+        _, _, model = load_trained(str(tmp_path / f"m{spe}"))
+        weights.append([v.numpy() for v in model.trainable_variables])
+    assert counted == [list(range(1, 15)), [4, 6, 10, 12, 14]]
+    assert all(np.array_equal(a, b) for a, b in zip(*weights))
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_mixed_precision_trains(tmp_path, preprocessed, small_cfg_path, precision):
     """Mixed precision computes in bf16/fp16 on float32 variables: every model weight the checkpoint saved

@@ -43,7 +43,8 @@ from recpipe.trainers.strategies.tf_config import PSCluster, TFConfig, tf_config
 from recpipe.trainers.evaluation.validation import Validator, validator_for
 from recpipe.trainers.warm_start import apply_warm_start
 
-__all__ = ["TrainError", "TrainOptions", "TrainState", "train", "set_threads"]
+__all__ = ["TrainError", "TrainOptions", "TrainState", "train", "set_threads", "steps_per_execution",
+           "LOCAL_STEPS_PER_EXECUTION"]
 
 
 def train(opts: TrainOptions, say: Callable[[str], None] = print) -> TrainState:
@@ -214,7 +215,8 @@ class _Checkpoints(tf.keras.callbacks.Callback):
             self.on_train_batch_end = self._batch_end
 
     def _batch_end(self, batch, logs=None):
-        self.step += 1
+        # Keras calls this once per dispatched call, with the epoch's index of its last step
+        self.step = self._epoch_start + batch + 1
         self.reporter.batch(self.step)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -268,6 +270,28 @@ def _scalar(v) -> float:
         return math.nan
 
 
+# Steps per dispatched call when train.tuning.steps_per_execution is 0 (the default), outside
+# ParameterServerStrategy: Keras then loops over them inside one compiled function, so the Python of its
+# fit loop and of the function call runs once per 100 steps, not at every step (bench/results/embedding.md)
+LOCAL_STEPS_PER_EXECUTION = 100
+
+
+def steps_per_execution(cfg: Config, ps: bool) -> int:
+    """How many steps Keras runs per dispatched call.
+
+    Args:
+        cfg: the config (train.tuning.steps_per_execution; 0 lets recpipe choose).
+        ps: whether the job runs under ParameterServerStrategy.
+
+    Returns:
+        The config's value when set; else 1 under ParameterServerStrategy, where each call is a closure the
+        coordinator runs again whole on another worker when its worker is lost (so a lost worker re-applies at
+        most one step), and LOCAL_STEPS_PER_EXECUTION otherwise.
+    """
+    chosen = cfg.train.tuning.steps_per_execution
+    return chosen or (1 if ps else LOCAL_STEPS_PER_EXECUTION)
+
+
 def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: int,
          strategy: tf.distribute.Strategy, say: Callable[[str], None], same_copy: Optional[SameCopyCheck] = None
          ) -> TrainState:
@@ -280,7 +304,7 @@ def _fit(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, total: in
         tf.keras.utils.set_random_seed(cfg.train.seed)
         with strategy.scope():
             model = compiled_model(cfg, artifact, optimizer_for(cfg, own_step=True, shared=ps),
-                                   cfg.train.tuning.steps_per_execution)
+                                   steps_per_execution(cfg, ps))
         if ps:
             say(_ps_state_line(model))
         ckpt, manager = model_dir.checkpoint(model)

@@ -45,7 +45,7 @@ KNOBS: dict[str, dict] = {
     "dedup_ids_off": {"dedup_ids": False},
     "grad_accum_4": {"grad_accum_steps": 4},
     "jit_dense_on": {"jit_dense": True},
-    "steps_per_execution_10": {"steps_per_execution": 10},
+    "steps_per_execution_1": {"steps_per_execution": 1},  # the default, 0, runs 100 steps per call locally
     "data_lean": {"data_ram_budget_mb": 64, "prefetch_batches": 1},
     "threads_1": {"intra_op_threads": 1, "inter_op_threads": 1},
     "inter_op_1": {"inter_op_threads": 1},
