@@ -371,9 +371,11 @@ def explain(key: str, r: dict) -> Optional[str]:
         text += _own_parts_text(r, 1000 * b / theirs / TARGETS[key][1], 1000 * b / ours)
         text += (" Both look rows up with TensorFlow's gather. The peer's tf-keras Adagrad makes each table's "
                  "gradient unique again and updates it in five scatter, gather and arithmetic ops; ours looks each "
-                 "distinct ID up once, updates its rows as whole tensors (gathered, updated, scattered back) and "
-                 "traces its step without AutoGraph, and it pays for the shards' input pipeline on the same 2 cores "
-                 "(the peer reads batches from memory).")
+                 "distinct ID up once, updates its rows as whole tensors (gathered, updated, scattered back), "
+                 "traces its step without AutoGraph and runs 100 steps per call of it (train.tuning."
+                 "steps_per_execution; the peer's fit calls its step once per step), and it pays for the shards' "
+                 "input pipeline on the same 2 cores (the peer reads batches from memory). On fixed batches the "
+                 "step is timed one call per step.")
     return text
 
 
