@@ -145,6 +145,8 @@ def _fit_on_ps(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, tot
         os._exit(fault_exit_code())
 
     watch = TaskWatch(cluster, opts.run.task_timeout_seconds, say, on_stuck=stuck)
+    # set before the job runs: the executors may be collected while the error unwinds, before it is caught below
+    sys.unraisablehook = _quiet_lost_rpcs(sys.unraisablehook, lambda: bool(watch.lost_ps))
     try:
         with watch:
             return _fit(cfg, artifact, opts, total, make_strategy(cluster, table_shapes(cfg, artifact)), say,
@@ -156,7 +158,6 @@ def _fit_on_ps(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, tot
         if not isinstance(e, tf.errors.OpError):
             raise
         if watch.lost_ps:
-            sys.unraisablehook = _quiet_lost_rpcs(sys.unraisablehook)
             raise lost_error(watch.lost_ps, "is cut off") from e
         lost = local.dead_ps(grace=5.0) if local is not None else silent_tasks(cluster)
         if not lost:
@@ -164,11 +165,11 @@ def _fit_on_ps(cfg: Config, artifact: TransformArtifact, opts: TrainOptions, tot
         raise lost_error(lost, "died" if local is not None else "does not answer") from e
 
 
-def _quiet_lost_rpcs(hook: Callable) -> Callable:
-    """`hook` but for TensorFlow's executors failing their pending RPCs as they are collected, once the job
-    stopped for a lost task (an "Exception ignored in: Executor.__del__" traceback after the named error)."""
+def _quiet_lost_rpcs(hook: Callable, lost: Callable[[], bool]) -> Callable:
+    """`hook` but for TensorFlow's executors failing their pending RPCs as they are collected once `lost()` says
+    a task of the job is lost (an "Exception ignored in: Executor.__del__" traceback beside the named error)."""
     def unraisable(info) -> None:
-        if not isinstance(info.exc_value, tf.errors.OpError):
+        if not (lost() and isinstance(info.exc_value, tf.errors.OpError)):
             hook(info)
     return unraisable
 
