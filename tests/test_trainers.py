@@ -152,6 +152,21 @@ def test_resume_continues_from_checkpoint(tmp_path, preprocessed, small_cfg_path
     assert again.steps_this_run == 0
 
 
+@pytest.mark.unit
+def test_steps_per_call_default_is_the_one_the_config_reference_states():
+    """train.tuning.steps_per_execution 0 runs LOCAL_STEPS_PER_EXECUTION steps per call locally and 1 under PS;
+    the config reference (the field's comment) states the same number, and a value set is kept under both."""
+    from recpipe.features.schema import TuningSpec
+    from recpipe.features.schema_doc import field_docs
+    from recpipe.trainers.train import LOCAL_STEPS_PER_EXECUTION, steps_per_execution
+    default = parse_cfg(small_config_dict())
+    assert [steps_per_execution(default, ps) for ps in (False, True)] == [LOCAL_STEPS_PER_EXECUTION, 1]
+    assert f"(0: {LOCAL_STEPS_PER_EXECUTION}, and 1 under PS)" in field_docs(TuningSpec)["steps_per_execution"]
+    d = small_config_dict()
+    d["train"]["tuning"] = {"steps_per_execution": 7}
+    assert [steps_per_execution(parse_cfg(d), ps) for ps in (False, True)] == [7, 7]
+
+
 @pytest.mark.integration
 def test_steps_per_dispatched_call_do_not_change_the_model(tmp_path, preprocessed, monkeypatch):
     """Keras runs `steps_per_execution` steps per call (recpipe's default: 100 outside PS): the steps, their
