@@ -123,6 +123,11 @@ def test_a_missed_speed_target_is_explained_by_our_steps_parts():
     assert "leave 4.7 ms" in text and "2.6 ms outside it (17.1 all in)" in text  # 60,000 ex/s: 17.1 ms a step
     assert text.index("bottom and top MLPs") < text.index("dot interaction")  # largest part first
     assert "Profiled" not in text
+    runs["recpipe_train"] = _run(80_000, 0.68, 3_800)  # 12.8 ms a step: below the step timed one call per step
+    text = explain("train_embedding_heavy_vs_tfrs_fit", r)
+    assert "outside it" not in text and "takes 1.7 ms less per step than this step timed one call per step" in text
+    assert "(12.8 all in: the call's dispatch" in text
+    runs["recpipe_train"] = _run(60_000, 0.68, 3_800)
     r["parts"]["recpipe_detail"] = {"step_kernel_ms": {"mlps": 7.0, "tables_adagrad": 5.0, "lookup_forward": 10.0}}
     text = explain("train_embedding_heavy_vs_tfrs_fit", r)
     assert "kernels take 22.0 ms per step summed over both threads" in text
