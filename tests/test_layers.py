@@ -103,6 +103,29 @@ def test_pairwise_dots_are_every_distinct_pair_once():
     np.testing.assert_allclose(pairwise_dots(features).numpy(), np.stack(want, axis=1), rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_pairwise_dots_gradient_is_autodiffs_of_the_plain_products(dtype):
+    # the custom gradient (one batched matmul of the symmetric pair gradients) against autodiff of
+    # the products gathered the plain way, for every feature and a weighting that tells pairs apart
+    n = 5
+    features = [tf.Variable(tf.cast(tf.random.normal([3, 4], seed=i), dtype)) for i in range(n)]
+    weights = tf.cast(tf.random.normal([3, n * (n - 1) // 2], seed=99), dtype)
+    rows, cols = np.tril_indices(n, -1)
+
+    def plain(fs):
+        x = tf.stack(fs, axis=1)
+        return tf.gather(tf.reshape(tf.matmul(x, x, transpose_b=True), [3, n * n]), rows * n + cols, axis=1)
+
+    grads = []
+    for f in (pairwise_dots, plain):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(f(features) * weights)
+        grads.append([g.numpy().astype(np.float32) for g in tape.gradient(loss, features)])
+    tol = 1e-6 if dtype == tf.float32 else 2e-2
+    for ours, want in zip(*grads):
+        np.testing.assert_allclose(ours, want, rtol=tol, atol=tol)
+
+
 def _artifact(cfg):
     from recpipe.features.artifact import TransformArtifact
     vocabs = {f.name: [f"v{i}" for i in range(20)] for f in cfg.features.sparse
