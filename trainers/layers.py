@@ -17,6 +17,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
+from recpipe.trainers import row_reads
+
 __all__ = ["flat_ids", "ids_by_table", "pooled_features", "mlp", "fill_rows", "TableEmbedding", "SparseEmbeddings",
            "Cross", "CrossStack", "pairwise_dots", "DotInteractionBlock"]
 
@@ -126,7 +128,8 @@ class SparseEmbeddings(tf.keras.layers.Layer):
     tables: {table: {"rows": n, "dim": d}}; features: [{"name", "table", "multivalent", "combiner"}].
     dedup=True (unique-then-gather): the IDs of every feature that reads one table are
     concatenated, made unique, looked up once and gathered back, so the table is read (and its
-    gradient carries) one row per distinct ID in the batch instead of one per occurrence.
+    gradient carries) one row per distinct ID in the batch instead of one per occurrence; the rows read are
+    noted for the optimizer (recpipe.trainers.row_reads), which writes them back updated.
     Tables stay float32 under mixed precision; outputs are cast to the compute dtype.
     """
 
@@ -147,7 +150,10 @@ class SparseEmbeddings(tf.keras.layers.Layer):
         for table, named in ids_by_table(self.feature_specs, features).items():
             names, flats = [n for n, _ in named], [ids for _, ids in named]
             unique, index = tf.unique(tf.concat(flats, axis=0) if len(flats) > 1 else flats[0])
-            rows = tf.gather(self.tables[table](unique), index)
+            embedding = self.tables[table]
+            read = embedding(unique)
+            row_reads.record(embedding.embeddings, unique, read)  # for the optimizer (row_reads)
+            rows = tf.gather(read, index)
             parts = tf.split(rows, tf.stack([tf.shape(x)[0] for x in flats]), num=len(flats)) \
                 if len(flats) > 1 else [rows]
             vectors.update(zip(names, parts))
