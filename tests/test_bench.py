@@ -177,6 +177,17 @@ def test_bench_compare_flags_a_missed_target_as_regressed():
 
 
 @pytest.mark.unit
+def test_the_report_names_the_cpu_each_suite_ran_on(tmp_path):
+    from recpipe.bench.common import save_result
+    from recpipe.bench.report import write_report
+    for suite, cpu in (("cluster", "Intel Xeon"), ("quality", "AMD EPYC"), ("export", "Intel Xeon")):
+        save_result(str(tmp_path), suite, {"machine": {"cpus": 2, "cpu": cpu}, "ratios": {}}, f"# {suite}\n")
+    with open(write_report(str(tmp_path))) as fh:
+        header = fh.read().splitlines()[2]
+    assert header.endswith("CPU: Intel Xeon (cluster, export), AMD EPYC (quality).")
+
+
+@pytest.mark.unit
 def test_a_nan_figure_is_written_as_null_and_the_report_and_compare_name_it(tmp_path):
     """A suite result with NaN in it (a slope over equal points, a recall over no rows) is valid JSON; the
     report shows a null ratio as a missed target, plots around it, and `bench compare` calls it a regression."""

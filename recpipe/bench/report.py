@@ -32,6 +32,21 @@ def _isa(machine: dict) -> str:
     return ", " + ("AMX" if "amx_bf16" in f else "AVX-512" if "avx512f" in f else "AVX2" if "avx2" in f else "no AVX2")
 
 
+def _cpus_line(found: dict) -> str:
+    """Which CPU each suite ran on, e.g. "CPU: AMD EPYC (embedding), Intel Xeon (preprocess, train)."
+
+    Args:
+        found: {suite: result}, each result's "machine" naming its "cpu" ("?" where it does not).
+
+    Returns:
+        One sentence, CPUs in the order their first suite appears in found.
+    """
+    suites: dict[str, list[str]] = {}
+    for suite, r in found.items():
+        suites.setdefault((r.get("machine") or {}).get("cpu") or "?", []).append(suite)
+    return "CPU: " + ", ".join(f"{cpu} ({', '.join(names)})" for cpu, names in suites.items()) + "."
+
+
 def _fmt(value: Optional[float]) -> str:
     """A ratio with four decimals below 1 (a gap of 0.0104 against a 0.01 target shows), three above."""
     if value is None:
@@ -77,8 +92,9 @@ def write_report(out_dir: str) -> str:
     any_r = next(iter(found.values()), {})
     m = any_r.get("machine", {})
     lines = ["# recpipe performance report", "",
-             f"Machine: {m.get('cpus')} cores ({m.get('cpu', '?')}), {m.get('memory_gib')} GiB, Python "
-             f"{m.get('python')}; " + ", ".join(f"{k} {v}" for k, v in (m.get("versions") or {}).items() if v) + ".",
+             f"Machine: {m.get('cpus')} cores, {m.get('memory_gib')} GiB, Python "
+             f"{m.get('python')}; " + ", ".join(f"{k} {v}" for k, v in (m.get("versions") or {}).items() if v) + ". "
+             + _cpus_line(found),
              "Each suite's figures are medians of its repetitions (min–max in the suite reports); every ratio is "
              "against a baseline measured in the same run. The shared machine can land on hosts with different "
              "CPUs: each suite's row names the matmul instruction set it ran with (bf16 is only faster than fp32 "
