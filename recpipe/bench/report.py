@@ -33,7 +33,7 @@ def _isa(machine: dict) -> str:
 
 
 def _cpus_line(found: dict) -> str:
-    """Which CPU each suite ran on, e.g. "CPU: AMD EPYC (embedding), Intel Xeon (preprocess, train)."
+    """Which CPU each suite ran on, e.g. "CPU: Intel Xeon (preprocess, train), AMD EPYC (embedding)."
 
     Args:
         found: {suite: result}, each result's "machine" naming its "cpu" ("?" where it does not).
